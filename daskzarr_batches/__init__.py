@@ -1,0 +1,63 @@
+"""Stream numpy minibatches and per-chunk blocks out of chunked Zarr arrays.
+
+Built on dask (one machine) and dask.distributed (clusters).  The public
+surface is everything in ``__all__``; modules starting with ``_`` are private.
+
+Layers, top to bottom (see ``docs/architecture.md``):
+
+- ``_sources``: arrays and stores as dask arrays with the stored chunk grid;
+- ``_plan``: pure index math turning an epoch into windows of chunk reads;
+- ``_read``: a window becomes one dask graph (each chunk decoded once);
+- ``_deliver``: bounded prefetch, batches cut as owned arrays, stats;
+- ``_streams``: the public constructors; ``_cli``: the demo command.
+"""
+
+from ._deliver import BatchStream, ChunkStream, Stream, StreamStats
+from ._errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    ArrayNotFoundError,
+    ChunkReadError,
+    DaskZarrBatchesError,
+    LengthMismatchError,
+    WindowError,
+    WindowTimeoutError,
+)
+from ._plan import ChunkPiece, EpochPlan, Window
+from ._sources import open_array
+from ._streams import (
+    batch_stream,
+    chunk_stream,
+    count_batches,
+    paired_batch_stream,
+    paired_shuffled_batch_stream,
+    shuffled_batch_stream,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
+    "ArrayNotFoundError",
+    "BatchStream",
+    "ChunkPiece",
+    "ChunkReadError",
+    "ChunkStream",
+    "DaskZarrBatchesError",
+    "EpochPlan",
+    "LengthMismatchError",
+    "Stream",
+    "StreamStats",
+    "Window",
+    "WindowError",
+    "WindowTimeoutError",
+    "__version__",
+    "batch_stream",
+    "chunk_stream",
+    "count_batches",
+    "open_array",
+    "paired_batch_stream",
+    "paired_shuffled_batch_stream",
+    "shuffled_batch_stream",
+]

@@ -1,0 +1,447 @@
+"""Delivery: run window graphs ahead of the consumer and hand out batches.
+
+A *runner* computes dask graphs asynchronously: :class:`ThreadRunner` on the
+local threaded scheduler, :class:`ClientRunner` on a ``distributed.Client``.
+Streams keep a bounded number of graphs in flight, consume results in plan
+order (or completion order for unordered chunk streams), cut batches as owned
+arrays, update :class:`StreamStats`, and release every future on exhaustion,
+``close()``, ``break``, an exception in the consumer, or garbage collection.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import dask.threaded
+import numpy as np
+
+from ._errors import ChunkReadError, WindowError, WindowTimeoutError
+from ._plan import EpochPlan, Window
+from ._read import block_graph, window_graph
+from ._sources import Key, Source
+
+__all__ = [
+    "BatchStream",
+    "ChunkStream",
+    "Stream",
+    "StreamStats",
+    "make_runner",
+    "resolve_client",
+]
+
+T = TypeVar("T")
+
+
+@dataclass
+class StreamStats:
+    """Counters of one stream, updated as items are consumed.
+
+    Attributes
+    ----------
+    chunks_read : int
+        Stored chunks decoded (for batch streams: axis-0 chunks, each covering
+        every stored chunk along the other axes; per paired array).
+    bytes_read : int
+        Decoded bytes of the chunks read.
+    bytes_yielded : int
+        Bytes of the arrays handed to the consumer.
+    items_yielded : int
+        Batches (or chunks) handed to the consumer.
+    samples_yielded : int
+        Samples (rows of axis 0) handed to the consumer.
+    windows_read : int
+        Dask graphs whose results were consumed.
+    wait_seconds : float
+        Time the consumer spent blocked in ``next()`` waiting for data.
+    """
+
+    chunks_read: int = 0
+    bytes_read: int = 0
+    bytes_yielded: int = 0
+    items_yielded: int = 0
+    samples_yielded: int = 0
+    windows_read: int = 0
+    wait_seconds: float = 0.0
+
+    @property
+    def read_amplification(self) -> float:
+        """``bytes_read / bytes_yielded`` (1.0 means every byte read once)."""
+        if self.bytes_yielded == 0:
+            return 0.0 if self.bytes_read == 0 else float("inf")
+        return self.bytes_read / self.bytes_yielded
+
+
+# --------------------------------------------------------------------------
+# Runners
+
+
+class ThreadRunner:
+    """Computes graphs with dask's threaded scheduler on a private pool."""
+
+    def __init__(self, in_flight: int, num_workers: int | None = None) -> None:
+        workers = num_workers or os.cpu_count() or 1
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "dzb-read")
+        self._drivers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-window")
+
+    def submit(self, dsk: dict[Key, Any], key: Key, priority: int = 0) -> Any:
+        return self._drivers.submit(dask.threaded.get, dsk, key, pool=self._pool)
+
+    @staticmethod
+    def wait_first(futures: Sequence[Any], timeout: float | None) -> set[Any]:
+        done, _ = concurrent.futures.wait(
+            futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        return done
+
+    def close(self) -> None:
+        self._drivers.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ClientRunner:
+    """Computes graphs on a ``distributed.Client`` (on its workers)."""
+
+    def __init__(self, client: Any, retries: int = 0) -> None:
+        self.client = client
+        self._retries = retries
+
+    def submit(self, dsk: dict[Key, Any], key: Key, priority: int = 0) -> Any:
+        return self.client.get(
+            dsk, key, sync=False, priority=priority, retries=self._retries
+        )
+
+    @staticmethod
+    def wait_first(futures: Sequence[Any], timeout: float | None) -> set[Any]:
+        import distributed
+
+        try:
+            done, _ = distributed.wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            return set()
+        return set(done)
+
+    def close(self) -> None:
+        pass
+
+
+def resolve_client(client: Any) -> Any | None:
+    """``client`` if given, else the ``distributed`` client dask would use now.
+
+    A client is active when dask's configuration points at one, as it does
+    after ``Client(...)``; ``dask.config.set(scheduler="threads")`` (or
+    ``"sync"``) forces the local scheduler even then.
+    """
+    if client is not None:
+        return client
+    if "distributed" not in sys.modules:
+        return None  # no client can exist if distributed was never imported
+    import dask.base
+    import distributed
+
+    scheduler = dask.base.get_scheduler()
+    active = getattr(scheduler, "__self__", None)
+    return active if isinstance(active, distributed.Client) else None
+
+
+def make_runner(client: Any | None, in_flight: int) -> ThreadRunner | ClientRunner:
+    """A runner on ``client``, or on the local threaded scheduler if ``None``."""
+    if client is None:
+        workers = max(os.cpu_count() or 1, in_flight)
+        return ThreadRunner(in_flight, workers)
+    return ClientRunner(client)
+
+
+# --------------------------------------------------------------------------
+# Streams
+
+
+class Stream(Generic[T]):
+    """An iterator with ``len()``, ``close()``, context-manager use and stats.
+
+    Subclasses provide ``_produce()``, a generator of items; everything it
+    holds (futures, threads) is released in its ``finally`` block, which runs
+    on exhaustion, ``close()``, ``break`` (via ``with`` or garbage collection)
+    and errors.
+    """
+
+    def __init__(self, length: int, runner: Any, timeout: float | None) -> None:
+        self.stats = StreamStats()
+        self._length = length
+        self._runner = runner
+        self._timeout = timeout
+        self._token = uuid.uuid4().hex[:12]
+        self._items: Iterator[T] | None = None
+        self._closed = False
+
+    def _produce(self) -> Iterator[T]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Stream[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._closed:
+            raise StopIteration
+        if self._items is None:
+            self._items = self._produce()
+        try:
+            return next(self._items)
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the stream: cancel work in flight and release its results."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._items is not None:
+            self._items.close()  # type: ignore[attr-defined]
+            self._items = None
+        self._runner.close()
+
+    def __enter__(self) -> Stream[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def _wait(self, future: Any, what: Callable[[], str]) -> Any:
+        """Block for ``future``'s result, turning failures into our errors."""
+        started = time.perf_counter()
+        try:
+            return future.result(timeout=self._timeout)
+        except ChunkReadError:
+            raise
+        except TimeoutError as exc:
+            if future.done():  # the task itself raised a TimeoutError
+                raise WindowError(f"{what()} failed: {exc!r}") from exc
+            raise WindowTimeoutError(
+                f"{what()} was not ready after timeout={self._timeout} s"
+            ) from exc
+        except Exception as exc:
+            raise WindowError(f"{what()} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.stats.wait_seconds += time.perf_counter() - started
+
+
+class BatchStream(Stream[Any]):
+    """Batches along axis 0, computed window by window from an epoch plan.
+
+    Yields one ``numpy.ndarray`` per batch, or a tuple of them (one per
+    array) for paired streams.  Created by :func:`batch_stream` and friends.
+
+    Attributes
+    ----------
+    plan : EpochPlan
+        The epoch's plan (pure, inspectable without reading data).
+    seed : int or None
+        The entropy behind the shuffle; pass it as ``seed=`` to repeat an
+        epoch drawn with ``seed=None``.
+    stats : StreamStats
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        plan: EpochPlan,
+        *,
+        paired: bool,
+        prefetch: int,
+        runner: Any,
+        timeout: float | None,
+        seed: int | None,
+    ) -> None:
+        super().__init__(plan.n_batches, runner, timeout)
+        self.plan = plan
+        self.seed = seed
+        self._sources = tuple(sources)
+        self._paired = paired
+        self._prefetch = prefetch
+
+    def _produce(self) -> Iterator[Any]:
+        windows = self.plan.windows()
+        in_flight: deque[tuple[Window, Any]] = deque()
+        batcher = _Batcher(self.plan.batch_size)
+
+        def top_up(limit: int) -> None:
+            while len(in_flight) < limit:
+                window = next(windows, None)
+                if window is None:
+                    return
+                dsk, key = window_graph(self._sources, window, self._token)
+                in_flight.append((window, self._runner.submit(dsk, key, -window.index)))
+
+        try:
+            while True:
+                top_up(self._prefetch + 1)
+                if not in_flight:
+                    break
+                window, future = in_flight.popleft()
+                outputs = self._wait(future, lambda w=window: self._describe(w))
+                del future  # a distributed result is released with its last reference
+                self._count_reads(window)
+                top_up(self._prefetch)
+                for batch in batcher.feed(outputs):
+                    yield self._deliver(batch)
+            rest = batcher.finish()
+            if rest is not None and not self.plan.drop_remainder:
+                yield self._deliver(rest)
+        finally:
+            for _, future in in_flight:
+                future.cancel()
+            in_flight.clear()
+
+    def _describe(self, window: Window) -> str:
+        batches = window.batch_range(self.plan.batch_size)
+        chunks = [[piece.chunk for piece in pieces] for pieces in window.pieces]
+        names = ", ".join(source.name for source in self._sources)
+        return (
+            f"window {window.index} (batches {batches.start}..{batches.stop - 1}, "
+            f"axis-0 chunks {chunks if self._paired else chunks[0]} of {names})"
+        )
+
+    def _count_reads(self, window: Window) -> None:
+        stats = self.stats
+        stats.windows_read += 1
+        for source, pieces in zip(self._sources, window.pieces, strict=True):
+            stats.chunks_read += len(pieces)
+            stats.bytes_read += sum(piece.rows for piece in pieces) * source.row_bytes
+
+    def _deliver(self, batch: tuple[np.ndarray, ...]) -> Any:
+        stats = self.stats
+        stats.items_yielded += 1
+        stats.samples_yielded += len(batch[0])
+        stats.bytes_yielded += sum(part.nbytes for part in batch)
+        return batch if self._paired else batch[0]
+
+
+class _Batcher:
+    """Cuts a stream of window outputs into batches of ``batch_size`` rows.
+
+    Batches are copies (the caller owns them); rows left over at the end of
+    a window are carried into the next window's first batch.
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self._size = batch_size
+        self._carry: list[tuple[np.ndarray, ...]] = []
+        self._carried = 0
+
+    def feed(self, outputs: tuple[np.ndarray, ...]) -> Iterator[tuple[np.ndarray, ...]]:
+        size = len(outputs[0])
+        position = 0
+        if self._carry:
+            position = min(self._size - self._carried, size)
+            self._carry.append(tuple(part[:position] for part in outputs))
+            self._carried += position
+            if self._carried == self._size:
+                batch = self._join()
+                yield batch
+        while size - position >= self._size:
+            end = position + self._size
+            yield tuple(part[position:end].copy() for part in outputs)
+            position = end
+        if position < size:
+            self._carry.append(tuple(part[position:].copy() for part in outputs))
+            self._carried += size - position
+
+    def _join(self) -> tuple[np.ndarray, ...]:
+        parts = list(zip(*self._carry, strict=True))
+        self._carry, self._carried = [], 0
+        return tuple(np.concatenate(p, axis=0) for p in parts)
+
+    def finish(self) -> tuple[np.ndarray, ...] | None:
+        """The short last batch, if rows are left."""
+        return self._join() if self._carry else None
+
+
+class ChunkStream(Stream[Any]):
+    """One array per stored chunk; created by :func:`chunk_stream`."""
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        concurrency: int,
+        ordered: bool,
+        with_index: bool,
+        runner: Any,
+        timeout: float | None,
+    ) -> None:
+        self._blocks = list(source.blocks())
+        super().__init__(len(self._blocks), runner, timeout)
+        self._source = source
+        self._concurrency = concurrency
+        self._ordered = ordered
+        self._with_index = with_index
+
+    def _produce(self) -> Iterator[Any]:
+        blocks = iter(self._blocks)
+        in_flight: dict[Any, tuple[int, ...]] = {}  # insertion order = block order
+
+        def top_up() -> None:
+            while len(in_flight) < self._concurrency:
+                block = next(blocks, None)
+                if block is None:
+                    return
+                dsk, key = block_graph(self._source, block, self._token)
+                in_flight[self._runner.submit(dsk, key)] = block
+
+        try:
+            while True:
+                top_up()
+                if not in_flight:
+                    break
+                if self._ordered:
+                    ready = [next(iter(in_flight))]
+                else:
+                    ready = self._first_done(list(in_flight))
+                for future in ready:
+                    block = in_flight.pop(future)
+                    chunk = self._wait(
+                        future, lambda b=block: f"chunk {b} of array {self._source.name}"
+                    )
+                    yield self._deliver(block, chunk)
+        finally:
+            for future in in_flight:
+                future.cancel()
+            in_flight.clear()
+
+    def _first_done(self, futures: list[Any]) -> list[Any]:
+        started = time.perf_counter()
+        done = self._runner.wait_first(futures, self._timeout)
+        self.stats.wait_seconds += time.perf_counter() - started
+        if not done:  # timed out: report the oldest block in flight
+            return futures[:1]
+        return [f for f in futures if f in done]  # block order among the ready
+
+    def _deliver(self, block: tuple[int, ...], chunk: np.ndarray) -> Any:
+        stats = self.stats
+        stats.chunks_read += 1
+        stats.windows_read += 1
+        stats.bytes_read += chunk.nbytes
+        stats.bytes_yielded += chunk.nbytes
+        stats.items_yielded += 1
+        stats.samples_yielded += len(chunk)
+        return (block, chunk) if self._with_index else chunk

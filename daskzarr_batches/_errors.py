@@ -1,0 +1,78 @@
+"""Every error this library raises on purpose.
+
+All of them derive from :class:`DaskZarrBatchesError`, and each also inherits
+the builtin a caller would naturally catch, so ``except ValueError`` works as
+well as ``except dzb.DaskZarrBatchesError``::
+
+    DaskZarrBatchesError(Exception)
+    ├── ArgumentTypeError(TypeError)        a parameter has the wrong type
+    ├── ArgumentValueError(ValueError)      a parameter has a bad value
+    │   └── LengthMismatchError             paired arrays differ in length
+    ├── ArrayNotFoundError(KeyError, FileNotFoundError)
+    │                                       no Zarr array at that source/path
+    ├── ChunkReadError(OSError)             a stored chunk could not be read
+    │                                       or decoded; names array and chunk
+    ├── WindowError(RuntimeError)           the scheduler failed a window of
+    │                                       work (e.g. all workers died)
+    └── WindowTimeoutError(TimeoutError)    a window took longer than
+                                            ``timeout`` seconds
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
+    "ArrayNotFoundError",
+    "ChunkReadError",
+    "DaskZarrBatchesError",
+    "LengthMismatchError",
+    "WindowError",
+    "WindowTimeoutError",
+]
+
+
+class DaskZarrBatchesError(Exception):
+    """Root of every error raised by ``daskzarr_batches``."""
+
+
+class ArgumentTypeError(DaskZarrBatchesError, TypeError):
+    """A parameter has the wrong type (for example ``batch_size=2.5``)."""
+
+
+class ArgumentValueError(DaskZarrBatchesError, ValueError):
+    """A parameter has the right type but a value that cannot work."""
+
+
+class LengthMismatchError(ArgumentValueError):
+    """Arrays that must be paired sample by sample differ in length."""
+
+
+class ArrayNotFoundError(DaskZarrBatchesError, KeyError, FileNotFoundError):
+    """No Zarr array exists at the given source and path."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ChunkReadError(DaskZarrBatchesError, OSError):
+    """A stored chunk could not be read or decoded.
+
+    The message names the array and the chunk; the original exception is
+    chained as ``__cause__``.
+    """
+
+    def __str__(self) -> str:  # OSError would otherwise format errno fields
+        return str(self.args[0]) if self.args else ""
+
+
+class WindowError(DaskZarrBatchesError, RuntimeError):
+    """The scheduler could not compute a window of work.
+
+    Raised from ``next()``; the message names the window and the batches it
+    would have produced, and the scheduler's error is chained as ``__cause__``.
+    """
+
+
+class WindowTimeoutError(DaskZarrBatchesError, TimeoutError):
+    """A window was not ready within ``timeout`` seconds."""
