@@ -21,8 +21,7 @@ def positive_int(name: str, value: object) -> int:
     """Return ``value`` as an ``int`` >= 1, or raise naming ``name``."""
     if not _is_integer(value):
         raise ArgumentTypeError(
-            f"{name} must be a positive integer, got {value!r} "
-            f"of type {type(value).__name__}"
+            f"{name} must be a positive integer, got {value!r} of type {type(value).__name__}"
         )
     result = int(value)  # type: ignore[call-overload]
     if result < 1:
@@ -34,8 +33,7 @@ def non_negative_int(name: str, value: object) -> int:
     """Return ``value`` as an ``int`` >= 0, or raise naming ``name``."""
     if not _is_integer(value):
         raise ArgumentTypeError(
-            f"{name} must be a non-negative integer, got {value!r} "
-            f"of type {type(value).__name__}"
+            f"{name} must be a non-negative integer, got {value!r} of type {type(value).__name__}"
         )
     result = int(value)  # type: ignore[call-overload]
     if result < 0:
@@ -58,9 +56,7 @@ def optional_timeout(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ArgumentTypeError(
-            f"timeout must be a number of seconds or None, got {value!r}"
-        )
+        raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {value!r}")
     seconds = float(value)
     if not seconds > 0:
         raise ArgumentValueError(f"timeout must be > 0 seconds, got {value!r}")

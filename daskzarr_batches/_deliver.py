@@ -11,6 +11,7 @@ arrays, update :class:`StreamStats`, and release every future on exhaustion,
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import sys
 import time
@@ -114,9 +115,7 @@ class ClientRunner:
         self._retries = retries
 
     def submit(self, dsk: dict[Key, Any], key: Key, priority: int = 0) -> Any:
-        return self.client.get(
-            dsk, key, sync=False, priority=priority, retries=self._retries
-        )
+        return self.client.get(dsk, key, sync=False, priority=priority, retries=self._retries)
 
     @staticmethod
     def wait_first(futures: Sequence[Any], timeout: float | None) -> set[Any]:
@@ -221,12 +220,10 @@ class Stream(Generic[T]):
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown
             self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
 
-    def _wait(self, future: Any, what: Callable[[], str]) -> Any:
+    def _wait(self, future: Any, what: Callable[..., str]) -> Any:
         """Block for ``future``'s result, turning failures into our errors."""
         started = time.perf_counter()
         try:

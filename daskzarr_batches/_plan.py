@@ -29,7 +29,8 @@ for "every sample exactly once".
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -159,7 +160,7 @@ def pieces_for(samples: range | IndexArray, offsets: IndexArray) -> list[ChunkPi
     cuts = np.flatnonzero(np.diff(chunk_ids)) + 1
     bounds = np.concatenate([[0], cuts, [len(ordered)]])
     pieces = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds.tolist()):
         chunk = int(chunk_ids[lo])
         start = int(offsets[chunk])
         local = ordered[lo:hi] - start
@@ -200,9 +201,9 @@ def _pieces_for_range(samples: range, offsets: IndexArray) -> list[ChunkPiece]:
 
 def _as_selector(index: IndexArray) -> Selector:
     """A slice when ``index`` is a run of consecutive integers, else itself."""
-    if len(index) and int(index[-1]) - int(index[0]) + 1 == len(index):
-        if len(index) == 1 or bool(np.all(np.diff(index) == 1)):
-            return slice(int(index[0]), int(index[-1]) + 1)
+    spans_run = len(index) and int(index[-1]) - int(index[0]) + 1 == len(index)
+    if spans_run and (len(index) == 1 or bool(np.all(np.diff(index) == 1))):
+        return slice(int(index[0]), int(index[-1]) + 1)
     return index.astype(np.int64, copy=False)
 
 
@@ -261,12 +262,11 @@ class EpochPlan:
 
     def rng(self) -> np.random.Generator:
         """The generator behind this epoch's shuffle."""
-        return np.random.default_rng(
-            np.random.SeedSequence(self.seed, spawn_key=(self.epoch,))
-        )
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(self.epoch,)))
 
     def windows(self) -> Iterator[Window]:
         """Yield the epoch's windows in delivery order (lazily)."""
+        orders: Iterator[range | IndexArray]
         if self.shuffle == "none":
             orders = self._sequential_orders()
         elif self.shuffle == "buffer":
@@ -277,13 +277,11 @@ class EpochPlan:
             raise ValueError(f"unknown shuffle mode {self.shuffle!r}")
         position = 0
         for index, samples in enumerate(self._truncate(orders)):
-            pieces = tuple(pieces_for(samples, off) for off in self.offsets)
+            pieces = tuple(tuple(pieces_for(samples, off)) for off in self.offsets)
             yield Window(index, position, samples, pieces)
             position += len(samples)
 
-    def _truncate(
-        self, orders: Iterator[range | IndexArray]
-    ) -> Iterator[range | IndexArray]:
+    def _truncate(self, orders: Iterator[range | IndexArray]) -> Iterator[range | IndexArray]:
         remaining = self.n_used
         for samples in orders:
             if remaining <= 0:
@@ -294,7 +292,7 @@ class EpochPlan:
             if len(samples):
                 yield samples
 
-    def _unit_groups(self, unit_ids: Sequence[int]) -> Iterator[list[int]]:
+    def _unit_groups(self, unit_ids: Iterable[int]) -> Iterator[list[int]]:
         """Group units (in the given order) into windows of >= window_rows."""
         sizes = np.diff(self.units)
         group: list[int] = []
@@ -327,10 +325,8 @@ class EpochPlan:
     def _buffered_orders(self) -> Iterator[IndexArray]:
         rng = self.rng()
         unit_order = rng.permutation(len(self.units) - 1)
-        for group in self._unit_groups(unit_order):
-            samples = np.concatenate(
-                [np.arange(self.units[u], self.units[u + 1]) for u in group]
-            )
+        for group in self._unit_groups(unit_order.tolist()):
+            samples = np.concatenate([np.arange(self.units[u], self.units[u + 1]) for u in group])
             yield rng.permutation(samples)
 
     def _exact_orders(self) -> Iterator[IndexArray]:

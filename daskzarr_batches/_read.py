@@ -49,7 +49,9 @@ def read_rows(
     return slab[take]
 
 
-def read_block(array: Any, name: str, block: tuple[int, ...], slices: tuple[slice, ...]) -> np.ndarray:
+def read_block(
+    array: Any, name: str, block: tuple[int, ...], slices: tuple[slice, ...]
+) -> np.ndarray:
     """Decode one stored block, returned as an array the caller owns."""
     try:
         result = np.asarray(array[slices])

@@ -28,6 +28,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 import zarr
+import zarr.abc.store
 from dask.optimization import cull
 
 from ._errors import ArgumentTypeError, ArgumentValueError, ArrayNotFoundError
@@ -75,14 +76,11 @@ def open_array(
     return da.from_zarr(array)
 
 
-def _open_zarr(
-    source: Any, path: str | None, storage_options: dict[str, Any] | None
-) -> zarr.Array:
+def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | None) -> zarr.Array:
     if isinstance(source, zarr.Array):
         if path not in (None, ""):
             raise ArgumentValueError(
-                f"path={path!r} was given but source is already an array "
-                f"({source.store_path})"
+                f"path={path!r} was given but source is already an array ({source.store_path})"
             )
         return source
     if isinstance(source, zarr.Group):
@@ -106,8 +104,7 @@ def _open_zarr(
     if isinstance(node, zarr.Array):
         if path not in (None, ""):
             raise ArrayNotFoundError(
-                f"{source!r} holds a single array, not a group; "
-                f"there is nothing at path {path!r}"
+                f"{source!r} holds a single array, not a group; there is nothing at path {path!r}"
             )
         return node
     return _array_in_group(node, path, where=repr(source))
@@ -171,10 +168,7 @@ class Source:
     def blocks(self) -> Iterator[tuple[int, ...]]:
         """Block indices of every non-empty stored chunk, in C order."""
         return itertools.product(
-            *(
-                [i for i, size in enumerate(sizes) if size > 0]
-                for sizes in self.chunks
-            )
+            *([i for i, size in enumerate(sizes) if size > 0] for sizes in self.chunks)
         )
 
     def block_slices(self, block: tuple[int, ...]) -> tuple[slice, ...]:
