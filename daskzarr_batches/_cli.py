@@ -1,0 +1,308 @@
+"""The command line: ``daskzarr-batches demo`` (or ``python -m daskzarr_batches demo``).
+
+An adapter on top of the public API: it imports only what
+``daskzarr_batches`` exports.  ``demo`` rebuilds the seed notebook's data -- a 10 x 4 float32
+feature matrix holding 0..39 and 10 float32 labels holding 0..9, chunked
+(4, 4) and (4,) in a Zarr ``MemoryStore`` -- and prints the three views the
+notebook shows: one array per stored chunk, minibatches of 3 samples, and
+shuffled feature/label pairs.  Everything printed is deterministic (fixed
+seeds, ordered streams), so the output can be compared line by line.
+
+``--scheduler ADDRESS`` runs the demo's streams on an existing
+``dask.distributed`` cluster and ``--local-cluster N`` on a ``LocalCluster`` of
+``N`` process workers on loopback, started and shut down by the command.  The
+arrays stay in the ``MemoryStore``: zarr 3 pickles a ``MemoryStore`` together
+with its contents, so the window graphs carry the (tiny) store to the workers,
+which decode the chunks there.  That works for remote workers too, which a
+temporary directory on the client's disk would not.  For real data use a store
+every worker can reach (a shared file system or an object store URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+import numpy as np
+import zarr
+
+from . import (
+    DaskZarrBatchesError,
+    __version__,
+    batch_stream,
+    chunk_stream,
+    count_batches,
+    paired_shuffled_batch_stream,
+)
+
+__all__ = ["build_parser", "demo_arrays", "format_stats", "main", "run_demo"]
+
+#: Seconds to wait for a scheduler given with ``--scheduler`` (and for a worker).
+CONNECT_TIMEOUT = 10.0
+#: Seconds a cluster may take for one window or chunk before the demo gives up.
+WINDOW_TIMEOUT = 60.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line and return its exit status.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        0 on success, 1 when the demo could not run (for example the
+        scheduler is unreachable).  Invalid arguments exit with status 2
+        through ``argparse``.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return _demo_command(args, sys.stdout, sys.stderr)
+    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards
+    return 2  # pragma: no cover
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``daskzarr-batches`` argument parser (one subcommand per job)."""
+    parser = argparse.ArgumentParser(
+        prog="daskzarr-batches",
+        description="Stream numpy minibatches and per-chunk blocks out of chunked Zarr arrays.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    demo = commands.add_parser(
+        "demo",
+        help="stream a tiny in-memory Zarr array three ways (chunks, batches, shuffled pairs)",
+        description=(
+            "Build the seed notebook's 10 x 4 features and 10 labels in a Zarr MemoryStore "
+            "and print one array per stored chunk, minibatches of 3 samples and shuffled "
+            "feature/label pairs, with the stream statistics."
+        ),
+    )
+    where = demo.add_mutually_exclusive_group()
+    where.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="compute on an existing dask.distributed scheduler, e.g. tcp://10.0.0.5:8786 "
+        "(its workers need daskzarr_batches installed)",
+    )
+    where.add_argument(
+        "--local-cluster",
+        metavar="N",
+        type=_positive_int,
+        help="start a LocalCluster of N process workers on 127.0.0.1, compute on it, shut it down",
+    )
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _demo_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        with _compute_target(args.scheduler, args.local_cluster) as (client, described):
+            timeout = None if client is None else WINDOW_TIMEOUT
+            run_demo(out, client=client, where=described, timeout=timeout)
+    except (_ConnectError, DaskZarrBatchesError) as exc:
+        print(f"daskzarr-batches demo: error: {exc}", file=err)
+        return 1
+    return 0
+
+
+class _ConnectError(Exception):
+    """The scheduler given with ``--scheduler`` could not be reached."""
+
+
+@contextlib.contextmanager
+def _compute_target(scheduler: str | None, local_cluster: int | None) -> Iterator[tuple[Any, str]]:
+    """Yield ``(client or None, description)``; clusters we start are stopped after."""
+    if scheduler is None and local_cluster is None:
+        yield None, "local threaded scheduler"
+        return
+    import distributed
+
+    if scheduler is not None:
+        try:
+            client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise _ConnectError(
+                f"could not connect to the scheduler at {scheduler!r} within "
+                f"{CONNECT_TIMEOUT:g} s: {exc}"
+            ) from exc
+        with client:
+            try:
+                client.wait_for_workers(1, timeout=CONNECT_TIMEOUT)
+            except TimeoutError as exc:
+                raise _ConnectError(
+                    f"the scheduler at {scheduler!r} has no workers after {CONNECT_TIMEOUT:g} s"
+                ) from exc
+            workers = len(client.scheduler_info().get("workers", {}))
+            plural = "" if workers == 1 else "s"
+            yield client, f"distributed scheduler {scheduler} ({workers} worker{plural})"
+        return
+    assert local_cluster is not None
+    with (
+        distributed.LocalCluster(
+            n_workers=local_cluster,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        yield client, f"LocalCluster of {local_cluster} process workers on 127.0.0.1"
+
+
+def demo_arrays() -> tuple[zarr.Array, zarr.Array]:
+    """The seed notebook's data in a Zarr ``MemoryStore``.
+
+    Returns
+    -------
+    features : zarr.Array
+        Shape (10, 4), chunks (4, 4), float32, row ``i`` holds ``4i .. 4i + 3``.
+    labels : zarr.Array
+        Shape (10,), chunks (4,), float32, label ``i`` is ``i``.
+    """
+    root = zarr.group(store=zarr.storage.MemoryStore())
+    features = root.create_array("features", shape=(10, 4), chunks=(4, 4), dtype="float32")
+    labels = root.create_array("labels", shape=(10,), chunks=(4,), dtype="float32")
+    features[:] = np.arange(40, dtype=np.float32).reshape(10, 4)
+    labels[:] = np.arange(10, dtype=np.float32)
+    return features, labels
+
+
+def format_stats(stats: Any) -> str:
+    """The deterministic counters of a stream's ``stats`` on one line."""
+    return (
+        f"chunks_read={stats.chunks_read} bytes_read={stats.bytes_read} "
+        f"bytes_yielded={stats.bytes_yielded} "
+        f"read_amplification={stats.read_amplification:.2f} "
+        f"windows_read={stats.windows_read}"
+    )
+
+
+def run_demo(
+    out: TextIO,
+    *,
+    client: Any = None,
+    where: str = "local threaded scheduler",
+    timeout: float | None = None,
+) -> None:
+    """Print the demo to ``out``.
+
+    Parameters
+    ----------
+    out : text stream
+        Where the lines go.
+    client : distributed.Client, optional
+        Compute every stream on this cluster; ``None``: local threads.
+    where : str
+        How the ``computing on:`` line describes ``client``.
+    timeout : float, optional
+        Seconds to wait for one window or chunk (passed to every stream).
+    """
+    features, labels = demo_arrays()
+    chunk_rows = features.chunks[0]
+    bounds = list(range(0, features.shape[0], chunk_rows))
+
+    def say(line: str = "") -> None:
+        print(line, file=out)
+
+    def rows_of(batch: np.ndarray) -> list[int]:
+        # Row i of the features holds 4i..4i+3, so the data names its rows.
+        return [int(v) // 4 for v in batch[:, 0]]
+
+    def chunks_of(rows: list[int]) -> list[int]:
+        return sorted({row // chunk_rows for row in rows})
+
+    say(
+        f"daskzarr-batches demo: features {features.shape} float32 (values 0..39), "
+        f"labels {labels.shape} float32 (values 0..9)"
+    )
+    say(
+        f"stored in a zarr MemoryStore with chunks {features.chunks} and {labels.chunks}: "
+        f"axis-0 chunks start at rows {bounds}"
+    )
+    say(f"computing on: {where}")
+
+    say()
+    say("1. One array per stored chunk  (chunk_stream, concurrency=2, ordered=True)")
+    with chunk_stream(
+        features, concurrency=2, ordered=True, with_index=True, client=client, timeout=timeout
+    ) as chunks:
+        for block, chunk in chunks:
+            rows = rows_of(chunk)
+            edge = "  (edge chunk, cropped to the array)" if len(chunk) < chunk_rows else ""
+            say(f"   chunk {block}: shape {chunk.shape}  rows {rows[0]}..{rows[-1]}{edge}")
+        say(f"   stats: {format_stats(chunks.stats)}")
+
+    say()
+    batches = count_batches(features, 3, drop_remainder=True)
+    say("2. Minibatches of 3 samples  (batch_stream, batch_size=3, drop_remainder=True)")
+    with batch_stream(features, 3, drop_remainder=True, client=client, timeout=timeout) as stream:
+        for number, batch in enumerate(stream):
+            rows = rows_of(batch)
+            touched = chunks_of(rows)
+            crossing = (
+                f"  crosses the chunk boundary at row {touched[1] * chunk_rows}"
+                f" (chunks {touched[0]} and {touched[1]})"
+                if len(touched) > 1
+                else f"  inside chunk {touched[0]}"
+            )
+            say(f"   batch {number}: shape {batch.shape}  rows {rows[0]}..{rows[-1]}{crossing}")
+        dropped = list(range(batches * 3, features.shape[0]))
+        say(
+            f"   {features.shape[0]} samples // 3 = {batches} batches; "
+            f"drop_remainder left out rows {dropped}"
+        )
+        say(f"   stats: {format_stats(stream.stats)}")
+
+    say()
+    say("3. Shuffled feature/label pairs  (paired_shuffled_batch_stream, batch_size=4, seed=1)")
+    say("   exact shuffle (shuffle_buffer_size=None): a uniform permutation of all 10 samples")
+    aligned = True
+    with paired_shuffled_batch_stream(
+        features, labels, 4, seed=1, client=client, timeout=timeout
+    ) as pairs:
+        for number, (xb, yb) in enumerate(pairs):
+            say(f"   batch {number}: features {xb.shape} / labels {yb.shape}")
+            for row, label in zip(xb, yb, strict=True):
+                say(f"      features {_values(row)}  ->  label {float(label):.1f}")
+                aligned = aligned and bool(row[0] == 4 * label)
+        say(f"   every feature row sits next to its own label: {aligned}")
+        say(f"   stats: {format_stats(pairs.stats)}")
+        say("   (a paired stream counts the chunks of features and of labels: 3 + 3)")
+    say(
+        "   buffered shuffle (shuffle_buffer_size=8): the order of chunks is permuted, "
+        "then rows are"
+    )
+    say("   drawn at random from about 8 samples (2 whole chunks) at a time; each chunk read once")
+    aligned = True
+    with paired_shuffled_batch_stream(
+        features, labels, 4, seed=1, shuffle_buffer_size=8, client=client, timeout=timeout
+    ) as pairs:
+        for number, (xb, yb) in enumerate(pairs):
+            aligned = aligned and bool(np.all(xb[:, 0] == 4 * yb))
+            say(f"   batch {number}: labels {_values(yb)}")
+        say(f"   every feature row sits next to its own label: {aligned}")
+        say(f"   stats: {format_stats(pairs.stats)}")
+
+
+def _values(values: np.ndarray) -> str:
+    """A fixed-width rendering of a 1-d float array: ``[ 4.0 17.0]``."""
+    return "[" + " ".join(f"{float(v):4.1f}" for v in values) + "]"
