@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
@@ -64,7 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return _demo_command(args, sys.stdout, sys.stderr)
+        try:
+            return _demo_command(args, sys.stdout, sys.stderr)
+        except BrokenPipeError:  # e.g. ``daskzarr-batches demo | head``: not an error
+            # Python would complain again when flushing stdout at exit.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards
     return 2  # pragma: no cover
 
@@ -161,7 +168,7 @@ def _compute_target(scheduler: str | None, local_cluster: int | None) -> Iterato
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address=":0",  # never 8787: another cluster may hold it
         ) as cluster,
         distributed.Client(cluster, set_as_default=False) as client,
     ):

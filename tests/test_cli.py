@@ -150,7 +150,7 @@ def test_demo_on_an_existing_scheduler(capsys: pytest.CaptureFixture[str]) -> No
         processes=False,
         protocol="tcp",
         host="127.0.0.1",
-        dashboard_address=None,
+        dashboard_address=":0",  # never 8787: another cluster may hold it
     ) as cluster:
         assert main(["demo", "--scheduler", cluster.scheduler_address]) == 0
     out = capsys.readouterr().out
