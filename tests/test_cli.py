@@ -91,6 +91,7 @@ def test_demo_as_module() -> None:
     check_demo_output(result.stdout)
 
 
+@pytest.mark.timeout(120)
 def test_demo_on_a_local_cluster_matches_the_local_run(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -142,6 +143,7 @@ def test_scheduler_and_local_cluster_exclude_each_other(
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(120)
 def test_demo_on_an_existing_scheduler(capsys: pytest.CaptureFixture[str]) -> None:
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(
