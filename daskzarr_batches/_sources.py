@@ -265,8 +265,11 @@ def as_source(array: Any, role: str = "array") -> Source:
     if isinstance(array, np.ndarray):
         shape = array.shape
         _check_dims(role, shape)
-        auto = {0: "auto", **{axis: -1 for axis in range(1, array.ndim)}}
-        chunks = da.core.normalize_chunks(auto, shape, dtype=array.dtype)
+        if array.size == 0:  # dask's auto chunking divides by the row size
+            chunks = tuple((size,) for size in shape)
+        else:
+            auto = {0: "auto", **{axis: -1 for axis in range(1, array.ndim)}}
+            chunks = da.core.normalize_chunks(auto, shape, dtype=array.dtype)
         name = f"<numpy {role} shape={shape} dtype={array.dtype}>"
         return SliceSource(name, shape, array.dtype, chunks, array, _token(array))
     if isinstance(array, da.Array):
