@@ -47,18 +47,27 @@ class CountingStore(zarr.storage.WrapperStore[Any]):
 
 
 class SlowStore(zarr.storage.WrapperStore[Any]):
-    """Sleeps ``delay`` seconds in every chunk ``get``; records peak concurrency."""
+    """Sleeps in every chunk ``get`` (``delays[key]`` or ``delay`` seconds).
+
+    Records how many chunk ``get`` calls were in flight at once (``peak``).
+    """
 
     def __init__(
-        self, store: Any, delay: float = 0.05, state: dict[str, int] | None = None
+        self,
+        store: Any,
+        delay: float = 0.05,
+        state: dict[str, int] | None = None,
+        *,
+        delays: dict[str, float] | None = None,
     ) -> None:
         super().__init__(store)
         self.delay = delay
+        self.delays = {} if delays is None else delays  # per-key overrides
         self.state = {"now": 0, "peak": 0, "gets": 0} if state is None else state
         self._lock = threading.Lock()
 
     def _with_store(self, store: Any) -> SlowStore:
-        return type(self)(store, self.delay, self.state)
+        return type(self)(store, self.delay, self.state, delays=self.delays)
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
@@ -70,7 +79,7 @@ class SlowStore(zarr.storage.WrapperStore[Any]):
             self.state["gets"] += 1
             self.state["peak"] = max(self.state["peak"], self.state["now"])
         try:
-            await asyncio.sleep(self.delay)
+            await asyncio.sleep(self.delays.get(key, self.delay))
             return await self._store.get(key, prototype, byte_range)
         finally:
             with self._lock:

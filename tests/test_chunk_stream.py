@@ -184,3 +184,15 @@ def test_chunks_of_a_dask_graph_holding_a_literal_array_are_owned() -> None:
     np.testing.assert_array_equal(chunks[1], np.arange(6.0))
     batches = consume(dzb.batch_stream(twice, 12))
     assert not np.shares_memory(batches[0], values)
+
+
+def test_unordered_yields_as_reads_complete() -> None:
+    memory = zarr.storage.MemoryStore()
+    to_zarr(make_data((8, 2)) + 1, (2, 2), store=memory)
+    slow_first = {"c/0/0": 0.5}
+    store = SlowStore(memory, delay=0.01, delays=slow_first)
+    array = open_wrapped(store)
+    unordered = consume(dzb.chunk_stream(array, concurrency=4, ordered=False, with_index=True))
+    assert [index for index, _ in unordered][-1] == (0, 0)
+    ordered = consume(dzb.chunk_stream(array, concurrency=4, with_index=True))
+    assert [index for index, _ in ordered] == [(0, 0), (1, 0), (2, 0), (3, 0)]

@@ -142,9 +142,13 @@ def test_group_without_path_lists_its_arrays(values: np.ndarray) -> None:
         dzb.open_array(empty)
 
 
-def test_missing_directory(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(dzb.ArrayNotFoundError, match="nothing-here"):
-        dzb.open_array(tmp_path / "nothing-here.zarr")
+@pytest.mark.parametrize("name", ["nothing-here.zarr", "nothing-here.zip", ""])
+def test_missing_or_empty_location(tmp_path: pathlib.Path, name: str) -> None:
+    where = tmp_path / name
+    with pytest.raises(dzb.ArrayNotFoundError, match=f"no Zarr array or group at .*{where}"):
+        dzb.open_array(where)
+    with pytest.raises(FileNotFoundError):
+        dzb.open_array(str(where), "x")
 
 
 def test_path_into_a_single_array_or_an_array_object(values: np.ndarray) -> None:

@@ -19,7 +19,7 @@ import zarr
 import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
-from stores import CountingStore, chunk_keys, open_wrapped
+from stores import CountingStore, SlowStore, chunk_keys, open_wrapped
 from strategies import (
     ArrayCase,
     array_cases,
@@ -508,3 +508,68 @@ def test_empty_streams_yield_nothing() -> None:
         assert len(stream) == 0
         assert consume(stream) == []
         assert stream.stats.read_amplification == 0.0
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_prefetch_bounds_the_windows_in_flight(prefetch: int) -> None:
+    """One chunk a window: chunk reads at once never exceed prefetch + 1."""
+    memory = zarr.storage.MemoryStore()
+    data = make_data((40, 2), "float64") + 1
+    to_zarr(data, (4, 2), store=memory)
+    store = SlowStore(memory, delay=0.03)
+    array = open_wrapped(store)
+    stream = dzb.batch_stream(array, 4, prefetch=prefetch, window_bytes=4 * 2 * 8)
+    batches = []
+    for batch in stream:
+        time.sleep(0.01)
+        batches.append(batch)
+    np.testing.assert_array_equal(np.concatenate(batches), data)
+    assert store.state["gets"] == 10
+    assert store.peak <= prefetch + 1
+    if prefetch >= 1:
+        assert store.peak >= 2, "windows ahead of the consumer were not computed"
+
+
+# --------------------------------------------------------------------------
+# Scheduler independence
+
+
+def test_same_batches_on_the_threaded_scheduler_and_a_distributed_client() -> None:
+    distributed = pytest.importorskip("distributed")
+    features = to_zarr(make_data((50, 3), "float32"), (7, 3))
+    labels = to_zarr(make_data((50,)), (3,), zarr_format=2)
+
+    def runs() -> list[list[Any]]:
+        return [
+            consume(dzb.batch_stream(features, 6, window_bytes=100)),
+            consume(dzb.shuffled_batch_stream(features, 6, seed=4, memory_budget=400)),
+            consume(dzb.shuffled_batch_stream(features, 6, seed=4, shuffle_buffer_size=10)),
+            consume(
+                dzb.paired_shuffled_batch_stream(
+                    features, labels, 6, seed=9, shuffle_buffer_size=21
+                )
+            ),
+            consume(dzb.chunk_stream(features)),
+        ]
+
+    local = runs()
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        on_cluster = runs()
+        explicit = consume(
+            dzb.shuffled_batch_stream(features, 6, seed=4, shuffle_buffer_size=10, client=client)
+        )
+    for a_run, b_run in zip([*local, local[2]], [*on_cluster, explicit], strict=True):
+        assert len(a_run) == len(b_run)
+        for a, b in zip(a_run, b_run, strict=True):
+            for x, y in zip(
+                a if isinstance(a, tuple) else (a,),
+                b if isinstance(b, tuple) else (b,),
+                strict=True,
+            ):
+                np.testing.assert_array_equal(x, y)
+    assert dzb._deliver.resolve_client(None) is None  # the closed client is not used later
