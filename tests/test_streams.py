@@ -307,6 +307,8 @@ def test_paired_rows_stay_aligned(
 def test_paired_with_chunks_7_and_3(buffer: int | None, kind: str) -> None:
     n = 50
     x, y = make_data((n, 4), "float32"), make_data((n,), "int64")
+    features: Any
+    labels: Any
     if kind == "zarr":
         features, labels = to_zarr(x, (7, 4)), to_zarr(y, (3,), zarr_format=2)
     else:
