@@ -92,12 +92,15 @@ def _split(draw: st.DrawFn, size: int) -> tuple[int, ...]:
         return (size,)
     cuts = draw(st.sets(st.integers(1, size - 1), max_size=min(size - 1, 8)))
     bounds = [0, *sorted(cuts), size]
-    return tuple(b - a for a, b in itertools.pairwise(bounds))
+    sizes = [b - a for a, b in itertools.pairwise(bounds)]
+    for position in draw(st.lists(st.integers(0, len(sizes)), max_size=2)):
+        sizes.insert(position, 0)  # dask allows empty chunks anywhere
+    return tuple(sizes)
 
 
 @st.composite
 def irregular_chunks(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    """Dask chunks: arbitrary sizes per axis (not a regular grid)."""
+    """Dask chunks: arbitrary sizes per axis (not a regular grid), some maybe empty."""
     return tuple(_split(draw, size) for size in shape)
 
 

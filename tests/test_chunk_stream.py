@@ -40,7 +40,11 @@ def reassemble(items: list[tuple[tuple[int, ...], np.ndarray]], like: np.ndarray
     for index, chunk in items:
         for axis, (i, size) in enumerate(zip(index, chunk.shape, strict=True)):
             assert sizes[axis].setdefault(i, size) == size, "inconsistent chunk sizes"
-    offsets = [np.concatenate([[0], np.cumsum([s[i] for i in range(len(s))])]) for s in sizes]
+    # empty chunks are never yielded: their size along the axis is 0
+    offsets = [
+        np.concatenate([[0], np.cumsum([s.get(i, 0) for i in range(max(s, default=-1) + 1)])])
+        for s in sizes
+    ]
     out = np.full(like.shape, 0, dtype=like.dtype)
     seen = np.zeros(like.shape, dtype=np.int64)
     for index, chunk in items:
