@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import zarr
 import zarr.storage
+from stores import SlowStore, open_wrapped
 from strategies import make_data, to_zarr
 
 import daskzarr_batches as dzb
@@ -291,3 +293,29 @@ def test_undecodable_chunk_behind_a_dask_computation(tmp_path: pathlib.Path) -> 
     with pytest.raises(dzb.DaskZarrBatchesError) as info:
         list(dzb.batch_stream(array, 2, window_bytes=48))
     assert "chunk" in str(info.value)
+
+
+# --------------------------------------------------------------------------
+# A store that does not answer in time
+
+
+@pytest.mark.parametrize("name", ["sequential", "buffered", "chunk_stream", "unordered"])
+def test_timeout_raises_from_next(name: str) -> None:
+    memory = zarr.storage.MemoryStore()
+    to_zarr(make_data((8, 2)) + 1, (4, 2), store=memory)
+    array = open_wrapped(SlowStore(memory, delay=1.5))
+    stream: dzb.Stream[Any]
+    if name == "sequential":
+        stream = dzb.batch_stream(array, 2, timeout=0.2)
+    elif name == "buffered":
+        stream = dzb.shuffled_batch_stream(array, 2, seed=0, shuffle_buffer_size=4, timeout=0.2)
+    else:
+        stream = dzb.chunk_stream(array, timeout=0.2, ordered=name == "chunk_stream")
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"timeout=0\.2") as info:
+        next(stream)
+    assert time.perf_counter() - started < 1.2
+    assert isinstance(info.value, dzb.WindowTimeoutError)
+    check_library_error(info.value)
+    with pytest.raises(StopIteration):
+        next(stream)

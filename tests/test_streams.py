@@ -8,7 +8,11 @@ arrays (formats 2 and 3), general dask arrays and dask arrays over Zarr.
 from __future__ import annotations
 
 import gc
+import hashlib
 import itertools
+import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -575,3 +579,39 @@ def test_same_batches_on_the_threaded_scheduler_and_a_distributed_client() -> No
             ):
                 np.testing.assert_array_equal(x, y)
     assert dzb._deliver.resolve_client(None) is None  # the closed client is not used later
+
+
+SUBPROCESS_EPOCH = """
+import hashlib, sys
+import numpy as np, zarr
+import daskzarr_batches as dzb
+data = np.arange(61 * 3, dtype="float32").reshape(61, 3)
+z = zarr.create_array(zarr.storage.MemoryStore(), shape=data.shape, chunks=(7, 3), dtype=data.dtype)
+z[...] = data
+digest = hashlib.sha256()
+for buffer in (None, 10):
+    for batch in dzb.shuffled_batch_stream(z, 5, seed=123, shuffle_buffer_size=buffer):
+        digest.update(batch.tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_same_seed_same_batches_across_processes() -> None:
+    data = make_data((61, 3), "float32")
+    z = to_zarr(data, (7, 3))
+    digest = hashlib.sha256()
+    for buffer in (None, 10):
+        for batch in consume(dzb.shuffled_batch_stream(z, 5, seed=123, shuffle_buffer_size=buffer)):
+            digest.update(batch.tobytes())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for hash_seed in ("0", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": root}
+        result = subprocess.run(
+            [sys.executable, "-c", SUBPROCESS_EPOCH],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=True,
+        )
+        assert result.stdout.strip() == digest.hexdigest()
