@@ -615,3 +615,30 @@ def test_same_seed_same_batches_across_processes() -> None:
             check=True,
         )
         assert result.stdout.strip() == digest.hexdigest()
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 9, 50])
+@pytest.mark.parametrize("buffer", ["sequential", 1, 7, 100])
+def test_every_dask_block_is_computed_once_per_epoch(batch_size: int, buffer: Any) -> None:
+    """A general dask array (chunked along both axes): each block task runs once."""
+    data = make_data((31, 5), "float64")
+    calls: list[tuple[int, ...]] = []
+    lock = threading.Lock()
+
+    def record(block: np.ndarray, block_info: Any = None) -> np.ndarray:
+        with lock:
+            calls.append(tuple(block_info[0]["chunk-location"]))
+        return block
+
+    chunks = ((3, 7, 0, 10, 11), (2, 3))
+    counted = to_dask(data, chunks).map_blocks(record, dtype=data.dtype)
+    if buffer == "sequential":
+        stream = dzb.batch_stream(counted, batch_size, window_bytes=5 * 8 * 8)
+    else:
+        stream = dzb.shuffled_batch_stream(counted, batch_size, seed=1, shuffle_buffer_size=buffer)
+    rows = np.concatenate(consume(stream))
+    np.testing.assert_array_equal(np.sort(sample_ids(rows)), np.arange(31))
+    expected = [(i, j) for i in (0, 1, 3, 4) for j in (0, 1)]
+    assert sorted(calls) == expected
+    assert stream.stats.chunks_read == 4
+    assert stream.stats.read_amplification <= 1.0
