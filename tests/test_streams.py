@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+import dask.array as da
 import numpy as np
 import pytest
 import zarr
@@ -631,7 +632,7 @@ def test_every_dask_block_is_computed_once_per_epoch(batch_size: int, buffer: An
         return block
 
     chunks = ((3, 7, 0, 10, 11), (2, 3))
-    counted = to_dask(data, chunks).map_blocks(record, dtype=data.dtype)
+    counted = da.map_blocks(record, to_dask(data, chunks), dtype=data.dtype)
     if buffer == "sequential":
         stream = dzb.batch_stream(counted, batch_size, window_bytes=5 * 8 * 8)
     else:
