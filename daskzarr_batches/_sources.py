@@ -95,7 +95,7 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
             f"got {type(source).__name__}"
         )
     kwargs: dict[str, Any] = {"mode": "r"}
-    if storage_options is not None:
+    if storage_options:  # zarr rejects even {} for local paths and store objects
         kwargs["storage_options"] = storage_options
     try:
         node = zarr.open(store=source, **kwargs)
