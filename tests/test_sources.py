@@ -194,3 +194,13 @@ def test_fsspec_memory_url_with_storage_options(values: np.ndarray) -> None:
             dzb.open_array(url, "y", storage_options={})
     finally:
         fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+
+
+@pytest.mark.parametrize("as_path", [str, pathlib.Path])
+def test_empty_storage_options_with_a_local_path(
+    tmp_path: pathlib.Path, values: np.ndarray, as_path: Any
+) -> None:
+    """Generic code passing ``storage_options=opts or {}`` must work for local paths."""
+    where = tmp_path / "x.zarr"
+    to_zarr(values, (4, 4), store=zarr.storage.LocalStore(where))
+    check_opened(dzb.open_array(as_path(where), storage_options={}), values, (4, 4))
