@@ -101,6 +101,10 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
         node = zarr.open(store=source, **kwargs)
     except (FileNotFoundError, KeyError) as exc:
         raise ArrayNotFoundError(f"no Zarr array or group at {source!r}") from exc
+    except TypeError as exc:  # e.g. storage_options for a local path
+        raise ArgumentTypeError(f"cannot open {source!r} as Zarr: {exc}") from exc
+    except ValueError as exc:  # e.g. an unknown URL protocol
+        raise ArgumentValueError(f"cannot open {source!r} as Zarr: {exc}") from exc
     if isinstance(node, zarr.Array):
         if path not in (None, ""):
             raise ArrayNotFoundError(
