@@ -204,3 +204,20 @@ def test_empty_storage_options_with_a_local_path(
     where = tmp_path / "x.zarr"
     to_zarr(values, (4, 4), store=zarr.storage.LocalStore(where))
     check_opened(dzb.open_array(as_path(where), storage_options={}), values, (4, 4))
+
+
+def test_storage_options_for_a_local_path_is_a_library_error(
+    tmp_path: pathlib.Path, values: np.ndarray
+) -> None:
+    where = tmp_path / "x.zarr"
+    to_zarr(values, (4, 4), store=zarr.storage.LocalStore(where))
+    with pytest.raises(TypeError, match="storage_options") as info:
+        dzb.open_array(str(where), storage_options={"anon": True})
+    assert isinstance(info.value, dzb.DaskZarrBatchesError)
+    assert str(where) in str(info.value)
+
+
+def test_unknown_url_protocol_is_a_library_error() -> None:
+    with pytest.raises(ValueError, match="nosuchproto") as info:
+        dzb.open_array("nosuchproto://bucket/data.zarr")
+    assert isinstance(info.value, dzb.DaskZarrBatchesError)
