@@ -19,7 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import dask.threaded
 import numpy as np
@@ -186,7 +186,7 @@ class Stream(Generic[T]):
     def __len__(self) -> int:
         return self._length
 
-    def __iter__(self) -> Stream[T]:
+    def __iter__(self) -> Self:
         return self
 
     def __next__(self) -> T:
@@ -213,7 +213,7 @@ class Stream(Generic[T]):
             self._items = None
         self._runner.close()
 
-    def __enter__(self) -> Stream[T]:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

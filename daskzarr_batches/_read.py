@@ -63,8 +63,13 @@ def read_block(
 
 
 def read_block_result(block: Any) -> np.ndarray:
-    """Turn a dask array's block result into an owned numpy array."""
-    return _owned(np.asarray(block))
+    """Copy a dask array's block result into an array the caller owns.
+
+    Always a copy: the result may be an object held by the graph itself (a
+    literal or delayed array) or shared between blocks, even when it owns its
+    data.
+    """
+    return np.array(block, copy=True)
 
 
 def assemble_rows(

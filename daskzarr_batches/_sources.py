@@ -95,12 +95,16 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
             f"got {type(source).__name__}"
         )
     kwargs: dict[str, Any] = {"mode": "r"}
-    if storage_options is not None:
+    if storage_options:  # zarr rejects even {} for local paths and store objects
         kwargs["storage_options"] = storage_options
     try:
         node = zarr.open(store=source, **kwargs)
     except (FileNotFoundError, KeyError) as exc:
         raise ArrayNotFoundError(f"no Zarr array or group at {source!r}") from exc
+    except TypeError as exc:  # e.g. storage_options for a local path
+        raise ArgumentTypeError(f"cannot open {source!r} as Zarr: {exc}") from exc
+    except ValueError as exc:  # e.g. an unknown URL protocol
+        raise ArgumentValueError(f"cannot open {source!r} as Zarr: {exc}") from exc
     if isinstance(node, zarr.Array):
         if path not in (None, ""):
             raise ArrayNotFoundError(
@@ -265,8 +269,11 @@ def as_source(array: Any, role: str = "array") -> Source:
     if isinstance(array, np.ndarray):
         shape = array.shape
         _check_dims(role, shape)
-        auto = {0: "auto", **{axis: -1 for axis in range(1, array.ndim)}}
-        chunks = da.core.normalize_chunks(auto, shape, dtype=array.dtype)
+        if array.size == 0:  # dask's auto chunking divides by the row size
+            chunks = tuple((size,) for size in shape)
+        else:
+            auto = {0: "auto", **{axis: -1 for axis in range(1, array.ndim)}}
+            chunks = da.core.normalize_chunks(auto, shape, dtype=array.dtype)
         name = f"<numpy {role} shape={shape} dtype={array.dtype}>"
         return SliceSource(name, shape, array.dtype, chunks, array, _token(array))
     if isinstance(array, da.Array):

@@ -1,0 +1,230 @@
+"""Hypothesis strategies and builders shared by the test modules.
+
+Shapes include a zero-length axis 0 and zero-width other axes; chunk grids
+include chunks larger than the axis and short last chunks.  The same data can
+be built as a ``zarr.Array`` (memory store, format 2 or 3), a dask array
+(arbitrary chunking, also along the other axes), a dask array opened over a
+Zarr array (the path the library reads as Zarr) or a plain numpy array.
+
+Data is ``arange`` shaped to the array, so the first element of sample ``i``
+is ``i * row_width``: :func:`sample_ids` recovers which samples a batch holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import zarr
+import zarr.storage
+from hypothesis import settings
+from hypothesis import strategies as st
+
+__all__ = [
+    "DTYPES",
+    "INPUT_KINDS",
+    "ArrayCase",
+    "array_cases",
+    "axis0_chunks",
+    "batch_sizes",
+    "buffer_sizes",
+    "build_input",
+    "irregular_chunks",
+    "make_data",
+    "property_settings",
+    "regular_chunks",
+    "sample_ids",
+    "seeds",
+    "shapes",
+    "to_dask",
+    "to_zarr",
+]
+
+DTYPES = ("int32", "int64", "float32", "float64", "uint16")
+
+#: numpy, zarr (formats 2 and 3), a general dask array, a dask array over zarr.
+INPUT_KINDS = ("numpy", "zarr2", "zarr3", "dask", "dask_zarr")
+
+
+def property_settings(max_examples: int) -> settings:
+    """Settings of a property test: ``max_examples`` times ``$DZB_EXAMPLES_SCALE``.
+
+    The default keeps the suite fast; ``DZB_EXAMPLES_SCALE=20`` hunts harder.
+    """
+    scale = float(os.environ.get("DZB_EXAMPLES_SCALE", "1"))
+    return settings(max_examples=max(1, round(max_examples * scale)), deadline=None)
+
+
+seeds = st.integers(min_value=0, max_value=2**32 - 1)
+
+
+@st.composite
+def shapes(
+    draw: st.DrawFn,
+    *,
+    min_dims: int = 1,
+    max_dims: int = 3,
+    max_rows: int = 40,
+    max_width: int = 4,
+    min_rows: int = 0,
+    min_width: int = 0,
+) -> tuple[int, ...]:
+    """1-D to 3-D shapes; axis 0 may be empty, other axes may have width 0."""
+    ndim = draw(st.integers(min_dims, max_dims))
+    rows = draw(st.integers(min_rows, max_rows))
+    rest = tuple(draw(st.integers(min_width, max_width)) for _ in range(ndim - 1))
+    return (rows, *rest)
+
+
+@st.composite
+def regular_chunks(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A Zarr chunk shape: one size per axis, possibly larger than the axis."""
+    return tuple(draw(st.integers(1, max(size, 1) + 2)) for size in shape)
+
+
+def _split(draw: st.DrawFn, size: int) -> tuple[int, ...]:
+    if size <= 1:
+        return (size,)
+    cuts = draw(st.sets(st.integers(1, size - 1), max_size=min(size - 1, 8)))
+    bounds = [0, *sorted(cuts), size]
+    sizes = [b - a for a, b in itertools.pairwise(bounds)]
+    for position in draw(st.lists(st.integers(0, len(sizes)), max_size=2)):
+        sizes.insert(position, 0)  # dask allows empty chunks anywhere
+    return tuple(sizes)
+
+
+@st.composite
+def irregular_chunks(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Dask chunks: arbitrary sizes per axis (not a regular grid), some maybe empty."""
+    return tuple(_split(draw, size) for size in shape)
+
+
+def batch_sizes(n_samples: int) -> st.SearchStrategy[int]:
+    """Batch sizes from 1 to a little more than the array."""
+    return st.integers(1, n_samples + 3)
+
+
+def buffer_sizes(n_samples: int) -> st.SearchStrategy[int]:
+    """Shuffle buffer sizes from 1 sample to more than the array."""
+    return st.integers(1, n_samples + 5)
+
+
+def make_data(shape: tuple[int, ...], dtype: str = "int32") -> np.ndarray:
+    """``arange`` data of ``shape``: sample ``i`` starts with ``i * row_width``."""
+    return np.arange(math.prod(shape)).reshape(shape).astype(dtype)
+
+
+def row_width(shape: tuple[int, ...]) -> int:
+    return math.prod(shape[1:])
+
+
+def sample_ids(batch: np.ndarray) -> np.ndarray:
+    """Which samples of :func:`make_data` data the rows of ``batch`` are."""
+    width = row_width(batch.shape)
+    assert width > 0, "zero-width samples carry no identity"
+    return (batch.reshape(len(batch), width)[:, 0].astype(np.int64)) // width
+
+
+def to_zarr(
+    data: np.ndarray,
+    chunks: tuple[int, ...],
+    *,
+    zarr_format: int = 3,
+    store: Any = None,
+) -> zarr.Array:
+    """``data`` written to a Zarr array (a fresh memory store by default)."""
+    array = zarr.create_array(
+        store=zarr.storage.MemoryStore() if store is None else store,
+        shape=data.shape,
+        chunks=chunks,
+        dtype=data.dtype,
+        zarr_format=zarr_format,  # type: ignore[arg-type]
+    )
+    if data.size:
+        array[...] = data
+    return array
+
+
+def to_dask(data: np.ndarray, chunks: Any) -> da.Array:
+    """``data`` as a general dask array (read through its own graph)."""
+    return da.from_array(data, chunks=chunks)
+
+
+@dataclass(frozen=True)
+class ArrayCase:
+    """One input: the expected data, the input object and how it is chunked."""
+
+    kind: str
+    data: np.ndarray
+    array: Any
+    chunks: tuple[tuple[int, ...], ...] | None  # None: numpy, chunked by the library
+
+    @property
+    def n(self) -> int:
+        return int(self.data.shape[0])
+
+    def __repr__(self) -> str:  # hypothesis prints this on failure
+        return (
+            f"ArrayCase(kind={self.kind!r}, shape={self.data.shape}, "
+            f"dtype={self.data.dtype}, chunks={self.chunks})"
+        )
+
+
+def axis0_chunks(chunks: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    return chunks[0]
+
+
+def build_input(
+    kind: str,
+    data: np.ndarray,
+    zarr_chunks: tuple[int, ...],
+    dask_chunks: tuple[tuple[int, ...], ...],
+) -> ArrayCase:
+    """Build ``data`` as input ``kind`` (see :data:`INPUT_KINDS`)."""
+    grid = tuple(da.core.normalize_chunks(zarr_chunks, data.shape))
+    if kind == "numpy":
+        return ArrayCase(kind, data, data, None)
+    if kind in ("zarr2", "zarr3"):
+        array = to_zarr(data, zarr_chunks, zarr_format=int(kind[-1]))
+        return ArrayCase(kind, data, array, grid)
+    if kind == "dask":
+        return ArrayCase(kind, data, to_dask(data, dask_chunks), tuple(dask_chunks))
+    if kind == "dask_zarr":
+        array = da.from_zarr(to_zarr(data, zarr_chunks, zarr_format=3))
+        return ArrayCase(kind, data, array, grid)
+    raise ValueError(f"unknown input kind {kind!r}")
+
+
+@st.composite
+def array_cases(
+    draw: st.DrawFn,
+    *,
+    kinds: tuple[str, ...] = INPUT_KINDS,
+    min_dims: int = 1,
+    max_dims: int = 3,
+    max_rows: int = 40,
+    min_rows: int = 0,
+    min_width: int = 0,
+    dtypes: tuple[str, ...] = DTYPES,
+) -> ArrayCase:
+    """An input array of a random kind, shape, dtype and chunking."""
+    shape = draw(
+        shapes(
+            min_dims=min_dims,
+            max_dims=max_dims,
+            max_rows=max_rows,
+            min_rows=min_rows,
+            min_width=min_width,
+        )
+    )
+    dtype = draw(st.sampled_from(dtypes))
+    kind = draw(st.sampled_from(kinds))
+    data = make_data(shape, dtype)
+    zarr_chunks = draw(regular_chunks(shape))
+    dask_chunks = draw(irregular_chunks(shape))
+    return build_input(kind, data, zarr_chunks, dask_chunks)

@@ -1,0 +1,315 @@
+"""Properties of the pure epoch plan (no I/O, no dask): ``_plan.EpochPlan``."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import irregular_chunks, make_data, property_settings, seeds, to_zarr
+
+import daskzarr_batches as dzb
+from daskzarr_batches._plan import EpochPlan, Window, chunk_offsets, count_batches, pieces_for
+
+MODES = ("none", "buffer", "exact")
+FAST = property_settings(60)
+
+
+@st.composite
+def chunk_rows(draw: st.DrawFn, n: int) -> tuple[int, ...]:
+    """Axis-0 chunk sizes summing to ``n``: regular with a short last chunk, or ragged."""
+    if n == 0:
+        return (0,)
+    if draw(st.booleans()):
+        size = draw(st.integers(1, n + 2))
+        full, rest = divmod(n, size)
+        return (size,) * full + ((rest,) if rest else ())
+    return draw(irregular_chunks((n,)))[0]
+
+
+@st.composite
+def plans(
+    draw: st.DrawFn,
+    *,
+    modes: tuple[str, ...] = MODES,
+    paired: bool | None = None,
+    drop: bool | None = None,
+) -> EpochPlan:
+    n = draw(st.integers(0, 60))
+    arrays = draw(st.integers(1, 2)) if paired is None else (2 if paired else 1)
+    offsets = tuple(chunk_offsets(draw(chunk_rows(n))) for _ in range(arrays))
+    return EpochPlan(
+        n_samples=n,
+        offsets=offsets,
+        batch_size=draw(st.integers(1, n + 3)),
+        drop_remainder=draw(st.booleans()) if drop is None else drop,
+        shuffle=draw(st.sampled_from(modes)),
+        window_rows=draw(st.integers(1, n + 5)),
+        seed=draw(seeds),
+        epoch=draw(st.integers(0, 3)),
+    )
+
+
+def epoch_order(plan: EpochPlan) -> np.ndarray:
+    windows = list(plan.windows())
+    if not windows:
+        return np.empty(0, dtype=np.int64)
+    return np.concatenate([np.asarray(w.samples, dtype=np.int64) for w in windows])
+
+
+def rows_from_pieces(window: Window, array: int) -> np.ndarray:
+    """The samples a window's output holds, rebuilt from its chunk pieces only."""
+    out = np.full(window.size, -1, dtype=np.int64)
+    for piece in window.pieces[array]:
+        chunk_samples = np.arange(piece.start, piece.stop)
+        out[piece.dest] = chunk_samples[piece.take]
+    return out
+
+
+def same_windows(a: list[Window], b: list[Window]) -> bool:
+    return len(a) == len(b) and all(
+        x.index == y.index
+        and x.position == y.position
+        and np.array_equal(np.asarray(x.samples), np.asarray(y.samples))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+# --------------------------------------------------------------------------
+# Every sample exactly once
+
+
+@FAST
+@given(plans())
+def test_every_sample_exactly_once(plan: EpochPlan) -> None:
+    order = epoch_order(plan)
+    assert len(order) == plan.n_used
+    assert len(np.unique(order)) == len(order), "a sample appears twice"
+    if plan.drop_remainder:
+        assert plan.n_used == (plan.n_samples // plan.batch_size) * plan.batch_size
+    else:
+        assert plan.n_used == plan.n_samples
+    if plan.shuffle == "none":
+        np.testing.assert_array_equal(order, np.arange(plan.n_used))
+    elif not plan.drop_remainder:
+        np.testing.assert_array_equal(np.sort(order), np.arange(plan.n_samples))
+    else:
+        assert set(order.tolist()) <= set(range(plan.n_samples))
+
+
+@FAST
+@given(plans())
+def test_windows_are_contiguous_in_epoch_position(plan: EpochPlan) -> None:
+    position = 0
+    for index, window in enumerate(plan.windows()):
+        assert window.index == index
+        assert window.position == position
+        assert window.size > 0
+        position += window.size
+    assert position == plan.n_used
+
+
+@FAST
+@given(plans())
+def test_pieces_rebuild_the_window_for_every_array(plan: EpochPlan) -> None:
+    for window in plan.windows():
+        for array in range(len(plan.offsets)):
+            np.testing.assert_array_equal(
+                rows_from_pieces(window, array), np.asarray(window.samples)
+            )
+
+
+@FAST
+@given(plans())
+def test_each_chunk_at_most_once_per_window(plan: EpochPlan) -> None:
+    for window in plan.windows():
+        for offsets, pieces in zip(plan.offsets, window.pieces, strict=True):
+            chunks = [piece.chunk for piece in pieces]
+            assert len(chunks) == len(set(chunks))
+            for piece in pieces:
+                assert piece.start == offsets[piece.chunk]
+                assert piece.stop == offsets[piece.chunk + 1]
+                assert piece.rows > 0
+
+
+@FAST
+@given(plans(modes=("none", "buffer"), paired=False, drop=False))
+def test_sequential_and_buffered_read_each_chunk_once(plan: EpochPlan) -> None:
+    reads = collections.Counter(
+        piece.chunk for window in plan.windows() for piece in window.pieces[0]
+    )
+    sizes = np.diff(plan.offsets[0])
+    nonempty = [chunk for chunk, size in enumerate(sizes) if size > 0]
+    assert reads == collections.Counter(nonempty)
+
+
+@FAST
+@given(plans(modes=("none", "buffer"), paired=True, drop=False))
+def test_paired_grids_read_each_chunk_once_when_blocks_fit(plan: EpochPlan) -> None:
+    common = np.intersect1d(plan.offsets[0], plan.offsets[1])
+    if np.diff(common).max(initial=0) > plan.window_rows:
+        return  # blocks too large: documented fallback, reads may repeat
+    for array, offsets in enumerate(plan.offsets):
+        reads = collections.Counter(
+            piece.chunk for window in plan.windows() for piece in window.pieces[array]
+        )
+        nonempty = [c for c, size in enumerate(np.diff(offsets)) if size > 0]
+        assert reads == collections.Counter(nonempty)
+
+
+# --------------------------------------------------------------------------
+# Window sizes
+
+
+@FAST
+@given(plans(modes=("buffer",), drop=False))
+def test_buffer_windows_hold_at_least_the_buffer_except_the_last(plan: EpochPlan) -> None:
+    windows = list(plan.windows())
+    largest_unit = int(np.diff(plan.units).max(initial=0))
+    for window in windows[:-1]:
+        assert window.size >= plan.window_rows
+    for window in windows:
+        # bounded memory: never more than the buffer plus one unit
+        assert window.size < plan.window_rows + max(largest_unit, 1)
+
+
+@FAST
+@given(plans(modes=("exact",)))
+def test_exact_windows_hold_at_most_window_rows(plan: EpochPlan) -> None:
+    for window in plan.windows():
+        assert 0 < window.size <= plan.window_rows
+
+
+@FAST
+@given(plans(modes=("none",)))
+def test_sequential_windows_are_runs_of_whole_units(plan: EpochPlan) -> None:
+    units = set(plan.units.tolist())
+    for window in plan.windows():
+        assert isinstance(window.samples, range)
+        assert window.samples.start in units
+        if window.size > plan.window_rows:  # only a single oversize unit may exceed it
+            assert len(window.pieces[0]) == 1 or len(plan.offsets) > 1
+
+
+# --------------------------------------------------------------------------
+# Determinism
+
+
+@FAST
+@given(plans(modes=MODES))
+def test_same_seed_and_epoch_give_the_same_windows(plan: EpochPlan) -> None:
+    again = EpochPlan(
+        n_samples=plan.n_samples,
+        offsets=plan.offsets,
+        batch_size=plan.batch_size,
+        drop_remainder=plan.drop_remainder,
+        shuffle=plan.shuffle,
+        window_rows=plan.window_rows,
+        seed=plan.seed,
+        epoch=plan.epoch,
+    )
+    assert same_windows(list(plan.windows()), list(again.windows()))
+
+
+@pytest.mark.parametrize("mode", ["buffer", "exact"])
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+def test_different_epochs_and_seeds_differ(mode: str, chunk: int) -> None:
+    n = 64
+    offsets = (chunk_offsets([chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])),)
+
+    def order(seed: int, epoch: int) -> list[int]:
+        plan = EpochPlan(n, offsets, 5, False, mode, 16, seed=seed, epoch=epoch)  # type: ignore[arg-type]
+        return epoch_order(plan).tolist()
+
+    orders = [order(7, epoch) for epoch in range(4)] + [order(8, 0)]
+    for a, b in itertools.combinations(orders, 2):
+        assert a != b
+    assert order(7, 2) == order(7, 2)
+
+
+@pytest.mark.parametrize("mode", ["buffer", "exact"])
+def test_buffer_mode_really_shuffles_across_chunks(mode: str) -> None:
+    """Not a disguised sequential order: batches mix chunks and chunk order is permuted."""
+    n, chunk = 200, 10
+    offsets = (chunk_offsets([chunk] * (n // chunk)),)
+    plan = EpochPlan(n, offsets, 10, False, mode, 40, seed=3)  # type: ignore[arg-type]
+    order = epoch_order(plan)
+    assert not np.array_equal(order, np.arange(n))
+    first_batch_chunks = set((order[:10] // chunk).tolist())
+    assert len(first_batch_chunks) > 1
+
+
+# --------------------------------------------------------------------------
+# Plans made by the public constructors (still no I/O: nothing is iterated)
+
+
+@property_settings(30)
+@given(
+    n=st.integers(0, 50),
+    chunk=st.integers(1, 12),
+    batch=st.integers(1, 12),
+    buffer=st.one_of(st.none(), st.integers(1, 30)),
+    seed=seeds,
+    drop=st.booleans(),
+)
+def test_windows_do_not_depend_on_prefetch(
+    n: int, chunk: int, batch: int, buffer: int | None, seed: int, drop: bool
+) -> None:
+    z = to_zarr(make_data((n, 2)), (chunk, 2))
+    orders = []
+    window_lists = []
+    for prefetch in range(4):
+        with dzb.shuffled_batch_stream(
+            z,
+            batch,
+            seed=seed,
+            shuffle_buffer_size=buffer,
+            drop_remainder=drop,
+            prefetch=prefetch,
+            memory_budget=4096,
+        ) as stream:
+            orders.append(epoch_order(stream.plan).tolist())
+            window_lists.append(list(stream.plan.windows()))
+        with dzb.batch_stream(z, batch, drop_remainder=drop, prefetch=prefetch) as stream:
+            window_lists.append(list(stream.plan.windows()))
+    assert all(order == orders[0] for order in orders)
+    if buffer is not None:  # buffer windows are fixed by the buffer, not by prefetch
+        assert all(same_windows(w, window_lists[0]) for w in window_lists[0::2])
+    assert all(same_windows(w, window_lists[1]) for w in window_lists[1::2])
+
+
+# --------------------------------------------------------------------------
+# Helpers of the plan
+
+
+@FAST
+@given(n=st.integers(0, 60), data=st.data())
+def test_pieces_for_any_sample_order(n: int, data: st.DataObject) -> None:
+    offsets = chunk_offsets(data.draw(chunk_rows(n)))
+    samples = np.asarray(data.draw(st.permutations(range(n))), dtype=np.int64)
+    samples = samples[: data.draw(st.integers(0, n))]
+    pieces = pieces_for(samples, offsets)
+    out = np.full(len(samples), -1, dtype=np.int64)
+    for piece in pieces:
+        local = np.arange(piece.start, piece.stop)[piece.take]
+        assert np.all(np.diff(local) > 0), "rows taken from a chunk must be ascending"
+        out[piece.dest] = local
+    np.testing.assert_array_equal(out, samples)
+    assert len({p.chunk for p in pieces}) == len(pieces)
+
+
+@pytest.mark.parametrize(
+    ("n", "batch", "drop", "expected"),
+    [(0, 3, False, 0), (0, 3, True, 0), (10, 3, False, 4), (10, 3, True, 3), (9, 3, True, 3)],
+)
+def test_count_batches(n: int, batch: int, drop: bool, expected: int) -> None:
+    assert count_batches(n, batch, drop) == expected
+
+
+def test_batch_range_of_a_window_straddling_batches() -> None:
+    plan = EpochPlan(10, (chunk_offsets([4, 4, 2]),), 3, False, "none", 4)
+    ranges = [list(w.batch_range(3)) for w in plan.windows()]
+    assert ranges == [[0, 1], [1, 2], [2, 3]]
