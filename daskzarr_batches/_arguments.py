@@ -17,28 +17,25 @@ def _is_integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def positive_int(name: str, value: object) -> int:
-    """Return ``value`` as an ``int`` >= 1, or raise naming ``name``."""
+def _integer(name: str, value: object, minimum: int, wanted: str, bound: str) -> int:
     if not _is_integer(value):
         raise ArgumentTypeError(
-            f"{name} must be a positive integer, got {value!r} of type {type(value).__name__}"
+            f"{name} must be a {wanted}, got {value!r} of type {type(value).__name__}"
         )
     result = int(value)  # type: ignore[call-overload]
-    if result < 1:
-        raise ArgumentValueError(f"{name} must be a positive integer, got {result}")
+    if result < minimum:
+        raise ArgumentValueError(f"{name} must be {bound}, got {result}")
     return result
+
+
+def positive_int(name: str, value: object) -> int:
+    """Return ``value`` as an ``int`` >= 1, or raise naming ``name``."""
+    return _integer(name, value, 1, "positive integer", "a positive integer")
 
 
 def non_negative_int(name: str, value: object) -> int:
     """Return ``value`` as an ``int`` >= 0, or raise naming ``name``."""
-    if not _is_integer(value):
-        raise ArgumentTypeError(
-            f"{name} must be a non-negative integer, got {value!r} of type {type(value).__name__}"
-        )
-    result = int(value)  # type: ignore[call-overload]
-    if result < 0:
-        raise ArgumentValueError(f"{name} must be >= 0, got {result}")
-    return result
+    return _integer(name, value, 0, "non-negative integer", ">= 0")
 
 
 def optional_positive_int(name: str, value: object) -> int | None:
