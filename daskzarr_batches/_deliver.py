@@ -191,6 +191,8 @@ def _carries_data(array: Any) -> bool:
     if isinstance(array, np.ndarray):
         return True
     store = getattr(array, "store", None)
+    while isinstance(store, zarr.storage.WrapperStore):  # e.g. a latency or logging wrapper
+        store = store._store
     return isinstance(store, zarr.storage.MemoryStore)
 
 
