@@ -135,7 +135,7 @@ class ClientRunner:
         self._scattered: dict[str, Any] = {}  # graph key -> future of a scattered array
         self.peak_in_flight = 0
 
-    def place(self, sources: Sequence[Source]) -> list[Source]:
+    def place(self, sources: Sequence[Source], timeout: float | None = None) -> list[Source]:
         """``sources`` ready to embed in graphs sent to the cluster.
 
         A source whose pickle carries its data (a numpy array, a Zarr array in
@@ -148,7 +148,12 @@ class ClientRunner:
             if isinstance(source, SliceSource) and _carries_data(source.array):
                 key = f"dzb-scattered-{source.token}"
                 if key not in self._scattered:
-                    scattered = self.client.scatter({key: source.array}, broadcast=True, hash=False)
+                    scattered = self.client.scatter(
+                        {key: source.array},
+                        broadcast=True,
+                        hash=False,
+                        **({} if timeout is None else {"timeout": timeout}),
+                    )
                     self._scattered[key] = scattered[key]
                 source = dataclasses.replace(source, array=self._scattered[key])
             placed.append(source)
@@ -300,9 +305,27 @@ class Stream(Generic[T]):
 
     def _place(self, sources: Sequence[Source]) -> list[Source]:
         """Sources as the runner wants them in graphs (scattered on a cluster)."""
-        if isinstance(self._runner, ClientRunner):
-            return self._runner.place(sources)
-        return list(sources)
+        if not isinstance(self._runner, ClientRunner):
+            return list(sources)
+        try:
+            return self._runner.place(sources, self._timeout)
+        except Exception as exc:
+            names = ", ".join(source.name for source in sources)
+            error = WindowTimeoutError if isinstance(exc, TimeoutError) else WindowError
+            raise error(
+                f"could not send {names} to the cluster's workers: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _submit(
+        self, dsk: dict[Key, Any], key: Key, priority: int, what: Callable[..., str]
+    ) -> Any:
+        """Hand a graph to the runner; a refusal (e.g. a closed client) names the work."""
+        try:
+            return self._runner.submit(dsk, key, priority)
+        except Exception as exc:
+            raise WindowError(
+                f"{what()} could not be submitted: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _release(self, futures: Iterable[Any]) -> None:
         """Let go of futures: consumed, failed, or abandoned in flight."""
@@ -377,7 +400,8 @@ class BatchStream(Stream[Any]):
                 if window is None:
                     return
                 dsk, key = window_graph(sources, window, self._token)
-                in_flight.append((window, self._runner.submit(dsk, key, -window.index)))
+                future = self._submit(dsk, key, -window.index, lambda w=window: self._describe(w))
+                in_flight.append((window, future))
 
         try:
             sources = self._place(self._sources)
@@ -503,7 +527,8 @@ class ChunkStream(Stream[Any]):
                 if block is None:
                     return
                 dsk, key = block_graph(source, block, self._token, self._transform)
-                in_flight[self._runner.submit(dsk, key, -ordinal)] = block
+                future = self._submit(dsk, key, -ordinal, lambda b=block: self._describe(b))
+                in_flight[future] = block
 
         try:
             (source,) = self._place([self._source])

@@ -212,6 +212,20 @@ def test_numpy_source_is_scattered_once_not_shipped_per_window(client: Any) -> N
     np.testing.assert_array_equal(np.concatenate(got), data)
 
 
+def test_memory_store_zarr_behind_a_wrapper_is_scattered_too(client: Any) -> None:
+    data = np.random.default_rng(0).random((300, 5))
+    inner = zarr.storage.MemoryStore()
+    zarr.create_array(store=inner, shape=data.shape, chunks=(64, 5), dtype="float64")[:] = data
+    array = zarr.open_array(store=LatencyStore(inner, get_latency=0, set_latency=0), mode="r")
+    stream = dzb.batch_stream(array, 100, window_bytes=1, client=client)
+    first = next(stream)
+    held = client.run_on_scheduler(
+        lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks if "dzb-scattered" in str(k)]
+    )
+    assert len(held) == 1
+    np.testing.assert_array_equal(np.concatenate([first, *stream]), data)
+
+
 # --------------------------------------------------------------------------
 # Clean-up: nothing of ours stays on the scheduler
 
@@ -281,6 +295,31 @@ def test_timeout_names_the_batch_and_releases(client: Any, tmp_path: Any) -> Non
     chunks = dzb.chunk_stream(slow, client=client, ordered=False, timeout=0.2)
     with pytest.raises(dzb.WindowTimeoutError, match=r"chunk \(0, 0\)"):
         next(chunks)
+
+
+def test_cluster_without_workers_fails_the_window(tmp_path: Any) -> None:
+    array, _ = make_zarr(tmp_path / "x.zarr", (40, 3), (10, 3))
+    with (
+        dask.config.set({"distributed.scheduler.no-workers-timeout": "300ms"}),
+        distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as empty,
+        distributed.Client(empty, set_as_default=False) as client,
+    ):
+        with pytest.raises(dzb.WindowError, match=r"window 0 \(batches 0\.\.3,.*NoWorkerError"):
+            next(dzb.batch_stream(array, 10, client=client))
+        # a numpy source must first be scattered: that times out, naming the array
+        with pytest.raises(dzb.WindowTimeoutError, match=r"could not send <numpy array"):
+            next(dzb.batch_stream(np.zeros((40, 3)), 10, client=client, timeout=0.3))
+        assert our_tasks(client) == []
+
+
+def test_corrupt_chunk_raises_chunk_read_error_from_the_worker(client: Any, tmp_path: Any) -> None:
+    array, _ = make_zarr(tmp_path / "x.zarr", (40, 3), (10, 3))
+    (tmp_path / "x.zarr" / "c" / "2" / "0").write_bytes(b"not zstd")
+    stream = dzb.batch_stream(array, 10, window_bytes=1, client=client)
+    assert next(stream).shape == (10, 3)
+    with pytest.raises(dzb.ChunkReadError, match=r"axis-0 chunk 2 \(samples 20:30\)"):
+        list(stream)
+    assert our_tasks(client) == []
 
 
 # --------------------------------------------------------------------------
@@ -373,3 +412,12 @@ def test_cluster_giving_up_raises_window_error_and_leaves_nothing(
     finally:
         set_allowed_failures(previous)
         process_client.wait_for_workers(2, timeout=30)
+
+
+def test_closed_client_is_a_window_error(cluster: Any, dataset: Any) -> None:
+    array, _ = dataset
+    client = distributed.Client(cluster, set_as_default=False)
+    stream = dzb.batch_stream(array, 10, client=client)
+    client.close()
+    with pytest.raises(dzb.WindowError, match=r"window 0 \(batches 0\.\..*could not be submitted"):
+        next(stream)
