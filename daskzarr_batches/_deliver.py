@@ -28,7 +28,7 @@ import dask.threaded
 import numpy as np
 import zarr.storage
 
-from ._errors import ChunkReadError, WindowError, WindowTimeoutError
+from ._errors import ArgumentTypeError, ChunkReadError, WindowError, WindowTimeoutError
 from ._plan import EpochPlan, Window
 from ._read import block_graph, window_graph
 from ._sources import Key, SliceSource, Source
@@ -211,6 +211,18 @@ def resolve_client(client: Any) -> Any | None:
     threaded scheduler even then.
     """
     if client is not None:
+        import distributed
+
+        if not isinstance(client, distributed.Client):
+            hint = (
+                f"; to connect, pass distributed.Client({client!r})"
+                if isinstance(client, str)
+                else ""
+            )
+            raise ArgumentTypeError(
+                f"client must be a distributed.Client or None, got {client!r} of type "
+                f"{type(client).__name__}{hint}"
+            )
         return client
     if "distributed" not in sys.modules:
         return None  # no client can exist if distributed was never imported

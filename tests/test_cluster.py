@@ -421,3 +421,11 @@ def test_closed_client_is_a_window_error(cluster: Any, dataset: Any) -> None:
     client.close()
     with pytest.raises(dzb.WindowError, match=r"window 0 \(batches 0\.\..*could not be submitted"):
         next(stream)
+
+
+def test_client_must_be_a_client(dataset: Any) -> None:
+    array, _ = dataset
+    with pytest.raises(dzb.ArgumentTypeError, match=r"pass distributed.Client\('tcp://x:8786'\)"):
+        dzb.batch_stream(array, 10, client="tcp://x:8786")
+    with pytest.raises(dzb.ArgumentTypeError, match="got 3 of type int"):
+        dzb.map_chunks(np.sum, array, client=3)
