@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -342,26 +343,49 @@ def process_client() -> Iterator[Any]:
         yield client
 
 
-def worker_running_ours(client: Any, timeout: float = 10.0) -> str:
-    """Address of a worker that is computing one of our tasks right now."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for address, keys in client.processing().items():
-            if any("dzb-" in str(key) for key in keys):
-                return str(address)
-        time.sleep(0.01)
-    raise AssertionError("no worker was computing a dzb- task")
+class WorkerKiller(threading.Thread):
+    """SIGKILLs the first worker seen computing one of our tasks, once armed.
 
+    Polling runs beside the consumer (which keeps windows in flight), so the
+    kill lands while a ``dzb-`` task is really running, however fast windows
+    are computed.
+    """
 
-def kill(client: Any, address: str) -> None:
-    pids = client.run(os.getpid)
-    os.kill(pids[address], signal.SIGKILL)
+    def __init__(self, client: Any) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.pids = client.run(os.getpid)  # address -> worker process id
+        self.armed = threading.Event()
+        self.killed = threading.Event()
+        self.stopped = threading.Event()
+        self.victim_tasks: list[str] = []
+
+    def run(self) -> None:
+        self.armed.wait(60)
+        while not self.stopped.is_set():
+            for address, keys in self.client.processing().items():
+                ours = [str(key) for key in keys if "dzb-" in str(key)]
+                if ours and address in self.pids:
+                    os.kill(self.pids[address], signal.SIGKILL)
+                    self.victim_tasks = ours
+                    self.killed.set()
+                    return
+            time.sleep(0.002)
+
+    def __enter__(self) -> WorkerKiller:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.armed.set()
+        self.stopped.set()
+        self.join(10)
 
 
 def test_killed_worker_mid_epoch_still_yields_every_batch_once(
     process_client: Any, tmp_path: Any
 ) -> None:
-    array, data = make_zarr(tmp_path / "x.zarr", (3000, 8), (100, 8), latency=0.02)
+    array, data = make_zarr(tmp_path / "x.zarr", (3000, 8), (100, 8), latency=0.1)
 
     def stream(**kw: Any) -> dzb.BatchStream:
         return dzb.shuffled_batch_stream(
@@ -370,15 +394,20 @@ def test_killed_worker_mid_epoch_still_yields_every_batch_once(
 
     expected = local(stream)
     got = []
-    with stream(client=process_client) as remote:
+    batches_after_kill = 0
+    with WorkerKiller(process_client) as killer, stream(client=process_client) as remote:
         for i, batch in enumerate(remote):
             got.append(batch)
-            if i == 10:
-                kill(process_client, worker_running_ours(process_client))
+            batches_after_kill += killer.killed.is_set()
+            if i == 5:
+                killer.armed.set()
+    assert killer.killed.is_set(), "the epoch ended before a worker could be killed"
+    assert batches_after_kill > 0
     assert_same_batches(got, expected)
     seen = np.sort(np.concatenate([b[:, 0] for b in got]))
     np.testing.assert_array_equal(seen, np.sort(data[:, 0]))  # every sample exactly once
     assert our_tasks(process_client) == []
+    process_client.wait_for_workers(2, timeout=30)  # the nanny restarts the killed worker
 
 
 def test_cluster_giving_up_raises_window_error_and_leaves_nothing(
@@ -395,18 +424,19 @@ def test_cluster_giving_up_raises_window_error_and_leaves_nothing(
         return process_client.run_on_scheduler(setter)
 
     process_client.wait_for_workers(2, timeout=30)
-    previous = set_allowed_failures(0)
+    previous = set_allowed_failures(0)  # the first lost task fails its window
     try:
-        # 4 windows of 5 chunks; after the first batch, 3 windows (3 s of reads
-        # on 2 worker threads) are in flight when a worker is killed.
-        stream = dzb.batch_stream(
-            array, 100, window_bytes=16_000, prefetch=3, client=process_client
-        )
-        next(stream)
-        kill(process_client, worker_running_ours(process_client))
-        with pytest.raises(dzb.WindowError, match=r"window \d+ \(batches \d+\.\.\d+,") as info:
+        # 10 windows of 2 chunks, 3 in flight: a worker killed while computing
+        # one of them makes the scheduler give up on that window.
+        stream = dzb.batch_stream(array, 100, window_bytes=6_400, prefetch=2, client=process_client)
+        with (
+            WorkerKiller(process_client) as killer,
+            pytest.raises(dzb.WindowError, match=r"window \d+ \(batches \d+\.\.\d+,") as info,
+        ):
+            killer.armed.set()
             for _ in stream:
                 pass
+        assert killer.killed.is_set()
         assert "KilledWorker" in str(info.value)
         assert our_tasks(process_client) == []
     finally:
