@@ -142,6 +142,29 @@ def test_shuffled_batches_identical_to_local(
     assert_same_batches(got, expected)
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_consumed_windows_leave_the_cluster(client: Any, dataset: Any, prefetch: int) -> None:
+    array, _ = dataset
+
+    def windows_held(dask_scheduler: Any) -> list[int]:
+        return [
+            int(key[1])
+            for key in dask_scheduler.tasks
+            if isinstance(key, tuple) and str(key[0]).startswith("dzb-window-")
+        ]
+
+    stream = dzb.batch_stream(array, 64, window_bytes=64 * 24, prefetch=prefetch, client=client)
+    for index, _ in enumerate(stream):  # one window per batch
+        deadline = time.monotonic() + 5
+        while True:
+            held = client.run_on_scheduler(windows_held)
+            if all(window > index for window in held) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert all(window > index for window in held), (index, held)  # consumed: released
+        assert len(held) <= prefetch + 1
+
+
 def test_paired_numpy_and_zarr_identical_to_local(client: Any, dataset: Any) -> None:
     array, data = dataset
     labels = np.arange(len(data))
