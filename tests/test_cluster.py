@@ -56,7 +56,9 @@ def our_tasks(client: Any, settle: float = 5.0) -> list[str]:
         time.sleep(0.02)
 
 
-def make_zarr(path: Any, shape: tuple[int, ...], chunks: tuple[int, ...], latency: float = 0.0):
+def make_zarr(
+    path: Any, shape: tuple[int, ...], chunks: tuple[int, ...], latency: float = 0.0
+) -> tuple[zarr.Array, np.ndarray]:
     data = np.random.default_rng(7).standard_normal(shape).astype("float32")
     store: Any = zarr.storage.LocalStore(str(path))
     zarr.create_array(store=store, shape=shape, chunks=chunks, dtype="float32")[:] = data
