@@ -552,6 +552,12 @@ class ChunkStream(Stream[Any]):
                     ready = [next(iter(in_flight))]
                 else:
                     ready = self._first_done(list(in_flight))
+                    if not ready:  # nothing finished within timeout: name the oldest
+                        oldest = self._describe(next(iter(in_flight.values())))
+                        raise WindowTimeoutError(
+                            f"{oldest} was not ready after timeout={self._timeout} s "
+                            f"(nor any of the {len(in_flight)} chunks in flight)"
+                        )
                 while ready:
                     future = ready.pop(0)
                     block = in_flight[future]
@@ -575,9 +581,7 @@ class ChunkStream(Stream[Any]):
         started = time.perf_counter()
         done = self._runner.wait_first(futures, self._timeout)
         self.stats.wait_seconds += time.perf_counter() - started
-        if not done:  # timed out: report the oldest block in flight
-            return futures[:1]
-        return [f for f in futures if f in done]  # block order among the ready
+        return [f for f in futures if f in done]  # block order; empty if timed out
 
     def _deliver(self, block: tuple[int, ...], item: Any) -> Any:
         stats = self.stats

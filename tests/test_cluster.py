@@ -319,8 +319,10 @@ def test_timeout_names_the_batch_and_releases(client: Any, tmp_path: Any) -> Non
     assert "timeout=0.2 s" in str(info.value)
     assert our_tasks(client) == []
     chunks = dzb.chunk_stream(slow, client=client, ordered=False, timeout=0.2)
-    with pytest.raises(dzb.WindowTimeoutError, match=r"chunk \(0, 0\)"):
+    started = time.perf_counter()
+    with pytest.raises(dzb.WindowTimeoutError, match=r"chunk \(0, 0\) .* timeout=0.2 s"):
         next(chunks)
+    assert time.perf_counter() - started < 0.9
 
 
 def test_cluster_without_workers_fails_the_window(tmp_path: Any) -> None:
