@@ -9,7 +9,9 @@ Layers, top to bottom (see ``docs/architecture.md``):
 - ``_plan``: pure index math turning an epoch into windows of chunk reads;
 - ``_read``: a window becomes one dask graph (each chunk decoded once);
 - ``_deliver``: bounded prefetch, batches cut as owned arrays, stats;
-- ``_streams``: the public constructors; ``_cli``: the demo command.
+- ``_streams``: the public constructors; ``_mapreduce``: per-chunk map and
+  reduce (``map_chunks``, ``reduce_chunks``, ``Moments``); ``_cli``: the demo
+  command.
 """
 
 from ._deliver import BatchStream, ChunkStream, Stream, StreamStats
@@ -23,6 +25,7 @@ from ._errors import (
     WindowError,
     WindowTimeoutError,
 )
+from ._mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from ._plan import ChunkPiece, EpochPlan, Window
 from ._sources import open_array
 from ._streams import (
@@ -47,6 +50,7 @@ __all__ = [
     "DaskZarrBatchesError",
     "EpochPlan",
     "LengthMismatchError",
+    "Moments",
     "Stream",
     "StreamStats",
     "Window",
@@ -56,8 +60,11 @@ __all__ = [
     "batch_stream",
     "chunk_stream",
     "count_batches",
+    "feature_moments",
+    "map_chunks",
     "open_array",
     "paired_batch_stream",
     "paired_shuffled_batch_stream",
+    "reduce_chunks",
     "shuffled_batch_stream",
 ]

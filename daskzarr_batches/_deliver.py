@@ -12,22 +12,26 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
+import math
 import os
 import sys
 import time
 import uuid
+import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
 
 import dask.threaded
 import numpy as np
+import zarr.storage
 
-from ._errors import ChunkReadError, WindowError, WindowTimeoutError
+from ._errors import ArgumentTypeError, ChunkReadError, WindowError, WindowTimeoutError
 from ._plan import EpochPlan, Window
 from ._read import block_graph, window_graph
-from ._sources import Key, Source
+from ._sources import Key, SliceSource, Source
 
 __all__ = [
     "BatchStream",
@@ -108,37 +112,117 @@ class ThreadRunner:
 
 
 class ClientRunner:
-    """Computes graphs on a ``distributed.Client`` (on its workers)."""
+    """Computes graphs on a ``distributed.Client``, on its workers.
+
+    The runner owns every future it creates: :meth:`release` lets go of one
+    as soon as its result is consumed, and :meth:`close` releases whatever is
+    left (windows in flight, scattered sources).  Releasing is non-blocking
+    (it only queues a message to the scheduler), so it is safe from
+    ``__del__`` and from any thread; the scheduler then forgets the keys and
+    the workers drop their results or stop waiting for them.
+
+    Workers lost mid-computation are handled by the scheduler: their tasks
+    (and results they held) are recomputed elsewhere, up to
+    ``distributed.scheduler.allowed-failures`` times per task; ``retries``
+    additionally re-runs tasks that *raised* (for example a flaky object
+    store).
+    """
 
     def __init__(self, client: Any, retries: int = 0) -> None:
         self.client = client
         self._retries = retries
+        self._live: dict[int, Any] = {}  # id(future) -> future, submitted and not released
+        self._scattered: dict[str, Any] = {}  # graph key -> future of a scattered array
+        self.peak_in_flight = 0
+
+    def place(self, sources: Sequence[Source], timeout: float | None = None) -> list[Source]:
+        """``sources`` ready to embed in graphs sent to the cluster.
+
+        A source whose pickle carries its data (a numpy array, a Zarr array in
+        a memory store) is scattered to every worker once per stream, and the
+        graphs refer to it by key; other sources (Zarr arrays on disk or in an
+        object store, dask arrays) pickle small and are embedded as they are.
+        """
+        placed: list[Source] = []
+        for source in sources:
+            if isinstance(source, SliceSource) and _carries_data(source.array):
+                key = f"dzb-scattered-{source.token}"
+                if key not in self._scattered:
+                    scattered = self.client.scatter(
+                        {key: source.array},
+                        broadcast=True,
+                        hash=False,
+                        **({} if timeout is None else {"timeout": timeout}),
+                    )
+                    self._scattered[key] = scattered[key]
+                source = dataclasses.replace(source, array=self._scattered[key])
+            placed.append(source)
+        return placed
 
     def submit(self, dsk: dict[Key, Any], key: Key, priority: int = 0) -> Any:
-        return self.client.get(dsk, key, sync=False, priority=priority, retries=self._retries)
+        future = self.client.get(
+            dsk, key, sync=False, priority=priority, retries=self._retries or None
+        )
+        self._live[id(future)] = future
+        self.peak_in_flight = max(self.peak_in_flight, len(self._live))
+        return future
 
-    @staticmethod
-    def wait_first(futures: Sequence[Any], timeout: float | None) -> set[Any]:
+    def release(self, future: Any) -> None:
+        """Let go of ``future``: the cluster forgets its key and result."""
+        self._live.pop(id(future), None)
+        future.release()
+
+    def wait_first(self, futures: Sequence[Any], timeout: float | None) -> set[Any]:
         import distributed
 
         try:
-            done, _ = distributed.wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")
+            with self.client.as_current():  # wait() uses the current client
+                done, _ = distributed.wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")
         except TimeoutError:
             return set()
         return set(done)
 
     def close(self) -> None:
-        pass
+        """Release every future still held (idempotent)."""
+        leftovers = [*self._live.values(), *self._scattered.values()]
+        self._live.clear()
+        self._scattered.clear()
+        for future in leftovers:
+            future.release()
+
+
+def _carries_data(array: Any) -> bool:
+    """Whether pickling ``array`` would copy its data into every graph."""
+    if isinstance(array, np.ndarray):
+        return True
+    store = getattr(array, "store", None)
+    while isinstance(store, zarr.storage.WrapperStore):  # e.g. a latency or logging wrapper
+        store = store._store
+    return isinstance(store, zarr.storage.MemoryStore)
 
 
 def resolve_client(client: Any) -> Any | None:
     """``client`` if given, else the ``distributed`` client dask would use now.
 
     A client is active when dask's configuration points at one, as it does
-    after ``Client(...)``; ``dask.config.set(scheduler="threads")`` (or
-    ``"sync"``) forces the local scheduler even then.
+    after ``Client(...)`` (``set_as_default=True``, the default) or inside
+    ``with dask.config.set(scheduler=client)``.
+    ``dask.config.set(scheduler="threads")`` (or ``"sync"``) forces the local
+    threaded scheduler even then.
     """
     if client is not None:
+        import distributed
+
+        if not isinstance(client, distributed.Client):
+            hint = (
+                f"; to connect, pass distributed.Client({client!r})"
+                if isinstance(client, str)
+                else ""
+            )
+            raise ArgumentTypeError(
+                f"client must be a distributed.Client or None, got {client!r} of type "
+                f"{type(client).__name__}{hint}"
+            )
         return client
     if "distributed" not in sys.modules:
         return None  # no client can exist if distributed was never imported
@@ -167,8 +251,13 @@ class Stream(Generic[T]):
 
     Subclasses provide ``_produce()``, a generator of items; everything it
     holds (futures, threads) is released in its ``finally`` block, which runs
-    on exhaustion, ``close()``, ``break`` (via ``with`` or garbage collection)
-    and errors.
+    on exhaustion, ``close()``, errors, and when the stream is dropped
+    (``break`` out of a ``for`` loop over it, or garbage collection).
+
+    The generator sees the stream through a weak proxy, so the stream and its
+    generator form no reference cycle: a stream dropped after ``break`` is
+    finalised at once by reference counting, not at the next cyclic garbage
+    collection, and its windows in flight are released right away.
     """
 
     def __init__(self, length: int, runner: Any, timeout: float | None) -> None:
@@ -193,7 +282,8 @@ class Stream(Generic[T]):
         if self._closed:
             raise StopIteration
         if self._items is None:
-            self._items = self._produce()
+            proxy: Any = weakref.proxy(self)
+            self._items = type(self)._produce(proxy)
         try:
             return next(self._items)
         except StopIteration:
@@ -208,10 +298,12 @@ class Stream(Generic[T]):
         if self._closed:
             return
         self._closed = True
-        if self._items is not None:
-            self._items.close()  # type: ignore[attr-defined]
-            self._items = None
-        self._runner.close()
+        items, self._items = self._items, None
+        try:
+            if items is not None:
+                items.close()  # type: ignore[attr-defined]
+        finally:
+            self._runner.close()  # releases anything the generator could not
 
     def __enter__(self) -> Self:
         return self
@@ -222,6 +314,38 @@ class Stream(Generic[T]):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown
             self.close()
+
+    def _place(self, sources: Sequence[Source]) -> list[Source]:
+        """Sources as the runner wants them in graphs (scattered on a cluster)."""
+        if not isinstance(self._runner, ClientRunner):
+            return list(sources)
+        try:
+            return self._runner.place(sources, self._timeout)
+        except Exception as exc:
+            names = ", ".join(source.name for source in sources)
+            error = WindowTimeoutError if isinstance(exc, TimeoutError) else WindowError
+            raise error(
+                f"could not send {names} to the cluster's workers: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _submit(
+        self, dsk: dict[Key, Any], key: Key, priority: int, what: Callable[..., str]
+    ) -> Any:
+        """Hand a graph to the runner; a refusal (e.g. a closed client) names the work."""
+        try:
+            return self._runner.submit(dsk, key, priority)
+        except Exception as exc:
+            raise WindowError(
+                f"{what()} could not be submitted: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _release(self, futures: Iterable[Any]) -> None:
+        """Let go of futures: consumed, failed, or abandoned in flight."""
+        for future in futures:
+            if isinstance(self._runner, ClientRunner):
+                self._runner.release(future)
+            else:
+                future.cancel()
 
     def _wait(self, future: Any, what: Callable[..., str]) -> Any:
         """Block for ``future``'s result, turning failures into our errors."""
@@ -280,23 +404,28 @@ class BatchStream(Stream[Any]):
         windows = self.plan.windows()
         in_flight: deque[tuple[Window, Any]] = deque()
         batcher = _Batcher(self.plan.batch_size)
+        sources: list[Source] = []
 
         def top_up(limit: int) -> None:
             while len(in_flight) < limit:
                 window = next(windows, None)
                 if window is None:
                     return
-                dsk, key = window_graph(self._sources, window, self._token)
-                in_flight.append((window, self._runner.submit(dsk, key, -window.index)))
+                dsk, key = window_graph(sources, window, self._token)
+                future = self._submit(dsk, key, -window.index, lambda w=window: self._describe(w))
+                in_flight.append((window, future))
 
         try:
+            sources = self._place(self._sources)
             while True:
                 top_up(self._prefetch + 1)
                 if not in_flight:
                     break
-                window, future = in_flight.popleft()
+                window, future = in_flight[0]  # stays in flight (released) if this fails
                 outputs = self._wait(future, lambda w=window: self._describe(w))
-                del future  # a distributed result is released with its last reference
+                in_flight.popleft()
+                self._release([future])  # a distributed result leaves the worker now
+                del future
                 self._count_reads(window)
                 top_up(self._prefetch)
                 for batch in batcher.feed(outputs):
@@ -305,8 +434,7 @@ class BatchStream(Stream[Any]):
             if rest is not None and not self.plan.drop_remainder:
                 yield self._deliver(rest)
         finally:
-            for _, future in in_flight:
-                future.cancel()
+            self._release(future for _, future in in_flight)
             in_flight.clear()
 
     def _describe(self, window: Window) -> str:
@@ -374,7 +502,12 @@ class _Batcher:
 
 
 class ChunkStream(Stream[Any]):
-    """One array per stored chunk; created by :func:`chunk_stream`."""
+    """One item per stored chunk; created by :func:`chunk_stream` and :func:`map_chunks`.
+
+    Without ``transform`` an item is the chunk itself; with one it is
+    ``transform(chunk)``, computed in the task that read the chunk (on a
+    worker, with a client), so only the result travels to the consumer.
+    """
 
     def __init__(
         self,
@@ -385,6 +518,7 @@ class ChunkStream(Stream[Any]):
         with_index: bool,
         runner: Any,
         timeout: float | None,
+        transform: Callable[[np.ndarray], Any] | None = None,
     ) -> None:
         self._blocks = list(source.blocks())
         super().__init__(len(self._blocks), runner, timeout)
@@ -392,20 +526,24 @@ class ChunkStream(Stream[Any]):
         self._concurrency = concurrency
         self._ordered = ordered
         self._with_index = with_index
+        self._transform = transform
 
     def _produce(self) -> Iterator[Any]:
-        blocks = iter(self._blocks)
+        blocks = enumerate(self._blocks)
         in_flight: dict[Any, tuple[int, ...]] = {}  # insertion order = block order
+        source = self._source
 
         def top_up() -> None:
             while len(in_flight) < self._concurrency:
-                block = next(blocks, None)
+                ordinal, block = next(blocks, (0, None))
                 if block is None:
                     return
-                dsk, key = block_graph(self._source, block, self._token)
-                in_flight[self._runner.submit(dsk, key)] = block
+                dsk, key = block_graph(source, block, self._token, self._transform)
+                future = self._submit(dsk, key, -ordinal, lambda b=block: self._describe(b))
+                in_flight[future] = block
 
         try:
+            (source,) = self._place([self._source])
             while True:
                 top_up()
                 if not in_flight:
@@ -414,31 +552,44 @@ class ChunkStream(Stream[Any]):
                     ready = [next(iter(in_flight))]
                 else:
                     ready = self._first_done(list(in_flight))
-                for future in ready:
-                    block = in_flight.pop(future)
-                    chunk = self._wait(
-                        future, lambda b=block: f"chunk {b} of array {self._source.name}"
-                    )
-                    yield self._deliver(block, chunk)
+                    if not ready:  # nothing finished within timeout: name the oldest
+                        oldest = self._describe(next(iter(in_flight.values())))
+                        raise WindowTimeoutError(
+                            f"{oldest} was not ready after timeout={self._timeout} s "
+                            f"(nor any of the {len(in_flight)} chunks in flight)"
+                        )
+                while ready:
+                    future = ready.pop(0)
+                    block = in_flight[future]
+                    item = self._wait(future, lambda b=block: self._describe(b))
+                    del in_flight[future]
+                    self._release([future])
+                    del future
+                    yield self._deliver(block, item)
         finally:
-            for future in in_flight:
-                future.cancel()
+            self._release(list(in_flight))
             in_flight.clear()
+
+    def _describe(self, block: tuple[int, ...]) -> str:
+        where = f"chunk {block} of array {self._source.name}"
+        if self._transform is None:
+            return where
+        name = getattr(self._transform, "__qualname__", None) or repr(self._transform)
+        return f"{name}() on {where}"
 
     def _first_done(self, futures: list[Any]) -> list[Any]:
         started = time.perf_counter()
         done = self._runner.wait_first(futures, self._timeout)
         self.stats.wait_seconds += time.perf_counter() - started
-        if not done:  # timed out: report the oldest block in flight
-            return futures[:1]
-        return [f for f in futures if f in done]  # block order among the ready
+        return [f for f in futures if f in done]  # block order; empty if timed out
 
-    def _deliver(self, block: tuple[int, ...], chunk: np.ndarray) -> Any:
+    def _deliver(self, block: tuple[int, ...], item: Any) -> Any:
         stats = self.stats
+        sizes = [axis[i] for axis, i in zip(self._source.chunks, block, strict=True)]
         stats.chunks_read += 1
         stats.windows_read += 1
-        stats.bytes_read += chunk.nbytes
-        stats.bytes_yielded += chunk.nbytes
+        stats.bytes_read += math.prod(sizes) * self._source.dtype.itemsize
+        stats.bytes_yielded += int(getattr(item, "nbytes", 0))
         stats.items_yielded += 1
-        stats.samples_yielded += len(chunk)
-        return (block, chunk) if self._with_index else chunk
+        stats.samples_yielded += sizes[0]
+        return (block, item) if self._with_index else item

@@ -19,7 +19,7 @@ chunks it does not need.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -139,9 +139,22 @@ def window_graph(
     return dsk, window_key
 
 
-def block_graph(source: Source, block: tuple[int, ...], token: str) -> tuple[dict[Key, Any], Key]:
-    """The dask graph reading one stored block (all axes) of ``source``."""
+def block_graph(
+    source: Source,
+    block: tuple[int, ...],
+    token: str,
+    transform: Callable[[np.ndarray], Any] | None = None,
+) -> tuple[dict[Key, Any], Key]:
+    """The dask graph reading one stored block (all axes) of ``source``.
+
+    With ``transform``, a second task applies it to the block; the scheduler
+    runs it where the block was read, so only its result moves.
+    """
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
     source.add_block_task(dsk, key, block)
-    return dsk, key
+    if transform is None:
+        return dsk, key
+    mapped = (f"dzb-map-{token}", *block)
+    dsk[mapped] = (transform, key)
+    return dsk, mapped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,27 @@ def chunk_stream(
         ``close()``, context-manager use and ``.stats``.  Edge chunks are
         cropped to the array; every chunk is an array the caller owns.
     """
+    return build_chunk_stream(
+        array,
+        concurrency=concurrency,
+        ordered=ordered,
+        with_index=with_index,
+        client=client,
+        timeout=timeout,
+    )
+
+
+def build_chunk_stream(
+    array: Any,
+    *,
+    concurrency: object,
+    ordered: object,
+    with_index: object,
+    client: Any,
+    timeout: object,
+    transform: Callable[[np.ndarray], Any] | None = None,
+) -> ChunkStream:
+    """Validate and build a :class:`ChunkStream` (shared with ``map_chunks``)."""
     source = as_source(array)
     client = resolve_client(client)
     if concurrency is None:
@@ -105,6 +127,7 @@ def chunk_stream(
         with_index=check.flag("with_index", with_index),
         runner=make_runner(client, in_flight=in_flight),
         timeout=check.optional_timeout(timeout),
+        transform=transform,
     )
 
 

@@ -1,0 +1,365 @@
+"""Per-chunk jobs: map a function over every stored chunk, reduce the results.
+
+Both run on the chunk-stream machinery (:class:`ChunkStream`): the function is
+applied inside the task that reads the chunk, so with a ``distributed`` client
+it runs on the worker that decoded the chunk and only its (small) result
+travels to the client.
+
+Reduction is a *streaming pairwise tree* on the client::
+
+    r0   r1   r2   r3   r4   r5   r6        results, in chunk (C) order
+     \\   /     \\   /     \\   /
+     c(0,1)    c(2,3)    c(4,5)    r6      combined as soon as both halves exist
+         \\       /
+         c(0..3)                            ...
+
+The shape of the tree depends only on the number of chunks, so the result is
+bit-for-bit the same on every scheduler, concurrency and run; it equals the
+left fold ``combine(combine(r0, r1), r2) ...`` whenever ``combine`` is
+associative (up to rounding for floats, where the tree is also the more
+accurate order).  At most ``log2(chunks)`` partial results are held.
+
+:class:`Moments` is a mergeable per-feature count / mean / variance (Chan et
+al.'s parallel update of Welford's algorithm) for use with
+:func:`reduce_chunks`; :func:`feature_moments` applies it to a whole array,
+also when the array is chunked along its feature axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ._deliver import ChunkStream
+from ._errors import ArgumentTypeError, ArgumentValueError
+from ._streams import build_chunk_stream
+
+__all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
+
+R = TypeVar("R")
+
+
+class _NoInitial:
+    def __repr__(self) -> str:
+        return "<no initial value>"
+
+
+NO_INITIAL: Any = _NoInitial()
+
+
+def map_chunks(
+    func: Callable[[np.ndarray], Any],
+    array: Any,
+    *,
+    client: Any = None,
+    ordered: bool = True,
+    concurrency: int | None = None,
+    with_index: bool = False,
+    timeout: float | None = None,
+) -> ChunkStream:
+    """Stream ``func(chunk)`` for every stored chunk of ``array``.
+
+    ``func`` runs where the chunk is read: on the local threads, or on a
+    ``distributed`` worker, so only its result travels to the caller.
+
+    Parameters
+    ----------
+    func : callable
+        ``func(chunk) -> result``, called once per stored chunk with a numpy
+        array the function may modify.  Edge chunks are cropped to the array.
+        On a cluster it must be picklable (module-level functions, lambdas and
+        ``functools.partial`` objects are, through cloudpickle).
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+        Any number of dimensions >= 1.
+    client : distributed.Client, optional
+        Run on this cluster.  Default: the active client if dask's
+        configuration points at one, else local threads.
+    ordered : bool, default True
+        ``True``: results in C order of the chunk grid.  ``False``: as they
+        complete.
+    concurrency : int, optional
+        Chunks in flight at once.  Default: the CPU count (local) or twice the
+        cluster's worker threads.
+    with_index : bool, default False
+        Yield ``(block_index, result)`` tuples.
+    timeout : float, optional
+        Seconds to wait for one result before raising
+        :class:`WindowTimeoutError`.
+
+    Returns
+    -------
+    ChunkStream
+        Iterator of results with ``len()`` (number of stored chunks),
+        ``close()``, context-manager use and ``.stats``.
+
+    Raises
+    ------
+    WindowError
+        From ``next()``, if ``func`` raised (its exception chained as
+        ``__cause__``, the message naming the chunk) or the cluster gave up.
+
+    Examples
+    --------
+    >>> import numpy as np, daskzarr_batches as dzb
+    >>> x = np.arange(12.0).reshape(6, 2)
+    >>> [float(m) for m in dzb.map_chunks(np.max, x)]
+    [11.0]
+    """
+    if not callable(func):
+        raise ArgumentTypeError(f"func must be callable, got {func!r}")
+    return build_chunk_stream(
+        array,
+        concurrency=concurrency,
+        ordered=ordered,
+        with_index=with_index,
+        client=client,
+        timeout=timeout,
+        transform=func,
+    )
+
+
+def reduce_chunks(
+    func: Callable[[np.ndarray], R],
+    combine: Callable[[R, R], R],
+    array: Any,
+    *,
+    initial: Any = NO_INITIAL,
+    client: Any = None,
+    concurrency: int | None = None,
+    timeout: float | None = None,
+) -> R:
+    """Reduce ``func(chunk)`` over every stored chunk with ``combine``.
+
+    ``func`` runs per chunk where the chunk is read (see :func:`map_chunks`);
+    ``combine`` runs on the caller in a pairwise tree over the results in
+    chunk order (see the module docstring), so the result is deterministic:
+    the same for every scheduler and concurrency, and equal to a left fold
+    whenever ``combine`` is associative.  It need not be commutative.
+
+    Parameters
+    ----------
+    func : callable
+        ``func(chunk) -> partial result``.
+    combine : callable
+        ``combine(left, right) -> partial result``, where ``left`` covers the
+        chunks before ``right``'s.
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+    initial : optional
+        Placed before the first result, as in :func:`functools.reduce`; it is
+        also the result for an array without chunks.
+    client, concurrency, timeout
+        As for :func:`map_chunks`.
+
+    Returns
+    -------
+    object
+        The combined result.
+
+    Raises
+    ------
+    ArgumentValueError
+        ``array`` has no chunks (a zero-length axis) and no ``initial`` was
+        given.
+    WindowError, WindowTimeoutError
+        As for :func:`map_chunks`.
+
+    Examples
+    --------
+    >>> import operator, numpy as np, daskzarr_batches as dzb
+    >>> float(dzb.reduce_chunks(np.sum, operator.add, np.ones((10, 3))))
+    30.0
+    >>> edges = np.linspace(0, 1, 5)
+    >>> def hist(chunk):
+    ...     return np.histogram(chunk, bins=edges)[0]
+    >>> dzb.reduce_chunks(hist, operator.add, np.full((8, 2), 0.3)).tolist()
+    [0, 16, 0, 0]
+    """
+    if not callable(combine):
+        raise ArgumentTypeError(f"combine must be callable, got {combine!r}")
+    fold: _PairwiseFold[R] = _PairwiseFold(combine)
+    with map_chunks(
+        func, array, client=client, concurrency=concurrency, timeout=timeout
+    ) as results:
+        name = results._source.name
+        for result in results:
+            fold.push(result)
+    if fold.empty:
+        if initial is NO_INITIAL:
+            raise ArgumentValueError(
+                f"array {name} has no chunks to reduce; pass initial= to reduce an empty array"
+            )
+        return initial
+    value = fold.result()
+    return value if initial is NO_INITIAL else combine(initial, value)
+
+
+class _PairwiseFold(Generic[R]):
+    """Combine a sequence pairwise, like a binary counter: O(log n) partials."""
+
+    def __init__(self, combine: Callable[[R, R], R]) -> None:
+        self._combine = combine
+        self._stack: list[tuple[int, R]] = []  # (items covered, partial), left to right
+
+    @property
+    def empty(self) -> bool:
+        return not self._stack
+
+    def push(self, value: R) -> None:
+        stack = self._stack
+        stack.append((1, value))
+        while len(stack) >= 2 and stack[-2][0] == stack[-1][0]:
+            (count, right), (_, left) = stack.pop(), stack.pop()
+            stack.append((2 * count, self._combine(left, right)))
+
+    def result(self) -> R:
+        partials = [value for _, value in self._stack]
+        value = partials.pop()
+        while partials:
+            value = self._combine(partials.pop(), value)
+        return value
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Count, mean and sum of squared deviations of samples, per feature.
+
+    Mergeable exactly: :meth:`merge` is Chan, Golub and LeVeque's pairwise
+    update (the parallel form of Welford's algorithm), so partial moments of
+    chunks computed anywhere combine into those of the whole array without a
+    second pass and without the cancellation of ``E[x**2] - E[x]**2``.
+    Statistics are accumulated in float64.
+
+    Attributes
+    ----------
+    count : int
+        Samples (rows of axis 0) seen.
+    mean : numpy.ndarray
+        Per-feature mean, shape ``array.shape[1:]``.
+    m2 : numpy.ndarray
+        Per-feature sum of squared deviations from the mean.
+
+    Examples
+    --------
+    >>> import numpy as np, daskzarr_batches as dzb
+    >>> x = np.arange(20.0).reshape(10, 2)
+    >>> m = dzb.reduce_chunks(dzb.Moments.from_chunk, dzb.Moments.merge, x)
+    >>> m.mean.tolist(), m.variance().tolist()
+    ([9.0, 10.0], [33.0, 33.0])
+    """
+
+    count: int
+    mean: np.ndarray
+    m2: np.ndarray
+
+    @classmethod
+    def from_chunk(cls, chunk: np.ndarray) -> Moments:
+        """Moments of the rows of ``chunk`` (reduced over axis 0)."""
+        data = np.asarray(chunk)
+        if data.ndim == 0:
+            raise ArgumentValueError(
+                "Moments.from_chunk needs at least one dimension, got a 0-d array"
+            )
+        count = data.shape[0]
+        if count == 0:
+            zeros = np.zeros(data.shape[1:], dtype=np.float64)
+            return cls(0, zeros, zeros.copy())
+        mean = data.mean(axis=0, dtype=np.float64)
+        m2 = np.square(data - mean).sum(axis=0, dtype=np.float64)
+        return cls(count, mean, m2)
+
+    def merge(self, other: Moments) -> Moments:
+        """Moments of the samples of ``self`` followed by those of ``other``."""
+        if self.mean.shape != other.mean.shape:
+            raise ArgumentValueError(
+                f"cannot merge moments of {self.mean.shape}-shaped samples with moments "
+                f"of {other.mean.shape}-shaped samples"
+            )
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            return other
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.count / count)
+        m2 = self.m2 + other.m2 + np.square(delta) * (self.count * other.count / count)
+        return Moments(count, mean, m2)
+
+    def variance(self, ddof: int = 0) -> np.ndarray:
+        """Per-feature variance, ``m2 / (count - ddof)`` (NaN when undefined)."""
+        if self.count <= ddof:
+            return np.full_like(self.m2, np.nan)
+        return self.m2 / np.float64(self.count - ddof)
+
+    def std(self, ddof: int = 0) -> np.ndarray:
+        """Per-feature standard deviation."""
+        return np.sqrt(self.variance(ddof))
+
+
+def feature_moments(
+    array: Any,
+    *,
+    client: Any = None,
+    concurrency: int | None = None,
+    timeout: float | None = None,
+) -> Moments:
+    """Per-feature count, mean and variance of ``array``'s samples, in one pass.
+
+    Each chunk's :class:`Moments` is computed where the chunk is read; the
+    client merges them (pairwise, deterministically) per block of features
+    and joins the feature blocks, so arrays chunked along feature axes work
+    too.
+
+    Parameters
+    ----------
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+        Samples along axis 0, features along the other axes.
+    client, concurrency, timeout
+        As for :func:`map_chunks`.
+
+    Returns
+    -------
+    Moments
+        ``.mean`` and ``.variance()`` have shape ``array.shape[1:]``.
+
+    Examples
+    --------
+    >>> import numpy as np, daskzarr_batches as dzb
+    >>> dzb.feature_moments(np.arange(8.0).reshape(4, 2)).mean.tolist()
+    [3.0, 4.0]
+    """
+    folds: dict[tuple[int, ...], _PairwiseFold[Moments]] = {}
+    with map_chunks(
+        Moments.from_chunk,
+        array,
+        client=client,
+        concurrency=concurrency,
+        timeout=timeout,
+        with_index=True,
+    ) as results:
+        layout = tuple(len(sizes) for sizes in results._source.chunks[1:])
+        shape = results._source.shape
+        for block, moments in results:
+            folds.setdefault(block[1:], _PairwiseFold(Moments.merge)).push(moments)
+    if not folds:
+        empty = np.zeros(shape[1:], dtype=np.float64)
+        return Moments(0, empty, empty.copy())
+    tiles = {where: fold.result() for where, fold in folds.items()}
+    if len(tiles) == 1:
+        return next(iter(tiles.values()))
+    count = next(iter(tiles.values())).count
+    return Moments(count, _join(layout, tiles, "mean"), _join(layout, tiles, "m2"))
+
+
+def _join(layout: tuple[int, ...], tiles: dict[tuple[int, ...], Moments], field: str) -> np.ndarray:
+    """Assemble per-feature-block statistics into one array (like ``np.block``)."""
+
+    def nest(prefix: tuple[int, ...]) -> Any:
+        depth = len(prefix)
+        if depth == len(layout):
+            return getattr(tiles[prefix], field)
+        return [nest((*prefix, i)) for i in range(layout[depth])]
+
+    return np.block(nest(()))

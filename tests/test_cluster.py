@@ -1,0 +1,488 @@
+"""Streams on real ``distributed`` clusters on loopback.
+
+Two clusters, each started and stopped by a module fixture:
+
+- an in-process ``LocalCluster`` (2 workers x 1 thread) for determinism,
+  prefetch, default-client resolution, timeouts and clean-up;
+- a ``LocalCluster`` of 2 process workers under nannies for the fault tests:
+  a worker SIGKILLed mid-epoch (every batch still delivered once, identical to
+  the local reference), and a cluster that gives up (``allowed_failures=0``):
+  ``WindowError`` from ``next()`` naming the window, nothing left behind.
+
+"Nothing left behind" is checked on the scheduler: no task whose key carries
+the library's ``dzb-`` prefix survives the stream.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import numpy as np
+import pytest
+import zarr
+import zarr.storage
+from zarr.testing.store import LatencyStore
+
+import daskzarr_batches as dzb
+from daskzarr_batches._deliver import ClientRunner, ThreadRunner
+
+distributed = pytest.importorskip("distributed")
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --------------------------------------------------------------------------
+# Helpers
+
+
+def our_tasks(client: Any, settle: float = 5.0) -> list[str]:
+    """Keys of library tasks the scheduler still holds, after releases settle."""
+
+    def keys(dask_scheduler: Any) -> list[str]:
+        return [str(k) for k in dask_scheduler.tasks if "dzb-" in str(k)]
+
+    deadline = time.monotonic() + settle
+    while True:
+        left = client.run_on_scheduler(keys)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
+
+
+def make_zarr(
+    path: Any, shape: tuple[int, ...], chunks: tuple[int, ...], latency: float = 0.0
+) -> tuple[zarr.Array, np.ndarray]:
+    data = np.random.default_rng(7).standard_normal(shape).astype("float32")
+    store: Any = zarr.storage.LocalStore(str(path))
+    zarr.create_array(store=store, shape=shape, chunks=chunks, dtype="float32")[:] = data
+    if latency:
+        store = LatencyStore(store, get_latency=latency, set_latency=0.0)
+    return zarr.open_array(store=store, mode="r"), data
+
+
+def local(stream_factory: Any) -> list[Any]:
+    """Consume a stream on the local threaded scheduler (the reference)."""
+    with dask.config.set(scheduler="threads"):
+        stream = stream_factory()
+    assert isinstance(stream._runner, ThreadRunner)
+    with stream:
+        return list(stream)
+
+
+def assert_same_batches(got: list[Any], expected: list[Any]) -> None:
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        if isinstance(b, tuple):
+            for x, y in zip(a, b, strict=True):
+                np.testing.assert_array_equal(x, y, strict=True)
+        else:
+            np.testing.assert_array_equal(a, b, strict=True)
+
+
+# --------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    with distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=False,
+        dashboard_address=":0",
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(cluster: Any) -> Iterator[Any]:
+    with distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+        assert our_tasks(client) == []
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[zarr.Array, np.ndarray]:
+    return make_zarr(tmp_path_factory.mktemp("data") / "x.zarr", (1000, 6), (64, 4))
+
+
+# --------------------------------------------------------------------------
+# Same bytes as the local path
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("buffer", [None, 300])
+def test_shuffled_batches_identical_to_local(
+    client: Any, dataset: Any, prefetch: int, buffer: int | None
+) -> None:
+    array, _ = dataset
+
+    def stream(**kw: Any) -> dzb.BatchStream:
+        return dzb.shuffled_batch_stream(
+            array,
+            96,
+            seed=11,
+            shuffle_buffer_size=buffer,
+            memory_budget=20_000,
+            prefetch=prefetch,
+            **kw,
+        )
+
+    expected = local(stream)
+    with stream(client=client) as remote:
+        assert isinstance(remote._runner, ClientRunner)
+        got = list(remote)
+        assert remote._runner.peak_in_flight <= prefetch + 1
+        assert remote.stats.windows_read == len(list(remote.plan.windows())) > 1
+    assert_same_batches(got, expected)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_consumed_windows_leave_the_cluster(client: Any, dataset: Any, prefetch: int) -> None:
+    array, _ = dataset
+
+    def windows_held(dask_scheduler: Any) -> list[int]:
+        return [
+            int(key[1])
+            for key in dask_scheduler.tasks
+            if isinstance(key, tuple) and str(key[0]).startswith("dzb-window-")
+        ]
+
+    stream = dzb.batch_stream(array, 64, window_bytes=64 * 24, prefetch=prefetch, client=client)
+    for index, _ in enumerate(stream):  # one window per batch
+        deadline = time.monotonic() + 5
+        while True:
+            held = client.run_on_scheduler(windows_held)
+            if all(window > index for window in held) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert all(window > index for window in held), (index, held)  # consumed: released
+        assert len(held) <= prefetch + 1
+
+
+def test_paired_numpy_and_zarr_identical_to_local(client: Any, dataset: Any) -> None:
+    array, data = dataset
+    labels = np.arange(len(data))
+
+    def stream(**kw: Any) -> dzb.BatchStream:
+        return dzb.paired_shuffled_batch_stream(
+            array, labels, 50, seed=3, shuffle_buffer_size=256, drop_remainder=True, **kw
+        )
+
+    expected = local(stream)
+    got = list(stream(client=client))
+    assert_same_batches(got, expected)
+    for features, label in got:  # rows still belong together
+        np.testing.assert_array_equal(features, data[label])
+
+
+def test_sequential_batches_identical_to_local(client: Any, dataset: Any) -> None:
+    array, data = dataset
+    got = list(dzb.batch_stream(array, 128, window_bytes=10_000, client=client))
+    np.testing.assert_array_equal(np.concatenate(got), data)
+    assert [len(b) for b in got] == [128] * 7 + [104]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_chunk_stream_on_cluster(client: Any, dataset: Any, ordered: bool) -> None:
+    array, data = dataset
+    with dzb.chunk_stream(
+        array, client=client, ordered=ordered, with_index=True, concurrency=3
+    ) as stream:
+        items = list(stream)
+    blocks = [block for block, _ in items]
+    expected = [(i, j) for i in range(16) for j in range(2)]
+    assert (blocks == expected) if ordered else (sorted(blocks) == expected)
+    for (i, j), chunk in items:
+        np.testing.assert_array_equal(chunk, data[i * 64 : (i + 1) * 64, j * 4 : (j + 1) * 4])
+
+
+# --------------------------------------------------------------------------
+# Which scheduler runs a stream
+
+
+def test_active_client_is_used_and_threads_config_forces_local(cluster: Any, dataset: Any) -> None:
+    array, _ = dataset
+    with dzb.batch_stream(array, 10) as stream:
+        assert isinstance(stream._runner, ThreadRunner)  # no client yet
+    with distributed.Client(cluster) as active:  # set_as_default=True
+        with dzb.batch_stream(array, 10) as stream:
+            assert isinstance(stream._runner, ClientRunner)
+            assert stream._runner.client is active
+        with dzb.chunk_stream(array) as stream:
+            assert isinstance(stream._runner, ClientRunner)
+        with dask.config.set(scheduler="threads"), dzb.batch_stream(array, 10) as stream:
+            assert isinstance(stream._runner, ThreadRunner)
+        with dask.config.set(scheduler="sync"), dzb.chunk_stream(array) as stream:
+            assert isinstance(stream._runner, ThreadRunner)
+
+
+def test_numpy_source_is_scattered_once_not_shipped_per_window(client: Any) -> None:
+    # 16 MB would trip distributed's "Sending large graph" warning (an error
+    # under filterwarnings=error) if the array were embedded in every window.
+    data = np.arange(4_000_000, dtype="float32").reshape(250_000, 16)
+    stream = dzb.batch_stream(data, 50_000, window_bytes=1_000_000, client=client)
+    first = next(stream)
+    held = client.run_on_scheduler(
+        lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks if "dzb-scattered" in str(k)]
+    )
+    assert len(held) == 1
+    got = [first, *stream]
+    np.testing.assert_array_equal(np.concatenate(got), data)
+
+
+def test_memory_store_zarr_behind_a_wrapper_is_scattered_too(client: Any) -> None:
+    data = np.random.default_rng(0).random((300, 5))
+    inner = zarr.storage.MemoryStore()
+    zarr.create_array(store=inner, shape=data.shape, chunks=(64, 5), dtype="float64")[:] = data
+    array = zarr.open_array(store=LatencyStore(inner, get_latency=0, set_latency=0), mode="r")
+    stream = dzb.batch_stream(array, 100, window_bytes=1, client=client)
+    first = next(stream)
+    held = client.run_on_scheduler(
+        lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks if "dzb-scattered" in str(k)]
+    )
+    assert len(held) == 1
+    np.testing.assert_array_equal(np.concatenate([first, *stream]), data)
+
+
+# --------------------------------------------------------------------------
+# Clean-up: nothing of ours stays on the scheduler
+
+
+def test_break_releases_every_future(client: Any, dataset: Any) -> None:
+    array, data = dataset
+    gc.disable()  # prove reference counting alone finalises the stream
+    try:
+        for _ in dzb.shuffled_batch_stream(
+            array, 10, seed=1, memory_budget=100_000, prefetch=3, client=client
+        ):
+            break
+        for _ in dzb.batch_stream(data, 10, prefetch=2, client=client):  # numpy: scattered
+            break
+        assert our_tasks(client) == []
+    finally:
+        gc.enable()
+
+
+def test_exception_in_consumer_releases_every_future(client: Any, dataset: Any) -> None:
+    array, _ = dataset
+    with pytest.raises(ZeroDivisionError):
+        for _ in dzb.chunk_stream(array, client=client, concurrency=4):
+            raise ZeroDivisionError
+    assert our_tasks(client) == []
+    with (
+        pytest.raises(KeyError),
+        dzb.shuffled_batch_stream(array, 10, seed=2, prefetch=4, client=client) as stream,
+    ):
+        next(stream)
+        raise KeyError("consumer")
+    assert our_tasks(client) == []
+
+
+def test_close_and_garbage_collection_release_every_future(client: Any, dataset: Any) -> None:
+    array, data = dataset
+    stream = dzb.shuffled_batch_stream(
+        array, 10, seed=1, memory_budget=20_000, prefetch=2, client=client
+    )
+    next(stream)
+    assert our_tasks(client, settle=0)  # windows really are in flight
+    stream.close()
+    assert our_tasks(client) == []
+    assert list(stream) == []
+
+    stream = dzb.batch_stream(data, 10, prefetch=2, client=client)
+    next(stream)
+    del stream
+    gc.collect()
+    assert our_tasks(client) == []
+
+
+# --------------------------------------------------------------------------
+# Timeout
+
+
+def test_timeout_names_the_batch_and_releases(client: Any, tmp_path: Any) -> None:
+    slow, _ = make_zarr(tmp_path / "slow.zarr", (40, 3), (10, 3), latency=1.0)
+    stream = dzb.batch_stream(slow, 8, window_bytes=1, prefetch=1, timeout=0.2, client=client)
+    started = time.perf_counter()
+    with pytest.raises(dzb.WindowTimeoutError, match=r"window 0 \(batches 0\.\.1,") as info:
+        next(stream)
+    assert time.perf_counter() - started < 0.9
+    assert isinstance(info.value, TimeoutError)
+    assert "timeout=0.2 s" in str(info.value)
+    assert our_tasks(client) == []
+    chunks = dzb.chunk_stream(slow, client=client, ordered=False, timeout=0.2)
+    started = time.perf_counter()
+    with pytest.raises(dzb.WindowTimeoutError, match=r"chunk \(0, 0\) .* timeout=0.2 s"):
+        next(chunks)
+    assert time.perf_counter() - started < 0.9
+
+
+def test_cluster_without_workers_fails_the_window(tmp_path: Any) -> None:
+    array, _ = make_zarr(tmp_path / "x.zarr", (40, 3), (10, 3))
+    with (
+        dask.config.set({"distributed.scheduler.no-workers-timeout": "300ms"}),
+        distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as empty,
+        distributed.Client(empty, set_as_default=False) as client,
+    ):
+        with pytest.raises(dzb.WindowError, match=r"window 0 \(batches 0\.\.3,.*NoWorkerError"):
+            next(dzb.batch_stream(array, 10, client=client))
+        # a numpy source must first be scattered: that times out, naming the array
+        with pytest.raises(dzb.WindowTimeoutError, match=r"could not send <numpy array"):
+            next(dzb.batch_stream(np.zeros((40, 3)), 10, client=client, timeout=0.3))
+        assert our_tasks(client) == []
+
+
+def test_corrupt_chunk_raises_chunk_read_error_from_the_worker(client: Any, tmp_path: Any) -> None:
+    array, _ = make_zarr(tmp_path / "x.zarr", (40, 3), (10, 3))
+    (tmp_path / "x.zarr" / "c" / "2" / "0").write_bytes(b"not zstd")
+    stream = dzb.batch_stream(array, 10, window_bytes=1, client=client)
+    assert next(stream).shape == (10, 3)
+    with pytest.raises(dzb.ChunkReadError, match=r"axis-0 chunk 2 \(samples 20:30\)"):
+        list(stream)
+    assert our_tasks(client) == []
+
+
+# --------------------------------------------------------------------------
+# Process workers: a worker killed mid-epoch, and a cluster that gives up
+
+
+@pytest.fixture(scope="module")
+def process_client() -> Iterator[Any]:
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=":0",
+            memory_limit="1GiB",
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        yield client
+
+
+class WorkerKiller(threading.Thread):
+    """SIGKILLs the first worker seen computing one of our tasks, once armed.
+
+    Polling runs beside the consumer (which keeps windows in flight), so the
+    kill lands while a ``dzb-`` task is really running, however fast windows
+    are computed.
+    """
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.pids = client.run(os.getpid)  # address -> worker process id
+        self.armed = threading.Event()
+        self.killed = threading.Event()
+        self.stopped = threading.Event()
+        self.victim_tasks: list[str] = []
+
+    def run(self) -> None:
+        self.armed.wait(60)
+        while not self.stopped.is_set():
+            for address, keys in self.client.processing().items():
+                ours = [str(key) for key in keys if "dzb-" in str(key)]
+                if ours and address in self.pids:
+                    os.kill(self.pids[address], signal.SIGKILL)
+                    self.victim_tasks = ours
+                    self.killed.set()
+                    return
+            time.sleep(0.002)
+
+    def __enter__(self) -> WorkerKiller:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.armed.set()
+        self.stopped.set()
+        self.join(10)
+
+
+def test_killed_worker_mid_epoch_still_yields_every_batch_once(
+    process_client: Any, tmp_path: Any
+) -> None:
+    array, data = make_zarr(tmp_path / "x.zarr", (3000, 8), (100, 8), latency=0.1)
+
+    def stream(**kw: Any) -> dzb.BatchStream:
+        return dzb.shuffled_batch_stream(
+            array, 64, seed=5, shuffle_buffer_size=300, prefetch=2, **kw
+        )
+
+    expected = local(stream)
+    got = []
+    batches_after_kill = 0
+    with WorkerKiller(process_client) as killer, stream(client=process_client) as remote:
+        for i, batch in enumerate(remote):
+            got.append(batch)
+            batches_after_kill += killer.killed.is_set()
+            if i == 5:
+                killer.armed.set()
+    assert killer.killed.is_set(), "the epoch ended before a worker could be killed"
+    assert batches_after_kill > 0
+    assert_same_batches(got, expected)
+    seen = np.sort(np.concatenate([b[:, 0] for b in got]))
+    np.testing.assert_array_equal(seen, np.sort(data[:, 0]))  # every sample exactly once
+    assert our_tasks(process_client) == []
+    process_client.wait_for_workers(2, timeout=30)  # the nanny restarts the killed worker
+
+
+def test_cluster_giving_up_raises_window_error_and_leaves_nothing(
+    process_client: Any, tmp_path: Any
+) -> None:
+    array, _ = make_zarr(tmp_path / "x.zarr", (2000, 8), (100, 8), latency=0.2)
+
+    def set_allowed_failures(n: int) -> Any:
+        def setter(dask_scheduler: Any) -> int:
+            previous = dask_scheduler.allowed_failures
+            dask_scheduler.allowed_failures = n
+            return int(previous)
+
+        return process_client.run_on_scheduler(setter)
+
+    process_client.wait_for_workers(2, timeout=30)
+    previous = set_allowed_failures(0)  # the first lost task fails its window
+    try:
+        # 10 windows of 2 chunks, 3 in flight: a worker killed while computing
+        # one of them makes the scheduler give up on that window.
+        stream = dzb.batch_stream(array, 100, window_bytes=6_400, prefetch=2, client=process_client)
+        with (
+            WorkerKiller(process_client) as killer,
+            pytest.raises(dzb.WindowError, match=r"window \d+ \(batches \d+\.\.\d+,") as info,
+        ):
+            killer.armed.set()
+            for _ in stream:
+                pass
+        assert killer.killed.is_set()
+        assert "KilledWorker" in str(info.value)
+        assert our_tasks(process_client) == []
+    finally:
+        set_allowed_failures(previous)
+        process_client.wait_for_workers(2, timeout=30)
+
+
+def test_closed_client_is_a_window_error(cluster: Any, dataset: Any) -> None:
+    array, _ = dataset
+    client = distributed.Client(cluster, set_as_default=False)
+    stream = dzb.batch_stream(array, 10, client=client)
+    client.close()
+    with pytest.raises(dzb.WindowError, match=r"window 0 \(batches 0\.\..*could not be submitted"):
+        next(stream)
+
+
+def test_client_must_be_a_client(dataset: Any) -> None:
+    array, _ = dataset
+    with pytest.raises(dzb.ArgumentTypeError, match=r"pass distributed.Client\('tcp://x:8786'\)"):
+        dzb.batch_stream(array, 10, client="tcp://x:8786")
+    with pytest.raises(dzb.ArgumentTypeError, match="got 3 of type int"):
+        dzb.map_chunks(np.sum, array, client=3)
