@@ -154,7 +154,7 @@ def pieces_for(samples: range | IndexArray, offsets: IndexArray) -> list[ChunkPi
         return _pieces_for_range(samples, offsets)
     if len(samples) == 0:
         return []
-    order = np.argsort(samples, kind="stable")
+    order = _sorting_order(samples)
     ordered = samples[order]
     chunk_ids = np.searchsorted(offsets, ordered, side="right") - 1
     cuts = np.flatnonzero(np.diff(chunk_ids)) + 1
@@ -174,6 +174,24 @@ def pieces_for(samples: range | IndexArray, offsets: IndexArray) -> list[ChunkPi
             )
         )
     return pieces
+
+
+def _sorting_order(samples: IndexArray) -> IndexArray:
+    """``argsort(samples)`` for distinct ids; O(span) when the ids are dense.
+
+    Windows hold distinct sample ids, usually spread over a span not much
+    larger than their count, where marking positions beats sorting.
+    """
+    low, high = int(samples.min()), int(samples.max())
+    span = high - low + 1
+    if span > 4 * len(samples):
+        return np.argsort(samples, kind="stable")
+    positions = np.full(span, -1, dtype=np.int64)
+    positions[samples - low] = np.arange(len(samples), dtype=np.int64)
+    order = positions[positions >= 0]
+    if len(order) != len(samples):  # repeated ids: fall back to a stable sort
+        return np.argsort(samples, kind="stable")
+    return order
 
 
 def _pieces_for_range(samples: range, offsets: IndexArray) -> list[ChunkPiece]:
