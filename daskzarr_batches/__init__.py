@@ -23,7 +23,7 @@ from ._errors import (
     WindowError,
     WindowTimeoutError,
 )
-from ._plan import ChunkPiece, EpochPlan, Window
+from ._plan import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
 from ._sources import open_array
 from ._streams import (
     batch_stream,
@@ -31,6 +31,7 @@ from ._streams import (
     count_batches,
     paired_batch_stream,
     paired_shuffled_batch_stream,
+    plan_epoch,
     shuffled_batch_stream,
 )
 
@@ -47,10 +48,12 @@ __all__ = [
     "DaskZarrBatchesError",
     "EpochPlan",
     "LengthMismatchError",
+    "PlanSummary",
     "Stream",
     "StreamStats",
     "Window",
     "WindowError",
+    "WindowSummary",
     "WindowTimeoutError",
     "__version__",
     "batch_stream",
@@ -59,5 +62,6 @@ __all__ = [
     "open_array",
     "paired_batch_stream",
     "paired_shuffled_batch_stream",
+    "plan_epoch",
     "shuffled_batch_stream",
 ]

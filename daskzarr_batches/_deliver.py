@@ -25,8 +25,8 @@ import dask.threaded
 import numpy as np
 
 from ._errors import ChunkReadError, WindowError, WindowTimeoutError
-from ._plan import EpochPlan, Window
-from ._read import block_graph, window_graph
+from ._plan import EpochPlan, PlanSummary, Window
+from ._read import block_graph, count_tasks, window_graph
 from ._sources import Key, Source
 
 __all__ = [
@@ -301,6 +301,7 @@ class BatchStream(Stream[Any]):
                 top_up(self._prefetch)
                 for batch in batcher.feed(outputs):
                     yield self._deliver(batch)
+                del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
             rest = batcher.finish()
             if rest is not None and not self.plan.drop_remainder:
                 yield self._deliver(rest)
@@ -308,6 +309,19 @@ class BatchStream(Stream[Any]):
             for _, future in in_flight:
                 future.cancel()
             in_flight.clear()
+
+    def summary(self) -> PlanSummary:
+        """The epoch's plan in numbers, per window and in total; reads nothing.
+
+        Returns
+        -------
+        PlanSummary
+            Chunks read, decoded bytes, bytes held, samples, batches and dask
+            tasks per window; read amplification, peak window bytes and task
+            count for the epoch.  About ``prefetch + 1`` windows are held at
+            once.
+        """
+        return self.plan.summary(task_count=lambda w: count_tasks(self._sources, w))
 
     def _describe(self, window: Window) -> str:
         batches = window.batch_range(self.plan.batch_size)

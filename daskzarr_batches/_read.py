@@ -41,7 +41,7 @@ from ._errors import ChunkReadError
 from ._plan import ChunkPiece, Selector, Window
 from ._sources import Key, Source
 
-__all__ = ["DECODE_GROUP_BYTES", "block_graph", "read_window", "window_graph"]
+__all__ = ["DECODE_GROUP_BYTES", "block_graph", "count_tasks", "read_window", "window_graph"]
 
 #: Decoded bytes of stored chunks one window read holds at once (at least one
 #: chunk); bounds the transient memory of an exact-shuffle window.
@@ -72,17 +72,23 @@ def read_window(
     size: int,
     row_bytes: int,
     pieces: Sequence[ChunkPiece],
-    group_bytes: int = DECODE_GROUP_BYTES,
 ) -> np.ndarray:
     """Read the rows of one window from a Zarr or numpy array, in window order.
 
     Consecutive chunks are read with one slice (a *run*); runs are decoded
     concurrently in groups of at most ``group_bytes`` decoded bytes (at least
-    one chunk), and only the rows ``take`` of each chunk are kept.  A failure
-    is retried chunk by chunk so that the error names the chunk that fails.
+    one chunk), and only the rows ``take`` of each chunk are kept.  When the
+    window keeps only some rows of its chunks (exact shuffle), a group is also
+    at most an eighth of the window (but at least one chunk), so decoding adds
+    at most ~1/8 to the window's memory.  A failure is retried chunk by chunk
+    so that the error names the chunk that fails.
     """
     if not pieces:
         return np.asarray(array[0:0])
+    group_bytes = DECODE_GROUP_BYTES
+    if not all(_keeps_all(piece) for piece in pieces):
+        largest = max(piece.rows for piece in pieces) * row_bytes
+        group_bytes = min(group_bytes, max(size * row_bytes // 8, largest))
     runs = _runs(pieces, max(group_bytes // max(row_bytes, 1), 1))
     if len(runs) == 1 and _is_whole(runs[0], size):
         (run,) = runs
@@ -129,11 +135,15 @@ def _is_whole(run: Sequence[ChunkPiece], size: int) -> bool:
     if run[-1].stop - run[0].start != size:
         return False
     for piece in run:
-        whole = slice(0, piece.rows)
         here = slice(piece.start - run[0].start, piece.stop - run[0].start)
-        if piece.take != whole or piece.dest != here:
+        if not _keeps_all(piece) or not isinstance(piece.dest, slice) or piece.dest != here:
             return False
     return True
+
+
+def _keeps_all(piece: ChunkPiece) -> bool:
+    """Whether the window keeps every row of the chunk, in chunk order."""
+    return isinstance(piece.take, slice) and piece.take == slice(0, piece.rows)
 
 
 def _groups(runs: list[list[ChunkPiece]], max_rows: int) -> list[list[list[ChunkPiece]]]:
@@ -257,6 +267,16 @@ def window_graph(
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
+
+
+def count_tasks(sources: Sequence[Source], window: Window) -> int:
+    """Tasks of :func:`window_graph` for ``window`` (data entries excluded)."""
+    dsk, _ = window_graph(sources, window, "count")
+    return sum(
+        1
+        for key in dsk
+        if not str(key[0] if isinstance(key, tuple) else key).startswith("dzb-source-")
+    )
 
 
 def block_graph(source: Source, block: tuple[int, ...], token: str) -> tuple[dict[Key, Any], Key]:
