@@ -299,7 +299,7 @@ class BatchStream(Stream[Any]):
                 del future  # a distributed result is released with its last reference
                 self._count_reads(window)
                 top_up(self._prefetch)
-                for batch in batcher.feed(outputs):
+                for batch in batcher.feed(outputs, window.gather_index()):
                     yield self._deliver(batch)
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
             rest = batcher.finish()
@@ -351,7 +351,9 @@ class _Batcher:
     """Cuts a stream of window outputs into batches of ``batch_size`` rows.
 
     Batches are copies (the caller owns them); rows left over at the end of
-    a window are carried into the next window's first batch.
+    a window are carried into the next window's first batch.  Window outputs
+    hold rows in ascending sample order; ``index`` (``Window.gather_index``)
+    puts them in plan order as each batch is copied out.
     """
 
     def __init__(self, batch_size: int) -> None:
@@ -359,22 +361,31 @@ class _Batcher:
         self._carry: list[tuple[np.ndarray, ...]] = []
         self._carried = 0
 
-    def feed(self, outputs: tuple[np.ndarray, ...]) -> Iterator[tuple[np.ndarray, ...]]:
+    def feed(
+        self, outputs: tuple[np.ndarray, ...], index: np.ndarray | None = None
+    ) -> Iterator[tuple[np.ndarray, ...]]:
+        def rows(start: int, stop: int) -> tuple[np.ndarray, ...]:
+            # A copy either way: a fancy index copies, a slice is copied.
+            if index is None:
+                return tuple(part[start:stop].copy() for part in outputs)
+            where = index[start:stop]
+            return tuple(part[where] for part in outputs)
+
         size = len(outputs[0])
         position = 0
         if self._carry:
             position = min(self._size - self._carried, size)
-            self._carry.append(tuple(part[:position] for part in outputs))
+            self._carry.append(rows(0, position))
             self._carried += position
             if self._carried == self._size:
                 batch = self._join()
                 yield batch
         while size - position >= self._size:
             end = position + self._size
-            yield tuple(part[position:end].copy() for part in outputs)
+            yield rows(position, end)
             position = end
         if position < size:
-            self._carry.append(tuple(part[position:].copy() for part in outputs))
+            self._carry.append(rows(position, size))
             self._carried += size - position
 
     def _join(self) -> tuple[np.ndarray, ...]:

@@ -140,6 +140,22 @@ class Window:
         """Number of samples the window yields."""
         return len(self.samples)
 
+    def gather_index(self) -> IndexArray | None:
+        """Where each output row sits among the window's samples sorted by id.
+
+        The read layer returns a window's rows in ascending sample order;
+        output row ``i`` is sorted row ``gather_index()[i]``.  ``None`` when
+        the window is a run in order (sequential windows).
+        """
+        if isinstance(self.samples, range):
+            return None
+        if len(self.samples) == 0:
+            return None
+        order = _sorting_order(self.samples)
+        index = np.empty(len(order), dtype=np.int64)
+        index[order] = np.arange(len(order), dtype=np.int64)
+        return index
+
     def batch_range(self, batch_size: int) -> range:
         """Indices of the batches that contain samples of this window."""
         first = self.position // batch_size

@@ -73,7 +73,10 @@ def read_window(
     row_bytes: int,
     pieces: Sequence[ChunkPiece],
 ) -> np.ndarray:
-    """Read the rows of one window from a Zarr or numpy array, in window order.
+    """Read the rows of one window from a Zarr or numpy array, by sample id.
+
+    The result holds the window's samples in ascending sample order (see
+    :func:`window_graph`).
 
     Consecutive chunks are read with one slice (a *run*); runs are decoded
     concurrently in groups of at most ``group_bytes`` decoded bytes (at least
@@ -94,6 +97,7 @@ def read_window(
         (run,) = runs
         return _owned_slab(array, name, run, run[0].start, run[-1].stop)
     out: np.ndarray | None = None
+    filled = 0
     for group in _groups(runs, max(group_bytes // max(row_bytes, 1), 1)):
         spans = [(run[0].start, run[-1].stop) for run in group]
         try:
@@ -108,10 +112,11 @@ def read_window(
                 out = np.empty((size, *slab.shape[1:]), dtype=slab.dtype)
             for piece in run:
                 local = piece.start - lo
-                rows = slab[local : local + piece.rows]
-                out[piece.dest] = rows[piece.take]
+                rows = slab[local : local + piece.rows][piece.take]
+                out[filled : filled + len(rows)] = rows
+                filled += len(rows)
         del slabs
-    assert out is not None
+    assert out is not None and filled == size
     return out
 
 
@@ -249,7 +254,15 @@ def _owned(array: np.ndarray) -> np.ndarray:
 def window_graph(
     sources: Sequence[Source], window: Window, token: str
 ) -> tuple[dict[Key, Any], Key]:
-    """The dask graph of one window; its result is one array per source."""
+    """The dask graph of one window; its result is one array per source.
+
+    Each array holds the window's samples in *ascending sample order* (chunk
+    by chunk, ``take`` ascending), the same order for every source, so each
+    array is filled with contiguous copies.  The window's own order is applied
+    by the delivery layer while it cuts batches (``window.gather_index()``),
+    in the copy that makes each batch an owned array anyway: permuting here
+    as well would cost a scattered write of the whole window.
+    """
     dsk: dict[Key, Any] = {}
     outputs = []
     for position, (source, pieces) in enumerate(zip(sources, window.pieces, strict=True)):
@@ -262,11 +275,17 @@ def window_graph(
             key = (f"dzb-read-{token}", window.index, position, piece.chunk)
             source.add_rows_task(dsk, key, piece.chunk, piece.start, piece.stop, piece.take)
             piece_keys.append(key)
-        dests = [piece.dest for piece in pieces]
+        bounds = np.cumsum([0] + [_count(piece) for piece in pieces]).tolist()
+        dests = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
         dsk[out_key] = (gather, window.size, dests, piece_keys)
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
+
+
+def _count(piece: ChunkPiece) -> int:
+    take = piece.take
+    return len(range(piece.rows)[take]) if isinstance(take, slice) else len(take)
 
 
 def count_tasks(sources: Sequence[Source], window: Window) -> int:
