@@ -52,6 +52,7 @@ __all__ = [
     "count_batches",
     "pieces_for",
     "sample_units",
+    "sorting_order",
 ]
 
 
@@ -134,6 +135,7 @@ class Window:
     position: int
     samples: range | IndexArray
     pieces: tuple[tuple[ChunkPiece, ...], ...]
+    sort_order: IndexArray | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -151,7 +153,7 @@ class Window:
             return None
         if len(self.samples) == 0:
             return None
-        order = _sorting_order(self.samples)
+        order = self.sort_order if self.sort_order is not None else sorting_order(self.samples)
         index = np.empty(len(order), dtype=np.int64)
         index[order] = np.arange(len(order), dtype=np.int64)
         return index
@@ -163,7 +165,9 @@ class Window:
         return range(first, last + 1)
 
 
-def pieces_for(samples: range | IndexArray, offsets: IndexArray) -> list[ChunkPiece]:
+def pieces_for(
+    samples: range | IndexArray, offsets: IndexArray, order: IndexArray | None = None
+) -> list[ChunkPiece]:
     """Map global sample ids (in output order) to reads of whole chunks.
 
     Each chunk that holds at least one of ``samples`` appears exactly once.
@@ -172,7 +176,8 @@ def pieces_for(samples: range | IndexArray, offsets: IndexArray) -> list[ChunkPi
         return _pieces_for_range(samples, offsets)
     if len(samples) == 0:
         return []
-    order = _sorting_order(samples)
+    if order is None:
+        order = sorting_order(samples)
     ordered = samples[order]
     chunk_ids = np.searchsorted(offsets, ordered, side="right") - 1
     cuts = np.flatnonzero(np.diff(chunk_ids)) + 1
@@ -194,22 +199,30 @@ def pieces_for(samples: range | IndexArray, offsets: IndexArray) -> list[ChunkPi
     return pieces
 
 
-def _sorting_order(samples: IndexArray) -> IndexArray:
-    """``argsort(samples)`` for distinct ids; O(span) when the ids are dense.
+def sorting_order(samples: IndexArray) -> IndexArray:
+    """``argsort(samples, kind="stable")``, faster for the ids windows hold.
 
-    Windows hold distinct sample ids, usually spread over a span not much
-    larger than their count, where marking positions beats sorting.
+    Dense distinct ids (span <= 4x their count) are placed by marking
+    positions, O(span); others by two stable 16-bit radix passes (numpy sorts
+    16-bit integers by radix), O(n), up to a span of 2**32; else argsort.
     """
+    if len(samples) == 0:
+        return np.empty(0, dtype=np.int64)
     low, high = int(samples.min()), int(samples.max())
     span = high - low + 1
     if span > 4 * len(samples):
-        return np.argsort(samples, kind="stable")
+        if span > 2**32:
+            return np.argsort(samples, kind="stable")
+        relative = samples - low
+        first = np.argsort((relative & 0xFFFF).astype(np.uint16), kind="stable")
+        second = np.argsort((relative[first] >> 16).astype(np.uint16), kind="stable")
+        return first[second]
     positions = np.full(span, -1, dtype=np.int64)
     positions[samples - low] = np.arange(len(samples), dtype=np.int64)
     order = positions[positions >= 0]
     if len(order) != len(samples):  # repeated ids: fall back to a stable sort
         return np.argsort(samples, kind="stable")
-    return order
+    return order.astype(np.int64, copy=False)
 
 
 def _pieces_for_range(samples: range, offsets: IndexArray) -> list[ChunkPiece]:
@@ -364,8 +377,9 @@ class EpochPlan:
             raise ValueError(f"unknown shuffle mode {self.shuffle!r}")
         position = 0
         for index, samples in enumerate(self._truncate(orders)):
-            pieces = tuple(tuple(pieces_for(samples, off)) for off in self.offsets)
-            yield Window(index, position, samples, pieces)
+            order = None if isinstance(samples, range) else sorting_order(samples)
+            pieces = tuple(tuple(pieces_for(samples, off, order)) for off in self.offsets)
+            yield Window(index, position, samples, pieces, order)
             position += len(samples)
 
     def _truncate(self, orders: Iterator[range | IndexArray]) -> Iterator[range | IndexArray]:
