@@ -444,6 +444,7 @@ def run_suite(args: argparse.Namespace) -> None:
     few = 10 if args.quick else 40
 
     print(f"dataset {ds.path} ({ds.feature_bytes / MB:.0f} MB features), {threads} CPUs")
+    load_before = os.getloadavg()
     warm_up(x)
     buffer_rows = 8 * ds.chunk_rows
     budget = ds.feature_bytes // 4
@@ -531,6 +532,8 @@ def run_suite(args: argparse.Namespace) -> None:
                      lambda: drain(dzb.batch_stream(x, 256, client=client))),
                 Case("LocalCluster: buffered shuffle (8 chunks)", "cluster",
                      shuffled(256, shuffle_buffer_size=buffer_rows, client=client)),
+                Case("LocalCluster: transfer only, 64 MiB results worker -> client", "cluster",
+                     lambda: transfer_only(client, ds.feature_bytes)),
             ]  # fmt: skip
             results.update(rounds(on_cluster, repeats))
     else:
@@ -565,6 +568,7 @@ def run_suite(args: argparse.Namespace) -> None:
             f"entropy {row['entropy']:.2f} bits"
         )
 
+    args.load = (load_before, os.getloadavg())
     targets = evaluate(
         results,
         ref,
@@ -581,6 +585,20 @@ def run_suite(args: argparse.Namespace) -> None:
         skipped,
     )
     write_outputs(args, ds, out, results, ref, targets, memory, quality, prefetch_result, skipped)
+
+
+def transfer_only(client: Any, total: int) -> tuple[int, int, float]:
+    """Ceiling of the cluster path: fetch arrays made on workers, no Zarr read."""
+    piece = 64 * MiB
+    futures = [
+        client.submit(np.ones, piece // 4, dtype="f4", pure=False)
+        for _ in range(math.ceil(total / piece))
+    ]
+    nbytes = 0
+    for future in futures:
+        nbytes += future.result().nbytes
+        future.release()
+    return nbytes, 0, 1.0
 
 
 def warm_up(x: zarr.Array) -> None:
@@ -823,6 +841,8 @@ def write_outputs(
         f"Zarr default codec, local directory store; {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, zarr {zarr.__version__}, "
         f"numpy {np.__version__}, daskzarr_batches {dzb.__version__}.  "
+        f"Load average (1 min) {args.load[0][0]:.1f} at the start, {args.load[1][0]:.1f} at "
+        "the end (other jobs on the machine compete for its cores).  "
         f"Throughput is the best of {args.repeats} run(s); cases marked * ran a few "
         "batches and are extrapolated.  Batch 256 unless said.",
         "",
