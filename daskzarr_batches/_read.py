@@ -82,8 +82,8 @@ def read_window(
     concurrently in groups of at most ``group_bytes`` decoded bytes (at least
     one chunk), and only the rows ``take`` of each chunk are kept.  When the
     window keeps only some rows of its chunks (exact shuffle), a group is also
-    at most an eighth of the window (but at least one chunk), so decoding adds
-    at most ~1/8 to the window's memory.  A failure is retried chunk by chunk
+    at most a sixteenth of the window (but at least one chunk), so decoding
+    adds about 1/16 to the window's memory.  A failure is retried chunk by chunk
     so that the error names the chunk that fails.
     """
     if not pieces:
@@ -91,7 +91,7 @@ def read_window(
     group_bytes = DECODE_GROUP_BYTES
     if not all(_keeps_all(piece) for piece in pieces):
         largest = max(piece.rows for piece in pieces) * row_bytes
-        group_bytes = min(group_bytes, max(size * row_bytes // 8, largest))
+        group_bytes = min(group_bytes, max(size * row_bytes // 16, largest))
     runs = _runs(pieces, max(group_bytes // max(row_bytes, 1), 1))
     if len(runs) == 1 and _is_whole(runs[0], size):
         (run,) = runs

@@ -436,7 +436,7 @@ def _plan(
     elif shuffle == "exact":
         budget = check.positive_int("memory_budget", memory_budget)
         # prefetch + 1 windows are alive at once, each holding its samples;
-        # decoding adds at most an eighth of a window (see _read.read_window).
+        # decoding adds about 1/16 of a window (see _read.read_window).
         window_rows = max(1, budget // (row_bytes * (ahead + 1)))
     else:
         window_rows = max(1, check.positive_int("window_bytes", window_bytes) // row_bytes)

@@ -18,7 +18,6 @@ from zarr.core.buffer import Buffer, BufferPrototype
 import daskzarr_batches as dzb
 from daskzarr_batches._plan import sorting_order
 
-
 METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 
 
