@@ -662,6 +662,7 @@ def memory_cases(
         "one": one,
         "four": four,
         "exact": exact,
+        "exact_mmap": exact_mmap,
         "bound": bound,
         "window_bytes": window_bytes,
         "budget": budget,
