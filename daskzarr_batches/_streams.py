@@ -136,10 +136,12 @@ def batch_stream(
         Drop the short last batch instead of yielding it.
     prefetch : int, default 2
         Windows computed ahead of the one being consumed (0: compute on
-        demand).
+        demand).  About ``prefetch + 1`` windows are held at once.
     window_bytes : int, default 64 MiB
         Target decoded size of one window of work (rounded to whole chunks;
-        at least one chunk).
+        at least one chunk).  A window's consecutive chunks are read with one
+        Zarr call, which decodes them concurrently; windows of 32-128 MiB
+        measured fastest (``docs/benchmarks.md``).
     client : distributed.Client, optional
         Compute windows on this cluster.  Default: a ``distributed`` client if
         dask's configuration points at one, else the local threaded scheduler.
@@ -206,7 +208,13 @@ def shuffled_batch_stream(
     epoch : int, default 0
         Mixed into the seed: each epoch of a seed has its own order.
     memory_budget : int, default 1 GiB
-        Exact shuffle only: bytes the windows in flight may occupy.
+        Exact shuffle only: bytes of samples the stream may hold at once.
+        The ``prefetch + 1`` windows alive at once share it, so a window
+        holds ``memory_budget / (prefetch + 1)`` bytes of samples and the
+        data is decoded about ``dataset bytes / window bytes`` times per
+        epoch (``stream.summary().read_amplification`` tells before reading;
+        ``prefetch=0`` gives the fewest reads).  Decoding adds about 1/16 of
+        a window; the allocator may keep more (``docs/benchmarks.md``).
     prefetch, client, timeout
         As for :func:`batch_stream`.
     """
