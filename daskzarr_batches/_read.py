@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,46 +79,100 @@ def read_window(
     The result holds the window's samples in ascending sample order (see
     :func:`window_graph`).
 
-    Consecutive chunks are read with one slice (a *run*); runs are decoded
-    concurrently in groups of at most ``group_bytes`` decoded bytes (at least
-    one chunk), and only the rows ``take`` of each chunk are kept.  When the
-    window keeps only some rows of its chunks (exact shuffle), a group is also
-    at most a sixteenth of the window (but at least one chunk), so decoding
-    adds about 1/16 to the window's memory.  A failure is retried chunk by chunk
-    so that the error names the chunk that fails.
+    Consecutive chunks are read with one slice (a *run*).  Zarr arrays read
+    their runs concurrently on Zarr's event loop, each run's rows ``take``
+    copied into place as soon as it is decoded, while the runs in flight hold
+    at most ``DECODE_GROUP_BYTES`` of decoded chunks (at least one run).  When
+    the window keeps only some rows of its chunks (exact shuffle), that limit
+    is also at most ``max(window / 16, one chunk per CPU)``, so decoding adds
+    little to the window's memory.  A failure is retried run by run, chunk by
+    chunk, so that the error names the chunk that fails.
     """
     if not pieces:
         return np.asarray(array[0:0])
-    group_bytes = DECODE_GROUP_BYTES
-    if not all(_keeps_all(piece) for piece in pieces):
-        largest = max(piece.rows for piece in pieces) * row_bytes
-        group_bytes = min(group_bytes, max(size * row_bytes // 16, largest))
-    runs = _runs(pieces, max(group_bytes // max(row_bytes, 1), 1))
+    largest = max(piece.rows for piece in pieces)
+    limit_rows = DECODE_GROUP_BYTES // max(row_bytes, 1)
+    partial = not all(_keeps_all(piece) for piece in pieces)
+    if partial:
+        limit_rows = min(limit_rows, max(size // 16, largest * (os.cpu_count() or 1)))
+    limit_rows = max(limit_rows, largest)
+    runs = _runs(pieces, limit_rows)
     if len(runs) == 1 and _is_whole(runs[0], size):
         (run,) = runs
         return _owned_slab(array, name, run, run[0].start, run[-1].stop)
-    out: np.ndarray | None = None
-    filled = 0
-    for group in _groups(runs, max(group_bytes // max(row_bytes, 1), 1)):
-        spans = [(run[0].start, run[-1].stop) for run in group]
+    out = np.empty((size, *array.shape[1:]), dtype=np.dtype(array.dtype))
+    starts = np.cumsum([0] + [sum(_taken(p) for p in run) for run in runs]).tolist()
+
+    def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int) -> None:
+        lo = run[0].start
+        for piece in run:
+            local = piece.start - lo
+            rows = slab[local : local + piece.rows][piece.take]
+            out[at : at + len(rows)] = rows
+            at += len(rows)
+
+    inner = getattr(array, "_async_array", None)
+    if inner is not None and len(runs) > 1:
         try:
-            slabs = _read_spans(array, spans)
+            _read_runs_concurrently(inner, runs, starts, place, limit_rows, streaming=partial)
+            return out
         except Exception:
-            slabs = [
-                _owned_slab(array, name, run, lo, hi)
-                for run, (lo, hi) in zip(group, spans, strict=True)
-            ]
-        for run, (lo, _), slab in zip(group, spans, slabs, strict=True):
-            if out is None:
-                out = np.empty((size, *slab.shape[1:]), dtype=slab.dtype)
-            for piece in run:
-                local = piece.start - lo
-                rows = slab[local : local + piece.rows][piece.take]
-                out[filled : filled + len(rows)] = rows
-                filled += len(rows)
-        del slabs
-    assert out is not None and filled == size
+            pass  # read again run by run below, so the error names its chunk
+    for run, at in zip(runs, starts, strict=False):
+        place(run, _owned_slab(array, name, run, run[0].start, run[-1].stop), at)
     return out
+
+
+def _taken(piece: ChunkPiece) -> int:
+    take = piece.take
+    return len(range(piece.rows)[take]) if isinstance(take, slice) else len(take)
+
+
+def _read_runs_concurrently(
+    inner: Any,
+    runs: Sequence[Sequence[ChunkPiece]],
+    starts: Sequence[int],
+    place: Any,
+    limit_rows: int,
+    streaming: bool,
+) -> None:
+    """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
+
+    ``streaming``: place each run's rows as it arrives (on the event loop) to
+    free its decoded chunks at once; else place them all afterwards on this
+    thread, which measured faster when every row is kept (a full copy per run
+    would otherwise hold up the loop).
+    """
+    from zarr.core.sync import sync
+
+    arrived: list[tuple[Sequence[ChunkPiece], np.ndarray, int]] = []
+
+    async def read_all() -> None:
+        ready = asyncio.Condition()
+        in_flight = 0
+
+        async def one(run: Sequence[ChunkPiece], at: int) -> None:
+            nonlocal in_flight
+            rows = run[-1].stop - run[0].start
+            async with ready:
+                await ready.wait_for(lambda: in_flight == 0 or in_flight + rows <= limit_rows)
+                in_flight += rows
+            try:
+                slab = await inner.getitem((slice(run[0].start, run[-1].stop),))
+                if streaming:
+                    place(run, np.asarray(slab), at)
+                else:
+                    arrived.append((run, np.asarray(slab), at))
+            finally:
+                async with ready:
+                    in_flight -= rows
+                    ready.notify_all()
+
+        await asyncio.gather(*(one(run, at) for run, at in zip(runs, starts, strict=False)))
+
+    sync(read_all())
+    for run, slab, at in arrived:
+        place(run, slab, at)
 
 
 def _runs(pieces: Sequence[ChunkPiece], max_rows: int) -> list[list[ChunkPiece]]:
@@ -149,32 +204,6 @@ def _is_whole(run: Sequence[ChunkPiece], size: int) -> bool:
 def _keeps_all(piece: ChunkPiece) -> bool:
     """Whether the window keeps every row of the chunk, in chunk order."""
     return isinstance(piece.take, slice) and piece.take == slice(0, piece.rows)
-
-
-def _groups(runs: list[list[ChunkPiece]], max_rows: int) -> list[list[list[ChunkPiece]]]:
-    groups: list[list[list[ChunkPiece]]] = []
-    rows = max_rows
-    for run in runs:
-        run_rows = run[-1].stop - run[0].start
-        if rows + run_rows > max_rows:
-            groups.append([])
-            rows = 0
-        groups[-1].append(run)
-        rows += run_rows
-    return groups
-
-
-def _read_spans(array: Any, spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
-    """Rows ``lo:hi`` for each span; Zarr arrays decode the spans concurrently."""
-    inner = getattr(array, "_async_array", None)
-    if inner is None or len(spans) == 1:
-        return [np.asarray(array[lo:hi]) for lo, hi in spans]
-    from zarr.core.sync import sync
-
-    async def read_all() -> list[Any]:
-        return await asyncio.gather(*(inner.getitem((slice(lo, hi),)) for lo, hi in spans))
-
-    return [np.asarray(slab) for slab in sync(read_all())]
 
 
 def _owned_slab(array: Any, name: str, run: Sequence[ChunkPiece], lo: int, hi: int) -> np.ndarray:
@@ -275,17 +304,12 @@ def window_graph(
             key = (f"dzb-read-{token}", window.index, position, piece.chunk)
             source.add_rows_task(dsk, key, piece.chunk, piece.start, piece.stop, piece.take)
             piece_keys.append(key)
-        bounds = np.cumsum([0] + [_count(piece) for piece in pieces]).tolist()
+        bounds = np.cumsum([0] + [_taken(piece) for piece in pieces]).tolist()
         dests = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
         dsk[out_key] = (gather, window.size, dests, piece_keys)
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
-
-
-def _count(piece: ChunkPiece) -> int:
-    take = piece.take
-    return len(range(piece.rows)[take]) if isinstance(take, slice) else len(take)
 
 
 def count_tasks(sources: Sequence[Source], window: Window) -> int:
