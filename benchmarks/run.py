@@ -864,7 +864,7 @@ def write_outputs(
     for r in results.values():
         star = " *" if r.extrapolated else ""
         lines.append(
-            f"| {r.name}{star} | {r.mb_s:,.1f} | {r.samples_s:,.0f} | "
+            f"| {r.name}{star} | {r.mb_s:,.1f} | {f'{r.samples_s:,.0f}' if r.samples else '-'} | "
             f"{r.mb_s / ref.mb_s:.3g}x | {r.amplification:.2f} | {r.rss_growth / MiB:.0f} |"
         )
     lines += ["", "## Targets (issue 3)", "", "| target | measured | result |", "|---|---|---|"]
@@ -964,8 +964,10 @@ def chart(path: Path, results: dict[str, Result], ref: Result) -> None:
     ax.set_xscale("log")
     ax.axvline(ref.mb_s, color="black", lw=0.8, ls="--")
     for y, r in zip(ys, items, strict=True):
-        ax.text(r.mb_s * 1.05, y, f"{r.mb_s:.3g}", va="center", fontsize=7)
-    ax.set_xlabel("MB/s (log scale); dashed: L0")
+        label = f"{r.mb_s:,.0f}" if r.mb_s >= 10 else f"{r.mb_s:.2g}"
+        ax.text(r.mb_s * 1.05, y, f"{label} ({r.mb_s / ref.mb_s:.2g}x)", va="center", fontsize=7)
+    ax.set_xlabel("MB/s (log scale), (ratio vs L0); dashed: L0")
+    ax.set_xlim(right=max(r.mb_s for r in items) * 6)
     ax.set_title("daskzarr_batches vs zarr, dask and peers (same run)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -998,7 +1000,7 @@ def main(argv: list[str] | None = None) -> None:
     args.rows = args.rows or rows
     args.cols = args.cols or cols
     args.chunk_rows = args.chunk_rows or chunk_rows
-    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.repeats = args.repeats or (2 if args.quick else 5)
     run_suite(args)
 
 
