@@ -369,7 +369,10 @@ class _Batcher:
             if index is None:
                 return tuple(part[start:stop].copy() for part in outputs)
             where = index[start:stop]
-            return tuple(part[where] for part in outputs)
+            # np.take copies whole rows of a 2-d+ array faster than fancy indexing
+            return tuple(
+                np.take(part, where, axis=0) if part.ndim > 1 else part[where] for part in outputs
+            )
 
         size = len(outputs[0])
         position = 0
