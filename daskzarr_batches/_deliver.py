@@ -150,10 +150,22 @@ def resolve_client(client: Any) -> Any | None:
     return active if isinstance(active, distributed.Client) else None
 
 
-def make_runner(client: Any | None, in_flight: int) -> ThreadRunner | ClientRunner:
-    """A runner on ``client``, or on the local threaded scheduler if ``None``."""
+def make_runner(
+    client: Any | None, in_flight: int, read_workers: int | None = None
+) -> ThreadRunner | ClientRunner:
+    """A runner on ``client``, or on the local threaded scheduler if ``None``.
+
+    ``read_workers``: threads running read tasks locally (default: one per
+    CPU, at least ``in_flight``).  Streams whose windows are one task per
+    array, each decoding its chunks concurrently inside Zarr, pass two per
+    array: two windows are read at a time, in order, instead of all windows in
+    flight at once sharing the cores, so the first window is ready early and
+    the consumer's work overlaps the reads.  Measured, sequential, 1M x 64
+    float32, median of 4 interleaved rounds vs L0: 1.57x with two windows at
+    a time, 1.24x with one, 0.91x with all three of prefetch 2.
+    """
     if client is None:
-        workers = max(os.cpu_count() or 1, in_flight)
+        workers = read_workers or max(os.cpu_count() or 1, in_flight)
         return ThreadRunner(in_flight, workers)
     return ClientRunner(client)
 

@@ -13,7 +13,7 @@ from ._errors import ArgumentValueError, LengthMismatchError
 from ._plan import EpochPlan, PlanSummary, ShuffleMode, chunk_offsets
 from ._plan import count_batches as _count
 from ._read import count_tasks
-from ._sources import Source, as_source
+from ._sources import SliceSource, Source, as_source
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -405,12 +405,19 @@ def _stream(
         memory_budget=memory_budget,
     )
     wait = check.optional_timeout(timeout)
+    # One task per array and window (SliceSource), each decoding its chunks
+    # concurrently inside Zarr: read two windows at a time, in order.
+    one_task_each = all(isinstance(source, SliceSource) for source in sources)
     return BatchStream(
         sources,
         plan,
         paired=len(sources) > 1,
         prefetch=ahead,
-        runner=make_runner(resolve_client(client), in_flight=ahead + 1),
+        runner=make_runner(
+            resolve_client(client),
+            in_flight=ahead + 1,
+            read_workers=2 * len(sources) if one_task_each else None,
+        ),
         timeout=wait,
         seed=seed_value,
     )
