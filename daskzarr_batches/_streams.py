@@ -31,7 +31,7 @@ __all__ = [
 #: Windows computed ahead of the one being consumed.
 DEFAULT_PREFETCH = 2
 #: Target decoded bytes of one sequential window (rounded to whole chunks).
-DEFAULT_WINDOW_BYTES = 64 * 2**20
+DEFAULT_WINDOW_BYTES = 32 * 2**20
 #: Memory an exact shuffle may use for windows in flight (bytes).
 DEFAULT_MEMORY_BUDGET = 2**30
 
@@ -137,11 +137,11 @@ def batch_stream(
     prefetch : int, default 2
         Windows computed ahead of the one being consumed (0: compute on
         demand).  About ``prefetch + 1`` windows are held at once.
-    window_bytes : int, default 64 MiB
+    window_bytes : int, default 32 MiB
         Target decoded size of one window of work (rounded to whole chunks;
         at least one chunk).  A window's consecutive chunks are read with one
-        Zarr call, which decodes them concurrently; windows of 32-128 MiB
-        measured fastest (``docs/benchmarks.md``).
+        Zarr call, which decodes them concurrently; windows of 16-64 MiB
+        measured equally fast, 8 and 128 MiB slower (``docs/benchmarks.md``).
     client : distributed.Client, optional
         Compute windows on this cluster.  Default: a ``distributed`` client if
         dask's configuration points at one, else the local threaded scheduler.
