@@ -26,7 +26,7 @@ from ._errors import (
     WindowTimeoutError,
 )
 from ._mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
-from ._plan import ChunkPiece, EpochPlan, Window
+from ._plan import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
 from ._sources import open_array
 from ._streams import (
     batch_stream,
@@ -34,6 +34,7 @@ from ._streams import (
     count_batches,
     paired_batch_stream,
     paired_shuffled_batch_stream,
+    plan_epoch,
     shuffled_batch_stream,
 )
 
@@ -51,10 +52,12 @@ __all__ = [
     "EpochPlan",
     "LengthMismatchError",
     "Moments",
+    "PlanSummary",
     "Stream",
     "StreamStats",
     "Window",
     "WindowError",
+    "WindowSummary",
     "WindowTimeoutError",
     "__version__",
     "batch_stream",
@@ -65,6 +68,7 @@ __all__ = [
     "open_array",
     "paired_batch_stream",
     "paired_shuffled_batch_stream",
+    "plan_epoch",
     "reduce_chunks",
     "shuffled_batch_stream",
 ]

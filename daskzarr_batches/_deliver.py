@@ -29,8 +29,8 @@ import numpy as np
 import zarr.storage
 
 from ._errors import ArgumentTypeError, ChunkReadError, WindowError, WindowTimeoutError
-from ._plan import EpochPlan, Window
-from ._read import block_graph, window_graph
+from ._plan import EpochPlan, PlanSummary, Window
+from ._read import block_graph, count_tasks, window_graph
 from ._sources import Key, SliceSource, Source
 
 __all__ = [
@@ -234,10 +234,22 @@ def resolve_client(client: Any) -> Any | None:
     return active if isinstance(active, distributed.Client) else None
 
 
-def make_runner(client: Any | None, in_flight: int) -> ThreadRunner | ClientRunner:
-    """A runner on ``client``, or on the local threaded scheduler if ``None``."""
+def make_runner(
+    client: Any | None, in_flight: int, read_workers: int | None = None
+) -> ThreadRunner | ClientRunner:
+    """A runner on ``client``, or on the local threaded scheduler if ``None``.
+
+    ``read_workers``: threads running read tasks locally (default: one per
+    CPU, at least ``in_flight``).  Streams whose windows are one task per
+    array, each decoding its chunks concurrently inside Zarr, pass two per
+    array: two windows are read at a time, in order, instead of all windows in
+    flight at once sharing the cores, so the first window is ready early and
+    the consumer's work overlaps the reads.  Measured, sequential, 1M x 64
+    float32, median of 4 interleaved rounds vs L0: 1.57x with two windows at
+    a time, 1.24x with one, 0.91x with all three of prefetch 2.
+    """
     if client is None:
-        workers = max(os.cpu_count() or 1, in_flight)
+        workers = read_workers or max(os.cpu_count() or 1, in_flight)
         return ThreadRunner(in_flight, workers)
     return ClientRunner(client)
 
@@ -428,14 +440,28 @@ class BatchStream(Stream[Any]):
                 del future
                 self._count_reads(window)
                 top_up(self._prefetch)
-                for batch in batcher.feed(outputs):
+                for batch in batcher.feed(outputs, window.gather_index()):
                     yield self._deliver(batch)
+                del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
             rest = batcher.finish()
             if rest is not None and not self.plan.drop_remainder:
                 yield self._deliver(rest)
         finally:
             self._release(future for _, future in in_flight)
             in_flight.clear()
+
+    def summary(self) -> PlanSummary:
+        """The epoch's plan in numbers, per window and in total; reads nothing.
+
+        Returns
+        -------
+        PlanSummary
+            Chunks read, decoded bytes, bytes held, samples, batches and dask
+            tasks per window; read amplification, peak window bytes and task
+            count for the epoch.  About ``prefetch + 1`` windows are held at
+            once.
+        """
+        return self.plan.summary(task_count=lambda w: count_tasks(self._sources, w))
 
     def _describe(self, window: Window) -> str:
         batches = window.batch_range(self.plan.batch_size)
@@ -465,7 +491,9 @@ class _Batcher:
     """Cuts a stream of window outputs into batches of ``batch_size`` rows.
 
     Batches are copies (the caller owns them); rows left over at the end of
-    a window are carried into the next window's first batch.
+    a window are carried into the next window's first batch.  Window outputs
+    hold rows in ascending sample order; ``index`` (``Window.gather_index``)
+    puts them in plan order as each batch is copied out.
     """
 
     def __init__(self, batch_size: int) -> None:
@@ -473,22 +501,34 @@ class _Batcher:
         self._carry: list[tuple[np.ndarray, ...]] = []
         self._carried = 0
 
-    def feed(self, outputs: tuple[np.ndarray, ...]) -> Iterator[tuple[np.ndarray, ...]]:
+    def feed(
+        self, outputs: tuple[np.ndarray, ...], index: np.ndarray | None = None
+    ) -> Iterator[tuple[np.ndarray, ...]]:
+        def rows(start: int, stop: int) -> tuple[np.ndarray, ...]:
+            # A copy either way: a fancy index copies, a slice is copied.
+            if index is None:
+                return tuple(part[start:stop].copy() for part in outputs)
+            where = index[start:stop]
+            # np.take copies whole rows of a 2-d+ array faster than fancy indexing
+            return tuple(
+                np.take(part, where, axis=0) if part.ndim > 1 else part[where] for part in outputs
+            )
+
         size = len(outputs[0])
         position = 0
         if self._carry:
             position = min(self._size - self._carried, size)
-            self._carry.append(tuple(part[:position] for part in outputs))
+            self._carry.append(rows(0, position))
             self._carried += position
             if self._carried == self._size:
                 batch = self._join()
                 yield batch
         while size - position >= self._size:
             end = position + self._size
-            yield tuple(part[position:end].copy() for part in outputs)
+            yield rows(position, end)
             position = end
         if position < size:
-            self._carry.append(tuple(part[position:].copy() for part in outputs))
+            self._carry.append(rows(position, size))
             self._carried += size - position
 
     def _join(self) -> tuple[np.ndarray, ...]:

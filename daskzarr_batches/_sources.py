@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +193,16 @@ class Source:
         """Add task ``key`` computing the stored block ``block``."""
         raise NotImplementedError
 
+    def add_window_task(
+        self, dsk: dict[Key, Any], key: Key, size: int, pieces: Sequence[Any]
+    ) -> bool:
+        """Add one task ``key`` reading a whole window, if this source can.
+
+        Returns ``False`` when the window must be built from one task per
+        chunk (:meth:`add_rows_task`) and a gather.
+        """
+        return False
+
 
 @dataclass(frozen=True)
 class SliceSource(Source):
@@ -218,6 +228,17 @@ class SliceSource(Source):
 
         dsk[self._array_key] = self.array
         dsk[key] = (read_block, self._array_key, self.name, block, self.block_slices(block))
+
+    def add_window_task(
+        self, dsk: dict[Key, Any], key: Key, size: int, pieces: Sequence[Any]
+    ) -> bool:
+        from ._read import read_window
+
+        if not pieces:
+            return False
+        dsk[self._array_key] = self.array
+        dsk[key] = (read_window, self._array_key, self.name, size, self.row_bytes, tuple(pieces))
+        return True
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ import numpy as np
 
 from . import _arguments as check
 from ._deliver import BatchStream, ChunkStream, make_runner, resolve_client
-from ._errors import LengthMismatchError
-from ._plan import EpochPlan, ShuffleMode, chunk_offsets
+from ._errors import ArgumentValueError, LengthMismatchError
+from ._plan import EpochPlan, PlanSummary, ShuffleMode, chunk_offsets
 from ._plan import count_batches as _count
-from ._sources import Source, as_source
+from ._read import count_tasks
+from ._sources import SliceSource, Source, as_source
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -24,13 +25,14 @@ __all__ = [
     "count_batches",
     "paired_batch_stream",
     "paired_shuffled_batch_stream",
+    "plan_epoch",
     "shuffled_batch_stream",
 ]
 
 #: Windows computed ahead of the one being consumed.
 DEFAULT_PREFETCH = 2
 #: Target decoded bytes of one sequential window (rounded to whole chunks).
-DEFAULT_WINDOW_BYTES = 64 * 2**20
+DEFAULT_WINDOW_BYTES = 32 * 2**20
 #: Memory an exact shuffle may use for windows in flight (bytes).
 DEFAULT_MEMORY_BUDGET = 2**30
 
@@ -157,10 +159,12 @@ def batch_stream(
         Drop the short last batch instead of yielding it.
     prefetch : int, default 2
         Windows computed ahead of the one being consumed (0: compute on
-        demand).
-    window_bytes : int, default 64 MiB
+        demand).  About ``prefetch + 1`` windows are held at once.
+    window_bytes : int, default 32 MiB
         Target decoded size of one window of work (rounded to whole chunks;
-        at least one chunk).
+        at least one chunk).  A window's consecutive chunks are read with one
+        Zarr call, which decodes them concurrently; windows of 16-64 MiB
+        measured equally fast, 8 and 128 MiB slower (``docs/benchmarks.md``).
     client : distributed.Client, optional
         Compute windows on this cluster.  Default: a ``distributed`` client if
         dask's configuration points at one, else the local threaded scheduler.
@@ -227,7 +231,13 @@ def shuffled_batch_stream(
     epoch : int, default 0
         Mixed into the seed: each epoch of a seed has its own order.
     memory_budget : int, default 1 GiB
-        Exact shuffle only: bytes the windows in flight may occupy.
+        Exact shuffle only: bytes of samples the stream may hold at once.
+        The ``prefetch + 1`` windows alive at once share it, so a window
+        holds ``memory_budget / (prefetch + 1)`` bytes of samples and the
+        data is decoded about ``dataset bytes / window bytes`` times per
+        epoch (``stream.summary().read_amplification`` tells before reading;
+        ``prefetch=0`` gives the fewest reads).  Decoding adds about 1/16 of
+        a window; the allocator may keep more (``docs/benchmarks.md``).
     prefetch, client, timeout
         As for :func:`batch_stream`.
     """
@@ -311,6 +321,81 @@ def paired_shuffled_batch_stream(
     )
 
 
+def plan_epoch(
+    array: Any,
+    batch_size: int,
+    *,
+    labels: Any = None,
+    shuffle: bool = False,
+    seed: int | None = None,
+    shuffle_buffer_size: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    prefetch: int = DEFAULT_PREFETCH,
+    drop_remainder: bool = False,
+    epoch: int = 0,
+) -> PlanSummary:
+    """What an epoch would read and yield, without reading any data.
+
+    Takes the arguments of the stream constructors and returns the plan the
+    matching stream would follow (``stream.summary()`` gives the same for a
+    stream that exists).  Use it to choose a shuffle buffer or a memory
+    budget before a long run.
+
+    Parameters
+    ----------
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+        Samples along axis 0 (the features of a paired stream).
+    batch_size : int
+        Samples per batch.
+    labels : array, optional
+        Second array of a paired stream.
+    shuffle : bool, default False
+        ``False``: the plan of :func:`batch_stream` (``window_bytes``);
+        ``True``: that of :func:`shuffled_batch_stream` (``seed``,
+        ``shuffle_buffer_size``, ``memory_budget``).
+    seed, shuffle_buffer_size, memory_budget, window_bytes, prefetch, \
+drop_remainder, epoch
+        As for the stream constructors.  ``prefetch`` matters to the exact
+        shuffle, whose windows share ``memory_budget`` with the windows
+        prefetched.  With ``seed=None`` the shuffle order is a random draw.
+
+    Returns
+    -------
+    PlanSummary
+        Per window: samples, batches, chunks read, decoded bytes, bytes held,
+        dask tasks; for the epoch: read amplification, peak window bytes,
+        number of dask tasks.  ``print()`` it for a table.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.zeros((10_000, 4), dtype="f4")
+    >>> plan = plan_epoch(x, 100, shuffle=True, seed=0, memory_budget=40_000, prefetch=0)
+    >>> plan.n_windows, round(plan.read_amplification, 1)
+    (4, 4.0)
+    """
+    if not shuffle and (shuffle_buffer_size is not None or seed is not None):
+        raise ArgumentValueError(
+            f"shuffle=False but seed={seed!r} / shuffle_buffer_size={shuffle_buffer_size!r} "
+            "were given; pass shuffle=True for a shuffled plan"
+        )
+    arrays = (array,) if labels is None else (array, labels)
+    sources, plan, _, _ = _plan(
+        arrays,
+        batch_size,
+        shuffle=_mode(shuffle_buffer_size) if check.flag("shuffle", shuffle) else "none",
+        drop_remainder=drop_remainder,
+        prefetch=prefetch,
+        seed=seed,
+        shuffle_buffer_size=shuffle_buffer_size,
+        epoch=epoch,
+        window_bytes=window_bytes,
+        memory_budget=memory_budget,
+    )
+    return plan.summary(task_count=lambda window: count_tasks(sources, window))
+
+
 def _mode(shuffle_buffer_size: object) -> ShuffleMode:
     return "exact" if shuffle_buffer_size is None else "buffer"
 
@@ -330,13 +415,57 @@ def _stream(
     window_bytes: object = DEFAULT_WINDOW_BYTES,
     memory_budget: object = DEFAULT_MEMORY_BUDGET,
 ) -> BatchStream:
+    sources, plan, ahead, seed_value = _plan(
+        arrays,
+        batch_size,
+        shuffle=shuffle,
+        drop_remainder=drop_remainder,
+        prefetch=prefetch,
+        seed=seed,
+        shuffle_buffer_size=shuffle_buffer_size,
+        epoch=epoch,
+        window_bytes=window_bytes,
+        memory_budget=memory_budget,
+    )
+    wait = check.optional_timeout(timeout)
+    # One task per array and window (SliceSource), each decoding its chunks
+    # concurrently inside Zarr: read two windows at a time, in order.
+    one_task_each = all(isinstance(source, SliceSource) for source in sources)
+    return BatchStream(
+        sources,
+        plan,
+        paired=len(sources) > 1,
+        prefetch=ahead,
+        runner=make_runner(
+            resolve_client(client),
+            in_flight=ahead + 1,
+            read_workers=2 * len(sources) if one_task_each else None,
+        ),
+        timeout=wait,
+        seed=seed_value,
+    )
+
+
+def _plan(
+    arrays: tuple[Any, ...],
+    batch_size: object,
+    *,
+    shuffle: ShuffleMode,
+    drop_remainder: object,
+    prefetch: object,
+    seed: object,
+    shuffle_buffer_size: object,
+    epoch: object,
+    window_bytes: object,
+    memory_budget: object,
+) -> tuple[list[Source], EpochPlan, int, int | None]:
+    """Validate arguments and plan the epoch: (sources, plan, prefetch, seed)."""
     roles = ("array",) if len(arrays) == 1 else ("features", "labels")
     sources = [as_source(array, role) for array, role in zip(arrays, roles, strict=True)]
     _check_lengths(sources, roles)
     size = check.positive_int("batch_size", batch_size)
     drop = check.flag("drop_remainder", drop_remainder)
     ahead = check.non_negative_int("prefetch", prefetch)
-    wait = check.optional_timeout(timeout)
     epoch_number = check.non_negative_int("epoch", epoch)
     seed_value = check.seed_value(seed)
     row_bytes = max(sum(source.row_bytes for source in sources), 1)
@@ -344,9 +473,9 @@ def _stream(
         window_rows = check.positive_int("shuffle_buffer_size", shuffle_buffer_size)
     elif shuffle == "exact":
         budget = check.positive_int("memory_budget", memory_budget)
-        # A window in flight holds its gathered rows and the pieces they come
-        # from (2x); prefetch + 1 windows may be alive at once.
-        window_rows = max(1, budget // (2 * row_bytes * (ahead + 1)))
+        # prefetch + 1 windows are alive at once, each holding its samples;
+        # decoding adds about 1/16 of a window (see _read.read_window).
+        window_rows = max(1, budget // (row_bytes * (ahead + 1)))
     else:
         window_rows = max(1, check.positive_int("window_bytes", window_bytes) // row_bytes)
     if shuffle != "none" and seed_value is None:
@@ -360,16 +489,9 @@ def _stream(
         window_rows=window_rows,
         seed=seed_value or 0,
         epoch=epoch_number,
+        row_bytes=tuple(source.row_bytes for source in sources),
     )
-    return BatchStream(
-        sources,
-        plan,
-        paired=len(sources) > 1,
-        prefetch=ahead,
-        runner=make_runner(resolve_client(client), in_flight=ahead + 1),
-        timeout=wait,
-        seed=seed_value,
-    )
+    return sources, plan, ahead, seed_value
 
 
 def _check_lengths(sources: list[Source], roles: tuple[str, ...]) -> None:

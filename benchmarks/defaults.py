@@ -1,0 +1,73 @@
+"""Measure sequential window size x prefetch, to choose the stream defaults.
+
+Run from the repository root after ``benchmarks/run.py`` made the dataset::
+
+    python benchmarks/defaults.py [--rows 1000000 --cols 64 --chunk-rows 8192]
+
+Every combination and L0 run in interleaved rounds (best kept); the table goes to
+``benchmarks/results/defaults.md`` as ratios against L0 measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from run import drain, l0, make_dataset  # noqa: E402
+
+import daskzarr_batches as dzb  # noqa: E402
+
+WINDOW_MIB = (8, 16, 32, 64, 128)
+PREFETCH = (0, 1, 2, 4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--cols", type=int, default=64)
+    parser.add_argument("--chunk-rows", type=int, default=8192)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+    ds = make_dataset(ROOT / "benchmarks" / "data", args.rows, args.cols, args.chunk_rows)
+    x = ds.features
+    cases = {"L0": lambda: l0(x)}
+    for mib in WINDOW_MIB:
+        for prefetch in PREFETCH:
+            cases[f"{mib} MiB / prefetch {prefetch}"] = lambda m=mib, p=prefetch: drain(
+                dzb.batch_stream(x, 256, window_bytes=m * 2**20, prefetch=p)
+            )
+    best: dict[str, float] = {}
+    for _ in range(args.rounds):
+        for name, run in cases.items():
+            started = time.perf_counter()
+            run()
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - started)
+    ref = best["L0"]
+    lines = [
+        "# Sequential window size x prefetch (batch 256), ratio vs L0",
+        "",
+        f"`python benchmarks/defaults.py` on {ds.rows:,} x {ds.cols} float32, "
+        f"{ds.chunk_rows}-row chunks; L0 = {ds.feature_bytes / ref / 1e6:.0f} MB/s; "
+        f"best of {args.rounds} interleaved rounds.",
+        "",
+        "| window | " + " | ".join(f"prefetch {p}" for p in PREFETCH) + " |",
+        "|---|" + "---:|" * len(PREFETCH),
+    ]
+    for mib in WINDOW_MIB:
+        cells = [f"{ref / best[f'{mib} MiB / prefetch {p}']:.2f}x" for p in PREFETCH]
+        lines.append(f"| {mib} MiB | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "defaults.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

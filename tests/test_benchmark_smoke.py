@@ -1,0 +1,42 @@
+"""The benchmark runs end to end in quick mode on a tiny dataset."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(120)
+def test_benchmark_quick_mode(tmp_path: Path) -> None:
+    for peer in ("xbatcher", "torch"):
+        if importlib.util.find_spec(peer) is None:
+            print(f"{peer} is not installed: the benchmark skips it (pip install .[bench])")
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "run.py"),
+        "--quick",
+        "--rows", "16384",
+        "--cols", "16",
+        "--chunk-rows", "1024",
+        "--repeats", "1",
+        "--out", str(tmp_path / "results"),
+        "--data", str(tmp_path / "data"),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=110, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for line in done.stdout.splitlines():
+        if "skipping" in line:
+            print(line)
+    report = (tmp_path / "results" / "results.md").read_text()
+    assert "| L0: zarr chunk-aligned, 1 thread |" in report
+    assert "sequential, batch 256" in report and "exact shuffle" in report
+    assert "## Targets" in report and ("PASS" in report or "MISS" in report)
+    assert "## Shuffle quality" in report
+    assert (tmp_path / "results" / "throughput.png").stat().st_size > 1000
+    assert "ratios vs L0" in done.stdout
