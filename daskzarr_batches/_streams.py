@@ -199,7 +199,7 @@ def shuffled_batch_stream(
     drop_remainder: bool = False,
     epoch: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    prefetch: int = DEFAULT_PREFETCH,
+    prefetch: int | None = None,
     client: Any = None,
     timeout: float | None = None,
 ) -> BatchStream:
@@ -236,9 +236,14 @@ def shuffled_batch_stream(
         holds ``memory_budget / (prefetch + 1)`` bytes of samples and the
         data is decoded about ``dataset bytes / window bytes`` times per
         epoch (``stream.summary().read_amplification`` tells before reading;
-        ``prefetch=0`` gives the fewest reads).  Decoding adds about 1/16 of
-        a window; the allocator may keep more (``docs/benchmarks.md``).
-    prefetch, client, timeout
+        ``prefetch=0``, the exact shuffle's default, gives the fewest reads).
+        Decoding adds about 1/16 of a window; the allocator may keep more
+        (``docs/benchmarks.md``).
+    prefetch : int, optional
+        Windows computed ahead of the one being consumed.  Default: 2 with a
+        shuffle buffer; 0 for the exact shuffle, whose windows would
+        otherwise split ``memory_budget`` and multiply the reads.
+    client, timeout
         As for :func:`batch_stream`.
     """
     return _stream(
@@ -296,7 +301,7 @@ def paired_shuffled_batch_stream(
     drop_remainder: bool = False,
     epoch: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    prefetch: int = DEFAULT_PREFETCH,
+    prefetch: int | None = None,
     client: Any = None,
     timeout: float | None = None,
 ) -> BatchStream:
@@ -331,7 +336,7 @@ def plan_epoch(
     shuffle_buffer_size: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     window_bytes: int = DEFAULT_WINDOW_BYTES,
-    prefetch: int = DEFAULT_PREFETCH,
+    prefetch: int | None = None,
     drop_remainder: bool = False,
     epoch: int = 0,
 ) -> PlanSummary:
@@ -465,7 +470,7 @@ def _plan(
     _check_lengths(sources, roles)
     size = check.positive_int("batch_size", batch_size)
     drop = check.flag("drop_remainder", drop_remainder)
-    ahead = check.non_negative_int("prefetch", prefetch)
+    ahead = _prefetch(prefetch, shuffle)
     epoch_number = check.non_negative_int("epoch", epoch)
     seed_value = check.seed_value(seed)
     row_bytes = max(sum(source.row_bytes for source in sources), 1)
@@ -492,6 +497,20 @@ def _plan(
         row_bytes=tuple(source.row_bytes for source in sources),
     )
     return sources, plan, ahead, seed_value
+
+
+def _prefetch(prefetch: object, shuffle: ShuffleMode) -> int:
+    """Validate ``prefetch``; ``None`` picks the default of the shuffle mode.
+
+    An exact shuffle spends ``memory_budget`` on windows, and each window in
+    flight divides it: measured at a quarter-dataset budget, prefetch 0 reads
+    the data 4 times at 0.28x L0, prefetch 2 reads it 12 times at 0.13x L0
+    (docs/benchmarks.md).  So the exact shuffle prefetches nothing by default
+    and the other modes prefetch ``DEFAULT_PREFETCH`` windows.
+    """
+    if prefetch is None:
+        return 0 if shuffle == "exact" else DEFAULT_PREFETCH
+    return check.non_negative_int("prefetch", prefetch)
 
 
 def _check_lengths(sources: list[Source], roles: tuple[str, ...]) -> None:

@@ -103,6 +103,18 @@ def test_quarter_budget_reads_the_data_four_times() -> None:
     assert plan.read_amplification == pytest.approx(8.0)
 
 
+def test_exact_shuffle_spends_the_budget_on_one_window_by_default() -> None:
+    array = da.zeros((10_000, 8), dtype="f4", chunks=(500, 8))
+    budget = 10_000 * 8 * 4 // 4
+    plan = dzb.plan_epoch(array, 100, shuffle=True, seed=0, memory_budget=budget)
+    assert plan.read_amplification == pytest.approx(4.0)
+    exact = dzb.shuffled_batch_stream(array, 100, seed=0, memory_budget=budget)
+    buffered = dzb.shuffled_batch_stream(array, 100, seed=0, shuffle_buffer_size=1000)
+    with exact, buffered:
+        assert exact.summary().read_amplification == pytest.approx(4.0)
+        assert buffered._prefetch == 2  # the buffer prefetches; only exact does not
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_exact_stream_yields_the_planned_order_and_stats(prefetch: int) -> None:
     rng = np.random.default_rng(0)
