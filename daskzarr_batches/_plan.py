@@ -99,7 +99,9 @@ class ChunkPiece:
     take : slice or ndarray
         Rows of the chunk to keep, local to the chunk and ascending.
     dest : slice or ndarray
-        Positions of those rows in the window's output.
+        Positions of those rows in the window's plan order (the order its
+        batches are cut in).  The read layer returns rows in ascending sample
+        order; ``Window.gather_index()`` applies the plan order.
     """
 
     chunk: int
