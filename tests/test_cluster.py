@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import zarr
 import zarr.storage
+from scheduler_state import our_tasks
 from zarr.testing.store import LatencyStore
 
 import daskzarr_batches as dzb
@@ -40,20 +41,6 @@ pytestmark = pytest.mark.timeout(120)
 
 # --------------------------------------------------------------------------
 # Helpers
-
-
-def our_tasks(client: Any, settle: float = 5.0) -> list[str]:
-    """Keys of library tasks the scheduler still holds, after releases settle."""
-
-    def keys(dask_scheduler: Any) -> list[str]:
-        return [str(k) for k in dask_scheduler.tasks if "dzb-" in str(k)]
-
-    deadline = time.monotonic() + settle
-    while True:
-        left = client.run_on_scheduler(keys)
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.02)
 
 
 def make_zarr(

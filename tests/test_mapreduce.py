@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scheduler_state import our_tasks
 
 import daskzarr_batches as dzb
 from daskzarr_batches._mapreduce import _PairwiseFold
@@ -23,16 +23,6 @@ from daskzarr_batches._mapreduce import _PairwiseFold
 distributed = pytest.importorskip("distributed")
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def our_tasks(client: Any, settle: float = 5.0) -> list[str]:
-    def keys(dask_scheduler: Any) -> list[str]:
-        return [str(k) for k in dask_scheduler.tasks if "dzb-" in str(k)]
-
-    deadline = time.monotonic() + settle
-    while (left := client.run_on_scheduler(keys)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return left
 
 
 @pytest.fixture(scope="module")
