@@ -136,7 +136,6 @@ class Window:
     position: int
     samples: range | IndexArray
     pieces: tuple[tuple[ChunkPiece, ...], ...]
-    sort_order: IndexArray | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -155,9 +154,16 @@ class Window:
             return None
         if len(self.samples) == 0:
             return None
-        order = self.sort_order if self.sort_order is not None else sorting_order(self.samples)
-        index = np.empty(len(order), dtype=np.int64)
-        index[order] = np.arange(len(order), dtype=np.int64)
+        index = np.empty(self.size, dtype=np.int64)
+        rank = 0
+        for piece in self.pieces[0]:  # ascending chunks, ascending rows in each
+            taken = (
+                len(range(piece.rows)[piece.take])
+                if isinstance(piece.take, slice)
+                else len(piece.take)
+            )
+            index[piece.dest] = np.arange(rank, rank + taken, dtype=np.int64)
+            rank += taken
         return index
 
     def batch_range(self, batch_size: int) -> range:
@@ -225,6 +231,58 @@ def sorting_order(samples: IndexArray) -> IndexArray:
     if len(order) != len(samples):  # repeated ids: fall back to a stable sort
         return np.argsort(samples, kind="stable")
     return order.astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True)
+class _UnitShuffle:
+    """A buffered window as whole units permuted, so its pieces need no sort.
+
+    The window's samples are ``concatenate(ranges of the units)[shuffle]``;
+    ``landing[j]`` is the plan position of row ``j`` of that concatenation.
+    """
+
+    starts: IndexArray  # unit starts, in the window's (permuted) unit order
+    stops: IndexArray
+    landing: IndexArray
+
+    @classmethod
+    def of(cls, starts: IndexArray, stops: IndexArray, shuffle: IndexArray) -> _UnitShuffle:
+        landing = np.empty(len(shuffle), dtype=np.int64)
+        landing[shuffle] = np.arange(len(shuffle), dtype=np.int64)
+        return cls(starts, stops, landing)
+
+    def pieces(self, offsets: IndexArray) -> list[ChunkPiece]:
+        """``pieces_for(samples, offsets)``, read off the unit layout.
+
+        Units are visited in ascending sample order; each overlaps whole
+        chunks or (units between any two boundaries of paired arrays) parts
+        of chunks, which are merged so that a chunk appears once.
+        """
+        at = np.concatenate([[0], np.cumsum(self.stops - self.starts)])
+        spans: dict[int, list[tuple[int, int, int]]] = {}  # chunk -> (lo, hi, at)
+        for unit in np.argsort(self.starts, kind="stable").tolist():
+            lo, hi, where = int(self.starts[unit]), int(self.stops[unit]), int(at[unit])
+            chunk = int(np.searchsorted(offsets, lo, side="right")) - 1
+            while chunk < len(offsets) - 1 and offsets[chunk] < hi:
+                start, stop = int(offsets[chunk]), int(offsets[chunk + 1])
+                if stop > start:
+                    first, end = max(lo, start), min(hi, stop)
+                    spans.setdefault(chunk, []).append((first, end, where + first - lo))
+                chunk += 1
+        pieces = []
+        for chunk, parts in spans.items():  # ascending: units and chunks are
+            start = int(offsets[chunk])
+            if len(parts) == 1:
+                ((first, end, where),) = parts
+                take: Selector = slice(first - start, end - start)
+                dest = self.landing[where : where + end - first]
+            else:
+                take = _as_selector(np.concatenate([np.arange(f, e) - start for f, e, _ in parts]))
+                dest = np.concatenate([self.landing[w : w + e - f] for f, e, w in parts])
+            pieces.append(
+                ChunkPiece(chunk, start, int(offsets[chunk + 1]), take, _as_selector(dest))
+            )
+        return pieces
 
 
 def _pieces_for_range(samples: range, offsets: IndexArray) -> list[ChunkPiece]:
@@ -368,32 +426,37 @@ class EpochPlan:
 
     def windows(self) -> Iterator[Window]:
         """Yield the epoch's windows in delivery order (lazily)."""
-        orders: Iterator[range | IndexArray]
+        orders: Iterator[tuple[range | IndexArray, _UnitShuffle | None]]
         if self.shuffle == "none":
-            orders = self._sequential_orders()
+            orders = ((samples, None) for samples in self._sequential_orders())
         elif self.shuffle == "buffer":
             orders = self._buffered_orders()
         elif self.shuffle == "exact":
-            orders = self._exact_orders()
+            orders = ((samples, None) for samples in self._exact_orders())
         else:  # pragma: no cover - guarded by the public API
             raise ValueError(f"unknown shuffle mode {self.shuffle!r}")
         position = 0
-        for index, samples in enumerate(self._truncate(orders)):
-            order = None if isinstance(samples, range) else sorting_order(samples)
-            pieces = tuple(tuple(pieces_for(samples, off, order)) for off in self.offsets)
-            yield Window(index, position, samples, pieces, order)
+        for index, (samples, units) in enumerate(self._truncate(orders)):
+            if units is not None:
+                pieces = tuple(tuple(units.pieces(off)) for off in self.offsets)
+            else:
+                order = None if isinstance(samples, range) else sorting_order(samples)
+                pieces = tuple(tuple(pieces_for(samples, off, order)) for off in self.offsets)
+            yield Window(index, position, samples, pieces)
             position += len(samples)
 
-    def _truncate(self, orders: Iterator[range | IndexArray]) -> Iterator[range | IndexArray]:
+    def _truncate(
+        self, orders: Iterator[tuple[range | IndexArray, _UnitShuffle | None]]
+    ) -> Iterator[tuple[range | IndexArray, _UnitShuffle | None]]:
         remaining = self.n_used
-        for samples in orders:
+        for samples, units in orders:
             if remaining <= 0:
                 return
             if len(samples) > remaining:
-                samples = samples[:remaining]
+                samples, units = samples[:remaining], None  # no longer whole units
             remaining -= len(samples)
             if len(samples):
-                yield samples
+                yield samples, units
 
     def _unit_groups(self, unit_ids: Iterable[int]) -> Iterator[list[int]]:
         """Group units (in the given order) into windows of >= window_rows."""
@@ -425,12 +488,19 @@ class EpochPlan:
                 yield range(start, end)
             start, unit = end, stop
 
-    def _buffered_orders(self) -> Iterator[IndexArray]:
+    def _buffered_orders(self) -> Iterator[tuple[IndexArray, _UnitShuffle]]:
         rng = self.rng()
         unit_order = rng.permutation(len(self.units) - 1)
         for group in self._unit_groups(unit_order.tolist()):
-            samples = np.concatenate([np.arange(self.units[u], self.units[u + 1]) for u in group])
-            yield rng.permutation(samples)
+            starts, stops = self.units[group], self.units[np.asarray(group) + 1]
+            samples = np.concatenate(
+                [np.arange(lo, hi) for lo, hi in zip(starts, stops, strict=True)]
+            )
+            # numpy's Generator draws the same swaps for permutation(array) and
+            # permutation(len(array)): samples[shuffle] is rng.permutation(samples)
+            # (tests/test_plan.py checks it), and the shuffle gives the pieces.
+            shuffle = rng.permutation(len(samples))
+            yield samples[shuffle], _UnitShuffle.of(starts, stops, shuffle)
 
     def _exact_orders(self) -> Iterator[IndexArray]:
         order = self.rng().permutation(self.n_samples)[: self.n_used]
