@@ -440,7 +440,7 @@ class BatchStream(Stream[Any]):
                 del future
                 self._count_reads(window)
                 top_up(self._prefetch)
-                for batch in batcher.feed(outputs):
+                for batch in batcher.feed(outputs, window.gather_index()):
                     yield self._deliver(batch)
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
             rest = batcher.finish()
@@ -492,8 +492,8 @@ class _Batcher:
 
     Batches are copies (the caller owns them); rows left over at the end of
     a window are carried into the next window's first batch.  Window outputs
-    already hold their rows in plan order (the read task placed them), so a
-    batch is a contiguous slice, copied.
+    hold rows in ascending sample order; ``index`` (``Window.gather_index``)
+    puts them in plan order as each batch is copied out.
     """
 
     def __init__(self, batch_size: int) -> None:
@@ -501,10 +501,18 @@ class _Batcher:
         self._carry: list[tuple[np.ndarray, ...]] = []
         self._carried = 0
 
-    def feed(self, outputs: tuple[np.ndarray, ...]) -> Iterator[tuple[np.ndarray, ...]]:
+    def feed(
+        self, outputs: tuple[np.ndarray, ...], index: np.ndarray | None = None
+    ) -> Iterator[tuple[np.ndarray, ...]]:
         def rows(start: int, stop: int) -> tuple[np.ndarray, ...]:
-            # A copy, so the caller owns the batch and the window can be freed.
-            return tuple(part[start:stop].copy() for part in outputs)
+            # A copy either way: a fancy index copies, a slice is copied.
+            if index is None:
+                return tuple(part[start:stop].copy() for part in outputs)
+            where = index[start:stop]
+            # np.take copies whole rows of a 2-d+ array faster than fancy indexing
+            return tuple(
+                np.take(part, where, axis=0) if part.ndim > 1 else part[where] for part in outputs
+            )
 
         size = len(outputs[0])
         position = 0

@@ -100,7 +100,8 @@ class ChunkPiece:
         Rows of the chunk to keep, local to the chunk and ascending.
     dest : slice or ndarray
         Positions of those rows in the window's plan order (the order its
-        batches are cut in); the read task writes the rows there.
+        batches are cut in).  The read layer returns rows in ascending sample
+        order; ``Window.gather_index()`` applies the plan order.
     """
 
     chunk: int
@@ -145,10 +146,10 @@ class Window:
     def gather_index(self) -> IndexArray | None:
         """Where each output row sits among the window's samples sorted by id.
 
-        Output row ``i`` is row ``gather_index()[i]`` of the window's samples
-        in ascending order (the inverse of the pieces' ``dest``).  ``None``
-        when the window is a run in order (sequential windows).  Streams do
-        not need it (reads place rows at ``dest``); it is kept for inspection.
+        The read layer returns a window's rows in ascending sample order;
+        output row ``i`` is sorted row ``gather_index()[i]`` (the inverse of
+        the pieces' ``dest``, read off them without a sort).  ``None`` when
+        the window is a run in order (sequential windows).
         """
         if isinstance(self.samples, range):
             return None
