@@ -78,24 +78,6 @@ def assert_same_batches(got: list[Any], expected: list[Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=False,
-        dashboard_address=":0",
-    ) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def client(cluster: Any) -> Iterator[Any]:
-    with distributed.Client(cluster, set_as_default=False) as client:
-        yield client
-        assert our_tasks(client) == []
-
-
-@pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[zarr.Array, np.ndarray]:
     return make_zarr(tmp_path_factory.mktemp("data") / "x.zarr", (1000, 6), (64, 4))
 

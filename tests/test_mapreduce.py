@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterator
 from typing import Any
 
 import dask
@@ -23,21 +22,6 @@ from daskzarr_batches._mapreduce import _PairwiseFold
 distributed = pytest.importorskip("distributed")
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
-    ) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def client(cluster: Any) -> Iterator[Any]:
-    with distributed.Client(cluster, set_as_default=False) as client:
-        yield client
-        assert our_tasks(client) == []
 
 
 def zarr_array(data: np.ndarray, chunks: tuple[int, ...]) -> zarr.Array:

@@ -1,0 +1,29 @@
+"""Fixtures shared by the test modules that need a real dask.distributed cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from scheduler_state import our_tasks
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """An in-process LocalCluster of two single-threaded workers on loopback."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(cluster: Any) -> Iterator[Any]:
+    """A client of ``cluster`` that must leave no library task behind."""
+    import distributed
+
+    with distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+        assert our_tasks(client) == []
