@@ -215,14 +215,6 @@ class SliceSource(Source):
     def _array_key(self) -> str:
         return f"dzb-source-{self.token}"
 
-    def add_rows_task(
-        self, dsk: dict[Key, Any], key: Key, chunk: int, start: int, stop: int, take: Any
-    ) -> None:
-        from ._read import read_rows
-
-        dsk[self._array_key] = self.array
-        dsk[key] = (read_rows, self._array_key, self.name, chunk, start, stop, take)
-
     def add_block_task(self, dsk: dict[Key, Any], key: Key, block: tuple[int, ...]) -> None:
         from ._read import read_block
 
