@@ -45,7 +45,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import daskzarr_batches as dzb  # noqa: E402
-from daskzarr_batches._streams import DEFAULT_PREFETCH  # noqa: E402
 
 MB = 1e6
 MiB = 2**20
@@ -650,7 +649,7 @@ def memory_cases(
     args: argparse.Namespace, ds: Dataset, buffer_rows: int, budget: int
 ) -> dict[str, Any]:
     big = make_dataset(Path(args.data), 4 * ds.rows, ds.cols, ds.chunk_rows)
-    prefetch = DEFAULT_PREFETCH
+    prefetch = dzb.DEFAULT_PREFETCH
     window_bytes = buffer_rows * ds.row_bytes
     bound = 1.5 * (prefetch + 1) * window_bytes + 300 * MiB
     one = run_memory_case(ds.path, buffer=buffer_rows, prefetch=prefetch)

@@ -29,6 +29,9 @@ from ._mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from ._plan import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
 from ._sources import open_array
 from ._streams import (
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_PREFETCH,
+    DEFAULT_WINDOW_BYTES,
     batch_stream,
     chunk_stream,
     count_batches,
@@ -41,6 +44,9 @@ from ._streams import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "DEFAULT_PREFETCH",
+    "DEFAULT_WINDOW_BYTES",
     "ArgumentTypeError",
     "ArgumentValueError",
     "ArrayNotFoundError",
