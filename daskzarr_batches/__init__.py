@@ -3,18 +3,19 @@
 Built on dask (one machine) and dask.distributed (clusters).  The public
 surface is everything in ``__all__``; modules starting with ``_`` are private.
 
-Layers, top to bottom (see ``docs/architecture.md``):
+Modules, each importing only those listed before it (``docs/architecture.md``):
 
-- ``_sources``: arrays and stores as dask arrays with the stored chunk grid;
+- ``_errors``: the error tree;
+- ``_batching``: batch arithmetic and cutting windows into owned batches;
 - ``_plan``: pure index math turning an epoch into windows of chunk reads;
-- ``_read``: a window becomes one dask graph (each chunk decoded once);
-- ``_deliver``: bounded prefetch, batches cut as owned arrays, stats;
-- ``_streams``: the public constructors; ``_mapreduce``: per-chunk map and
-  reduce (``map_chunks``, ``reduce_chunks``, ``Moments``); ``_cli``: the demo
-  command.
+- ``_sources``: arrays described (name, shape, dtype, chunk grid), ``open_array``;
+- ``_read``: dask task functions and graph builders (each chunk decoded once);
+- ``_runners``: computing graphs on local threads or a ``distributed.Client``;
+- ``_spec``: argument validation and the epoch's ``StreamSpec``;
+- ``_streams``: the public constructors and the stream iterators with stats;
+- ``_mapreduce``: per-chunk map and reduce; ``_cli``: the command line.
 """
 
-from ._deliver import BatchStream, ChunkStream, Stream, StreamStats
 from ._errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -28,10 +29,12 @@ from ._errors import (
 from ._mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from ._plan import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
 from ._sources import open_array
+from ._spec import DEFAULT_MEMORY_BUDGET, DEFAULT_PREFETCH, DEFAULT_WINDOW_BYTES, StreamSpec
 from ._streams import (
-    DEFAULT_MEMORY_BUDGET,
-    DEFAULT_PREFETCH,
-    DEFAULT_WINDOW_BYTES,
+    BatchStream,
+    ChunkStream,
+    Stream,
+    StreamStats,
     batch_stream,
     chunk_stream,
     count_batches,
@@ -60,6 +63,7 @@ __all__ = [
     "Moments",
     "PlanSummary",
     "Stream",
+    "StreamSpec",
     "StreamStats",
     "Window",
     "WindowError",

@@ -33,9 +33,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ._deliver import ChunkStream
 from ._errors import ArgumentTypeError, ArgumentValueError
-from ._streams import build_chunk_stream
+from ._streams import ChunkStream, build_chunk_stream
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
 
@@ -183,7 +182,7 @@ def reduce_chunks(
     with map_chunks(
         func, array, client=client, concurrency=concurrency, timeout=timeout
     ) as results:
-        name = results._source.name
+        name = results.source.name
         for result in results:
             fold.push(result)
     if fold.empty:
@@ -339,8 +338,8 @@ def feature_moments(
         timeout=timeout,
         with_index=True,
     ) as results:
-        layout = tuple(len(sizes) for sizes in results._source.chunks[1:])
-        shape = results._source.shape
+        layout = tuple(len(sizes) for sizes in results.source.chunks[1:])
+        shape = results.source.shape
         for block, moments in results:
             folds.setdefault(block[1:], _PairwiseFold(Moments.merge)).push(moments)
     if not folds:

@@ -37,6 +37,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from ._batching import batches_completed, batches_touching, count_batches, samples_used
+
 ShuffleMode = Literal["none", "buffer", "exact"]
 IndexArray = npt.NDArray[np.int64]
 Selector = slice | IndexArray
@@ -49,18 +51,10 @@ __all__ = [
     "Window",
     "WindowSummary",
     "chunk_offsets",
-    "count_batches",
     "pieces_for",
     "sample_units",
     "sorting_order",
 ]
-
-
-def count_batches(n_samples: int, batch_size: int, drop_remainder: bool) -> int:
-    """Number of batches an epoch of ``n_samples`` yields."""
-    if drop_remainder:
-        return n_samples // batch_size
-    return -(-n_samples // batch_size)
 
 
 def chunk_offsets(chunk_rows: Sequence[int]) -> IndexArray:
@@ -153,8 +147,6 @@ class Window:
         """
         if isinstance(self.samples, range):
             return None
-        if len(self.samples) == 0:
-            return None
         index = np.empty(self.size, dtype=np.int64)
         rank = 0
         for piece in self.pieces[0]:  # ascending chunks, ascending rows in each
@@ -169,9 +161,7 @@ class Window:
 
     def batch_range(self, batch_size: int) -> range:
         """Indices of the batches that contain samples of this window."""
-        first = self.position // batch_size
-        last = (self.position + self.size - 1) // batch_size
-        return range(first, last + 1)
+        return batches_touching(self.position, self.size, batch_size)
 
 
 def pieces_for(
@@ -271,7 +261,7 @@ class _UnitShuffle:
                     spans.setdefault(chunk, []).append((first, end, where + first - lo))
                 chunk += 1
         pieces = []
-        for chunk, parts in spans.items():  # ascending: units and chunks are
+        for chunk, parts in spans.items():  # ascending: units were visited in sample order
             start = int(offsets[chunk])
             if len(parts) == 1:
                 ((first, end, where),) = parts
@@ -370,9 +360,7 @@ class EpochPlan:
     @property
     def n_used(self) -> int:
         """Samples the epoch yields (all of them unless ``drop_remainder``)."""
-        if self.drop_remainder:
-            return self.n_batches * self.batch_size
-        return self.n_samples
+        return samples_used(self.n_samples, self.batch_size, self.drop_remainder)
 
     def summary(self, task_count: Callable[[Window], int] | None = None) -> PlanSummary:
         """What the epoch will read and yield, per window, without reading data.
@@ -391,10 +379,7 @@ class EpochPlan:
         row_bytes = self.row_bytes or (0,) * len(self.offsets)
         rows = []
         for window in self.windows():
-            end = window.position + window.size
-            batches = end // self.batch_size - window.position // self.batch_size
-            if end == self.n_used and end % self.batch_size and not self.drop_remainder:
-                batches += 1
+            batches = batches_completed(window.position, window.size, self.batch_size, self.n_used)
             chunks = tuple(tuple(piece.chunk for piece in pieces) for pieces in window.pieces)
             decoded = sum(
                 sum(piece.rows for piece in pieces) * size

@@ -1,31 +1,35 @@
 """Reading: a planned window (or one stored block) becomes one dask graph.
 
-The functions at the top run inside dask tasks (threads or distributed
-workers), so they are plain module-level functions of picklable arguments.
-The graph builders below them only arrange those tasks; they do no I/O.
+This layer owns every task function and graph builder; it reads the
+descriptions of :mod:`._sources` and the plan of :mod:`._plan`, and nothing
+below it knows about tasks.  The task functions at the top run inside dask
+tasks (threads or distributed workers), so they are plain module-level
+functions of picklable arguments.  The graph builders below them only
+arrange those tasks; they do no I/O.
 
-A window graph, for each array of the stream::
+A window graph holds, per array of the stream, the window's samples in
+*ascending sample order*; the plan's order is applied later, while batches
+are cut (``_batching``).
 
-    read/take (chunk c0) ─┐
-    read/take (chunk c1) ─┼─> gather (window rows in plan order) ─┐
-    ...                  ─┘                                       ├─> window
-    (same for labels) ────────────────────────────────────────────┘
+Zarr and numpy arrays (:class:`~._sources.SliceSource`) are one task per
+array and window (:func:`read_window`): it reads runs of consecutive chunks
+with one slice each and hands several runs at once to Zarr's asynchronous
+pipeline, which decodes them concurrently::
+
+    read_window (features: runs of chunks) ─┐
+    read_window (labels: runs of chunks)   ─┴─> window (tuple of arrays)
+
+Other dask arrays (:class:`~._sources.DaskSource`) are one task per axis-0
+chunk, built on the array's own culled graph, and a join per array::
+
+    assemble_rows (chunk c0) ─┐
+    assemble_rows (chunk c1) ─┼─> join_pieces ─┐
+    ...                      ─┘                ├─> window
+    (same for labels) ─────────────────────────┘
 
 Each stored chunk is decoded by exactly one task per window, which keeps only
-the rows the window needs, so an exact-shuffle window never holds whole
-chunks it does not need.
-
-Zarr and numpy arrays (:class:`~daskzarr_batches._sources.SliceSource`) take a
-shorter path, measured to be faster: one task per array and window
-(:func:`read_window`) reads runs of consecutive chunks with one slice each, and
-hands several runs at once to Zarr's own asynchronous pipeline, which decodes
-them concurrently.  A sequential window is one run, returned as read (no
-gather copy).  The chunks decoded at once are bounded by ``DECODE_GROUP_BYTES``
-so an exact-shuffle window that touches every chunk never decodes the whole
-array at once::
-
-    read_window (array, runs of chunks) ─┐
-    read_window (labels, runs)          ─┴─> window
+the rows the window needs.  :func:`block_graph` reads one stored block (all
+axes) for chunk streams, optionally followed by a transform task.
 """
 
 from __future__ import annotations
@@ -37,12 +41,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from dask.optimization import cull
 
+from ._batching import join_rows
 from ._errors import ChunkReadError
 from ._plan import ChunkPiece, Selector, Window
-from ._sources import Key, Source
+from ._sources import DaskSource, SliceSource, Source
 
-__all__ = ["DECODE_GROUP_BYTES", "block_graph", "count_tasks", "read_window", "window_graph"]
+__all__ = [
+    "DECODE_GROUP_BYTES",
+    "block_graph",
+    "count_tasks",
+    "read_threads",
+    "read_window",
+    "window_graph",
+]
+
+Key = Any  # a dask key: str or tuple starting with str
 
 #: Decoded bytes of stored chunks one window read holds at once (at least one
 #: chunk); bounds the transient memory of an exact-shuffle window.
@@ -88,8 +103,6 @@ def read_window(
     little to the window's memory.  A failure is retried run by run, chunk by
     chunk, so that the error names the chunk that fails.
     """
-    if not pieces:
-        return np.asarray(array[0:0])
     largest = max(piece.rows for piece in pieces)
     limit_rows = DECODE_GROUP_BYTES // max(row_bytes, 1)
     partial = not all(_keeps_all(piece) for piece in pieces)
@@ -116,8 +129,8 @@ def read_window(
         try:
             _read_runs_concurrently(inner, runs, starts, place, limit_rows, streaming=partial)
             return out
-        except Exception:
-            pass  # read again run by run below, so the error names its chunk
+        except Exception:  # siblings are cancelled; read again run by run,
+            pass  # so that the error names the chunk that fails
     for run, at in zip(runs, starts, strict=False):
         place(run, _owned_slab(array, name, run, run[0].start, run[-1].stop), at)
     return out
@@ -138,6 +151,8 @@ def _read_runs_concurrently(
 ) -> None:
     """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
 
+    When one run fails, the others are cancelled (a task group) before the
+    error propagates, so no read of this window is left running.
     ``streaming``: place each run's rows as it arrives (on the event loop) to
     free its decoded chunks at once; else place them all afterwards on this
     thread, which measured faster when every row is kept (a full copy per run
@@ -168,7 +183,9 @@ def _read_runs_concurrently(
                     in_flight -= rows
                     ready.notify_all()
 
-        await asyncio.gather(*(one(run, at) for run, at in zip(runs, starts, strict=False)))
+        async with asyncio.TaskGroup() as group:  # a failure cancels the siblings
+            for run, at in zip(runs, starts, strict=False):
+                group.create_task(one(run, at))
 
     sync(read_all())
     for run, slab, at in arrived:
@@ -264,15 +281,9 @@ def assemble_rows(
     return slab[take]
 
 
-def gather(size: int, dests: Sequence[Selector], pieces: Sequence[np.ndarray]) -> np.ndarray:
-    """Place each piece's rows at its destination positions of the window."""
-    if len(pieces) == 1 and isinstance(dests[0], slice) and dests[0] == slice(0, size):
-        return pieces[0]
-    first = pieces[0]
-    out = np.empty((size, *first.shape[1:]), dtype=first.dtype)
-    for dest, piece in zip(dests, pieces, strict=True):
-        out[dest] = piece
-    return out
+def join_pieces(pieces: Sequence[np.ndarray]) -> np.ndarray:
+    """Join a window's pieces of one array, in ascending sample order."""
+    return join_rows(pieces)
 
 
 def _owned(array: np.ndarray) -> np.ndarray:
@@ -293,25 +304,28 @@ def window_graph(
     Each array holds the window's samples in *ascending sample order* (chunk
     by chunk, ``take`` ascending), the same order for every source, so each
     array is filled with contiguous copies.  The window's own order is applied
-    by the delivery layer while it cuts batches (``window.gather_index()``),
-    in the copy that makes each batch an owned array anyway: permuting here
-    as well would cost a scattered write of the whole window.
+    while batches are cut (``window.gather_index()``), in the copy that makes
+    each batch an owned array anyway: permuting here as well would cost a
+    scattered write of the whole window.
     """
     dsk: dict[Key, Any] = {}
     outputs = []
     for position, (source, pieces) in enumerate(zip(sources, window.pieces, strict=True)):
-        out_key = (f"dzb-gather-{token}", window.index, position)
+        out_key = (f"dzb-array-{token}", window.index, position)
         outputs.append(out_key)
-        if source.add_window_task(dsk, out_key, window.size, pieces):
+        if isinstance(source, SliceSource):
+            array_key = _place_array(dsk, source)
+            dsk[out_key] = (
+                read_window, array_key, source.name, window.size, source.row_bytes, tuple(pieces)
+            )  # fmt: skip
             continue
+        assert isinstance(source, DaskSource)
         piece_keys = []
         for piece in pieces:
             key = (f"dzb-read-{token}", window.index, position, piece.chunk)
-            source.add_rows_task(dsk, key, piece.chunk, piece.start, piece.stop, piece.take)
+            _add_dask_rows(dsk, source, key, piece)
             piece_keys.append(key)
-        bounds = np.cumsum([0] + [_taken(piece) for piece in pieces]).tolist()
-        dests = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
-        dsk[out_key] = (gather, window.size, dests, piece_keys)
+        dsk[out_key] = (join_pieces, piece_keys)
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
@@ -327,6 +341,19 @@ def count_tasks(sources: Sequence[Source], window: Window) -> int:
     )
 
 
+def read_threads(sources: Sequence[Source]) -> int | None:
+    """Local read threads that suit windows of ``sources`` (``None``: one per CPU).
+
+    A window of Zarr or numpy arrays is one task per array, each decoding its
+    chunks concurrently inside Zarr: two threads per array read two windows at
+    a time, in order, so the first window is ready early and batch cutting
+    overlaps the next reads (the measurement is in docs/benchmarks.md).
+    """
+    if all(isinstance(source, SliceSource) for source in sources):
+        return 2 * len(sources)
+    return None
+
+
 def block_graph(
     source: Source,
     block: tuple[int, ...],
@@ -340,9 +367,34 @@ def block_graph(
     """
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
-    source.add_block_task(dsk, key, block)
+    if isinstance(source, SliceSource):
+        array_key = _place_array(dsk, source)
+        dsk[key] = (read_block, array_key, source.name, block, source.block_slices(block))
+    else:
+        assert isinstance(source, DaskSource)
+        block_key = (source.array.name, *block)
+        dsk.update(cull(source.graph, [block_key])[0])
+        dsk[key] = (read_block_result, block_key)
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
     dsk[mapped] = (transform, key)
     return dsk, mapped
+
+
+def _place_array(dsk: dict[Key, Any], source: SliceSource) -> str:
+    """Put the array object in the graph once, under the source's own key."""
+    key = f"dzb-source-{source.token}"
+    dsk[key] = source.array
+    return key
+
+
+def _add_dask_rows(dsk: dict[Key, Any], source: DaskSource, key: Key, piece: ChunkPiece) -> None:
+    """Add task ``key``: rows ``piece.take`` of an axis-0 chunk of a dask array."""
+    grid = [range(len(sizes)) for sizes in source.chunks[1:]]
+    keys = [(source.array.name, piece.chunk, *rest) for rest in itertools.product(*grid)]
+    dsk.update(cull(source.graph, keys)[0])
+    layout = tuple(len(sizes) for sizes in source.chunks[1:])
+    dsk[key] = (
+        assemble_rows, source.name, piece.chunk, piece.start, piece.stop, piece.take, layout, keys
+    )  # fmt: skip

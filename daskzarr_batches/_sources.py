@@ -1,19 +1,19 @@
 """Sources: anything array-like as a dask array whose chunks are the stored chunks.
 
 :func:`open_array` is the public entry point.  Internally every stream works on
-a :class:`Source`, which knows the chunk grid and how to add a read task for
-one axis-0 chunk (or one block) to a dask graph.  Nothing outside this module
-cares where the bytes live.
+a :class:`Source`: a description of one array (name, shape, dtype, chunk
+grid) and what a worker needs to read it.  Sources know nothing of tasks or
+graphs; the read layer (``_read``) builds those from them.
 
 Two kinds exist:
 
 :class:`SliceSource`
-    Zarr arrays and numpy arrays: a task slices the array directly, so the
-    error for a chunk that cannot be decoded names the array and the chunk.
-    A dask array made by :func:`open_array` (or ``da.from_zarr`` without
-    rechunking) is recognised and read this way too.
+    Zarr arrays and numpy arrays, read by slicing the array object inside a
+    task, so the error for a chunk that cannot be decoded names the array and
+    the chunk.  A dask array made by :func:`open_array` (or ``da.from_zarr``
+    without rechunking) is recognised and read this way too.
 :class:`DaskSource`
-    Any other dask array: the read tasks are that array's own block tasks.
+    Any other dask array, read through its own (optimised) graph.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,14 +29,12 @@ import dask.array as da
 import numpy as np
 import zarr
 import zarr.abc.store
-from dask.optimization import cull
 
 from ._errors import ArgumentTypeError, ArgumentValueError, ArrayNotFoundError
 
 __all__ = ["DaskSource", "SliceSource", "Source", "as_source", "open_array"]
 
 Chunks = tuple[tuple[int, ...], ...]
-Key = Any  # a dask key: str or tuple starting with str
 
 
 def open_array(
@@ -183,54 +181,31 @@ class Source:
             slices.append(slice(start, start + self.chunks[axis][i]))
         return tuple(slices)
 
-    def add_rows_task(
-        self, dsk: dict[Key, Any], key: Key, chunk: int, start: int, stop: int, take: Any
-    ) -> None:
-        """Add task ``key`` computing rows ``take`` of axis-0 chunk ``chunk``."""
-        raise NotImplementedError
-
-    def add_block_task(self, dsk: dict[Key, Any], key: Key, block: tuple[int, ...]) -> None:
-        """Add task ``key`` computing the stored block ``block``."""
-        raise NotImplementedError
-
-    def add_window_task(
-        self, dsk: dict[Key, Any], key: Key, size: int, pieces: Sequence[Any]
-    ) -> bool:
-        """Add one task ``key`` reading a whole window, if this source can.
-
-        Returns ``False`` when the window must be built from one task per
-        chunk (:meth:`add_rows_task`) and a gather.
-        """
-        return False
-
 
 @dataclass(frozen=True)
 class SliceSource(Source):
-    """A Zarr or numpy array, read by slicing it inside a task."""
+    """A Zarr or numpy array, read by slicing it inside a task.
+
+    ``token`` is unique per source object: graphs hold the array under a key
+    made from it, so two arrays never share a key.
+    """
 
     array: Any = field(repr=False, default=None)
     token: str = field(repr=False, default="")
 
     @property
-    def _array_key(self) -> str:
-        return f"dzb-source-{self.token}"
+    def carries_data(self) -> bool:
+        """Whether pickling the array copies its data (numpy, Zarr in memory).
 
-    def add_block_task(self, dsk: dict[Key, Any], key: Key, block: tuple[int, ...]) -> None:
-        from ._read import read_block
-
-        dsk[self._array_key] = self.array
-        dsk[key] = (read_block, self._array_key, self.name, block, self.block_slices(block))
-
-    def add_window_task(
-        self, dsk: dict[Key, Any], key: Key, size: int, pieces: Sequence[Any]
-    ) -> bool:
-        from ._read import read_window
-
-        if not pieces:
-            return False
-        dsk[self._array_key] = self.array
-        dsk[key] = (read_window, self._array_key, self.name, size, self.row_bytes, tuple(pieces))
-        return True
+        Such a source is sent to a cluster's workers once per stream instead
+        of inside every graph.
+        """
+        if isinstance(self.array, np.ndarray):
+            return True
+        store = getattr(self.array, "store", None)
+        while isinstance(store, zarr.storage.WrapperStore):  # a latency or logging wrapper
+            store = store._store
+        return isinstance(store, zarr.storage.MemoryStore)
 
 
 @dataclass(frozen=True)
@@ -238,29 +213,7 @@ class DaskSource(Source):
     """A general dask array, read through its own graph."""
 
     array: da.Array = field(repr=False, default=None)  # type: ignore[assignment]
-    graph: dict[Key, Any] = field(repr=False, default_factory=dict)
-
-    def _add_keys(self, dsk: dict[Key, Any], keys: list[Key]) -> None:
-        culled, _ = cull(self.graph, keys)
-        dsk.update(culled)
-
-    def add_rows_task(
-        self, dsk: dict[Key, Any], key: Key, chunk: int, start: int, stop: int, take: Any
-    ) -> None:
-        from ._read import assemble_rows
-
-        grid = [range(len(c)) for c in self.chunks[1:]]
-        keys = [(self.array.name, chunk, *rest) for rest in itertools.product(*grid)]
-        self._add_keys(dsk, keys)
-        layout = tuple(len(c) for c in self.chunks[1:])
-        dsk[key] = (assemble_rows, self.name, chunk, start, stop, take, layout, keys)
-
-    def add_block_task(self, dsk: dict[Key, Any], key: Key, block: tuple[int, ...]) -> None:
-        from ._read import read_block_result
-
-        block_key = (self.array.name, *block)
-        self._add_keys(dsk, [block_key])
-        dsk[key] = (read_block_result, block_key)
+    graph: dict[Any, Any] = field(repr=False, default_factory=dict)
 
 
 def as_source(array: Any, role: str = "array") -> Source:
@@ -268,6 +221,8 @@ def as_source(array: Any, role: str = "array") -> Source:
 
     ``role`` ("array", "features", "labels") names it in error messages.
     """
+    if isinstance(array, Source):
+        return array
     if isinstance(array, da.Array):
         behind = _zarr_behind(array)
         if behind is not None:

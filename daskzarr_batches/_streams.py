@@ -1,25 +1,58 @@
-"""The public stream constructors: validate, plan, and hand over to delivery."""
+"""Streams: the public constructors and the iterators they return.
+
+A constructor validates its arguments into a :class:`StreamSpec` (``_spec``)
+and hands it to a stream.  A :class:`BatchStream` plans the epoch from the
+spec (``_plan``), turns each window into a dask graph (``_read``), keeps a
+bounded number of graphs in flight on a runner (``_runners``), consumes the
+results in plan order and cuts them into batches (``_batching``).  A
+:class:`ChunkStream` does the same with one graph per stored block, in order
+or as reads complete.  Both count what they read and yield in
+:class:`StreamStats`, and release every future on exhaustion, ``close()``,
+``break``, an exception in the consumer, or garbage collection.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
-from collections.abc import Callable
-from typing import Any
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 
-from . import _arguments as check
-from ._deliver import BatchStream, ChunkStream, make_runner, resolve_client
-from ._errors import ArgumentValueError, LengthMismatchError
-from ._plan import EpochPlan, PlanSummary, ShuffleMode, chunk_offsets
-from ._plan import count_batches as _count
-from ._read import count_tasks
-from ._sources import SliceSource, Source, as_source
+from ._batching import Batcher
+from ._batching import count_batches as _count
+from ._errors import ChunkReadError, WindowError, WindowTimeoutError
+from ._plan import PlanSummary, Window
+from ._read import block_graph, count_tasks, read_threads, window_graph
+from ._runners import Runner, make_runner, resolve_client
+from ._sources import Source, as_source
+from ._spec import (
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_PREFETCH,
+    DEFAULT_WINDOW_BYTES,
+    StreamSpec,
+    flag,
+    positive_int,
+    shuffle_mode,
+    timeout_seconds,
+)
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_PREFETCH",
     "DEFAULT_WINDOW_BYTES",
+    "BatchStream",
+    "ChunkStream",
+    "Stream",
+    "StreamStats",
     "batch_stream",
     "chunk_stream",
     "count_batches",
@@ -29,12 +62,11 @@ __all__ = [
     "shuffled_batch_stream",
 ]
 
-#: Windows computed ahead of the one being consumed.
-DEFAULT_PREFETCH = 2
-#: Target decoded bytes of one sequential window (rounded to whole chunks).
-DEFAULT_WINDOW_BYTES = 32 * 2**20
-#: Memory an exact shuffle may use for windows in flight (bytes).
-DEFAULT_MEMORY_BUDGET = 2**30
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------
+# Public constructors
 
 
 def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) -> int:
@@ -55,8 +87,8 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
         ``ceil(n / batch_size)``, or ``n // batch_size`` with
         ``drop_remainder``; 0 for an empty array.
     """
-    size = check.positive_int("batch_size", batch_size)
-    drop = check.flag("drop_remainder", drop_remainder)
+    size = positive_int("batch_size", batch_size)
+    drop = flag("drop_remainder", drop_remainder)
     return _count(as_source(array).n_samples, size, drop)
 
 
@@ -121,14 +153,13 @@ def build_chunk_stream(
     client = resolve_client(client)
     if concurrency is None:
         concurrency = _default_concurrency(client)
-    in_flight = check.positive_int("concurrency", concurrency)
     return ChunkStream(
         source,
-        concurrency=in_flight,
-        ordered=check.flag("ordered", ordered),
-        with_index=check.flag("with_index", with_index),
-        runner=make_runner(client, in_flight=in_flight),
-        timeout=check.optional_timeout(timeout),
+        concurrency=positive_int("concurrency", concurrency),
+        ordered=flag("ordered", ordered),
+        with_index=flag("with_index", with_index),
+        client=client,
+        timeout=timeout_seconds(timeout),
         transform=transform,
     )
 
@@ -163,30 +194,35 @@ def batch_stream(
     window_bytes : int, default 32 MiB
         Target decoded size of one window of work (rounded to whole chunks;
         at least one chunk).  A window's consecutive chunks are read with one
-        Zarr call, which decodes them concurrently; windows of 16-64 MiB
-        measured equally fast, 8 and 128 MiB slower (``docs/benchmarks.md``).
+        Zarr call, which decodes them concurrently (how the default was chosen:
+        ``docs/benchmarks.md``).
     client : distributed.Client, optional
         Compute windows on this cluster.  Default: a ``distributed`` client if
         dask's configuration points at one, else the local threaded scheduler.
     timeout : float, optional
         Seconds to wait for one window before raising
-        :class:`WindowTimeoutError`.
+        :class:`WindowTimeoutError`; ``None`` or ``float("inf")`` wait
+        forever.
 
     Returns
     -------
     BatchStream
         Iterator of owned ``numpy.ndarray`` batches with ``len()``,
-        ``close()``, context-manager use, ``.stats`` and ``.plan``.
+        ``close()``, context-manager use, ``.stats``, ``.spec`` and ``.plan``.
+        One pass: an exhausted stream stays exhausted; make a new stream
+        (with ``epoch=``) for the next epoch.
     """
-    return _stream(
-        (array,),
-        batch_size,
-        shuffle="none",
-        drop_remainder=drop_remainder,
-        prefetch=prefetch,
-        window_bytes=window_bytes,
-        client=client,
-        timeout=timeout,
+    return BatchStream(
+        StreamSpec(
+            (array,),
+            batch_size,
+            shuffle="none",
+            drop_remainder=drop_remainder,
+            prefetch=prefetch,
+            window_bytes=window_bytes,
+            client=client,
+            timeout=timeout,
+        )
     )
 
 
@@ -246,18 +282,20 @@ def shuffled_batch_stream(
     client, timeout
         As for :func:`batch_stream`.
     """
-    return _stream(
-        (array,),
-        batch_size,
-        shuffle=_mode(shuffle_buffer_size),
-        seed=seed,
-        shuffle_buffer_size=shuffle_buffer_size,
-        drop_remainder=drop_remainder,
-        epoch=epoch,
-        memory_budget=memory_budget,
-        prefetch=prefetch,
-        client=client,
-        timeout=timeout,
+    return BatchStream(
+        StreamSpec(
+            (array,),
+            batch_size,
+            shuffle=shuffle_mode(True, shuffle_buffer_size),
+            seed=seed,
+            shuffle_buffer_size=shuffle_buffer_size,
+            drop_remainder=drop_remainder,
+            epoch=epoch,
+            memory_budget=memory_budget,
+            prefetch=prefetch,
+            client=client,
+            timeout=timeout,
+        )
     )
 
 
@@ -279,15 +317,17 @@ def paired_batch_stream(
     :func:`batch_stream`; ``features`` and ``labels`` must have the same
     length (else :class:`LengthMismatchError`).
     """
-    return _stream(
-        (features, labels),
-        batch_size,
-        shuffle="none",
-        drop_remainder=drop_remainder,
-        prefetch=prefetch,
-        window_bytes=window_bytes,
-        client=client,
-        timeout=timeout,
+    return BatchStream(
+        StreamSpec(
+            (features, labels),
+            batch_size,
+            shuffle="none",
+            drop_remainder=drop_remainder,
+            prefetch=prefetch,
+            window_bytes=window_bytes,
+            client=client,
+            timeout=timeout,
+        )
     )
 
 
@@ -311,18 +351,20 @@ def paired_shuffled_batch_stream(
     of both is the same sample.  Parameters are those of
     :func:`shuffled_batch_stream`.
     """
-    return _stream(
-        (features, labels),
-        batch_size,
-        shuffle=_mode(shuffle_buffer_size),
-        seed=seed,
-        shuffle_buffer_size=shuffle_buffer_size,
-        drop_remainder=drop_remainder,
-        epoch=epoch,
-        memory_budget=memory_budget,
-        prefetch=prefetch,
-        client=client,
-        timeout=timeout,
+    return BatchStream(
+        StreamSpec(
+            (features, labels),
+            batch_size,
+            shuffle=shuffle_mode(True, shuffle_buffer_size),
+            seed=seed,
+            shuffle_buffer_size=shuffle_buffer_size,
+            drop_remainder=drop_remainder,
+            epoch=epoch,
+            memory_budget=memory_budget,
+            prefetch=prefetch,
+            client=client,
+            timeout=timeout,
+        )
     )
 
 
@@ -361,7 +403,8 @@ def plan_epoch(
         ``shuffle_buffer_size``, ``memory_budget``).
     seed, shuffle_buffer_size, memory_budget, window_bytes, prefetch, \
 drop_remainder, epoch
-        As for the stream constructors.  ``prefetch`` matters to the exact
+        As for the stream constructors, and validated exactly as they are
+        (whatever the mode uses).  ``prefetch`` matters to the exact
         shuffle, whose windows share ``memory_budget`` with the windows
         prefetched.  With ``seed=None`` the shuffle order is a random draw.
 
@@ -380,147 +423,24 @@ drop_remainder, epoch
     >>> plan.n_windows, round(plan.read_amplification, 1)
     (4, 4.0)
     """
-    if not shuffle and (shuffle_buffer_size is not None or seed is not None):
-        raise ArgumentValueError(
-            f"shuffle=False but seed={seed!r} / shuffle_buffer_size={shuffle_buffer_size!r} "
-            "were given; pass shuffle=True for a shuffled plan"
-        )
-    arrays = (array,) if labels is None else (array, labels)
-    sources, plan, _, _ = _plan(
-        arrays,
+    spec = StreamSpec(
+        (array,) if labels is None else (array, labels),
         batch_size,
-        shuffle=_mode(shuffle_buffer_size) if check.flag("shuffle", shuffle) else "none",
-        drop_remainder=drop_remainder,
-        prefetch=prefetch,
+        shuffle=shuffle_mode(shuffle, shuffle_buffer_size),
         seed=seed,
-        shuffle_buffer_size=shuffle_buffer_size,
         epoch=epoch,
-        window_bytes=window_bytes,
+        shuffle_buffer_size=shuffle_buffer_size,
         memory_budget=memory_budget,
-    )
-    return plan.summary(task_count=lambda window: count_tasks(sources, window))
-
-
-def _mode(shuffle_buffer_size: object) -> ShuffleMode:
-    return "exact" if shuffle_buffer_size is None else "buffer"
-
-
-def _stream(
-    arrays: tuple[Any, ...],
-    batch_size: object,
-    *,
-    shuffle: ShuffleMode,
-    drop_remainder: object,
-    prefetch: object,
-    client: Any,
-    timeout: object,
-    seed: object = None,
-    shuffle_buffer_size: object = None,
-    epoch: object = 0,
-    window_bytes: object = DEFAULT_WINDOW_BYTES,
-    memory_budget: object = DEFAULT_MEMORY_BUDGET,
-) -> BatchStream:
-    sources, plan, ahead, seed_value = _plan(
-        arrays,
-        batch_size,
-        shuffle=shuffle,
-        drop_remainder=drop_remainder,
+        window_bytes=window_bytes,
         prefetch=prefetch,
-        seed=seed,
-        shuffle_buffer_size=shuffle_buffer_size,
-        epoch=epoch,
-        window_bytes=window_bytes,
-        memory_budget=memory_budget,
+        drop_remainder=drop_remainder,
     )
-    wait = check.optional_timeout(timeout)
-    # One task per array and window (SliceSource), each decoding its chunks
-    # concurrently inside Zarr: read two windows at a time, in order.
-    one_task_each = all(isinstance(source, SliceSource) for source in sources)
-    return BatchStream(
-        sources,
-        plan,
-        paired=len(sources) > 1,
-        prefetch=ahead,
-        runner=make_runner(
-            resolve_client(client),
-            in_flight=ahead + 1,
-            read_workers=2 * len(sources) if one_task_each else None,
-        ),
-        timeout=wait,
-        seed=seed_value,
-    )
+    return _summary(spec)
 
 
-def _plan(
-    arrays: tuple[Any, ...],
-    batch_size: object,
-    *,
-    shuffle: ShuffleMode,
-    drop_remainder: object,
-    prefetch: object,
-    seed: object,
-    shuffle_buffer_size: object,
-    epoch: object,
-    window_bytes: object,
-    memory_budget: object,
-) -> tuple[list[Source], EpochPlan, int, int | None]:
-    """Validate arguments and plan the epoch: (sources, plan, prefetch, seed)."""
-    roles = ("array",) if len(arrays) == 1 else ("features", "labels")
-    sources = [as_source(array, role) for array, role in zip(arrays, roles, strict=True)]
-    _check_lengths(sources, roles)
-    size = check.positive_int("batch_size", batch_size)
-    drop = check.flag("drop_remainder", drop_remainder)
-    ahead = _prefetch(prefetch, shuffle)
-    epoch_number = check.non_negative_int("epoch", epoch)
-    seed_value = check.seed_value(seed)
-    row_bytes = max(sum(source.row_bytes for source in sources), 1)
-    if shuffle == "buffer":
-        window_rows = check.positive_int("shuffle_buffer_size", shuffle_buffer_size)
-    elif shuffle == "exact":
-        budget = check.positive_int("memory_budget", memory_budget)
-        # prefetch + 1 windows are alive at once, each holding its samples;
-        # decoding adds about 1/16 of a window (see _read.read_window).
-        window_rows = max(1, budget // (row_bytes * (ahead + 1)))
-    else:
-        window_rows = max(1, check.positive_int("window_bytes", window_bytes) // row_bytes)
-    if shuffle != "none" and seed_value is None:
-        seed_value = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-    plan = EpochPlan(
-        n_samples=sources[0].n_samples,
-        offsets=tuple(chunk_offsets(source.chunks[0]) for source in sources),
-        batch_size=size,
-        drop_remainder=drop,
-        shuffle=shuffle,
-        window_rows=window_rows,
-        seed=seed_value or 0,
-        epoch=epoch_number,
-        row_bytes=tuple(source.row_bytes for source in sources),
-    )
-    return sources, plan, ahead, seed_value
-
-
-def _prefetch(prefetch: object, shuffle: ShuffleMode) -> int:
-    """Validate ``prefetch``; ``None`` picks the default of the shuffle mode.
-
-    An exact shuffle spends ``memory_budget`` on windows, and each window in
-    flight divides it: measured at a quarter-dataset budget, prefetch 0 reads
-    the data 4 times at 0.28x L0, prefetch 2 reads it 12 times at 0.13x L0
-    (docs/benchmarks.md).  So the exact shuffle prefetches nothing by default
-    and the other modes prefetch ``DEFAULT_PREFETCH`` windows.
-    """
-    if prefetch is None:
-        return 0 if shuffle == "exact" else DEFAULT_PREFETCH
-    return check.non_negative_int("prefetch", prefetch)
-
-
-def _check_lengths(sources: list[Source], roles: tuple[str, ...]) -> None:
-    lengths = [source.n_samples for source in sources]
-    if len(set(lengths)) > 1:
-        described = " but ".join(
-            f"{role} has {n} samples (shape {source.shape})"
-            for role, n, source in zip(roles, lengths, sources, strict=True)
-        )
-        raise LengthMismatchError(f"paired arrays must have the same length: {described}")
+def _summary(spec: StreamSpec) -> PlanSummary:
+    """The plan of ``spec`` in numbers (shared by ``plan_epoch`` and ``summary()``)."""
+    return spec.plan().summary(task_count=lambda window: count_tasks(spec.sources, window))
 
 
 def _default_concurrency(client: Any) -> int:
@@ -528,3 +448,401 @@ def _default_concurrency(client: Any) -> int:
         return os.cpu_count() or 1
     threads = sum(client.nthreads().values())
     return max(2 * threads, 1)
+
+
+# --------------------------------------------------------------------------
+# Stream iterators
+
+
+@dataclass
+class StreamStats:
+    """Counters of one stream, updated as items are consumed.
+
+    Attributes
+    ----------
+    chunks_read : int
+        Stored chunks decoded (for batch streams: axis-0 chunks, each covering
+        every stored chunk along the other axes; per paired array).
+    bytes_read : int
+        Decoded bytes of those chunks.
+    bytes_yielded : int
+        Bytes of the arrays handed to the consumer.
+    items_yielded : int
+        Batches (or chunks) handed to the consumer.
+    samples_yielded : int
+        Samples (rows of axis 0) handed to the consumer.
+    windows_read : int
+        Dask graphs whose results were consumed.
+    wait_seconds : float
+        Time the consumer spent blocked in ``next()`` waiting for data.
+    """
+
+    chunks_read: int = 0
+    bytes_read: int = 0
+    bytes_yielded: int = 0
+    items_yielded: int = 0
+    samples_yielded: int = 0
+    windows_read: int = 0
+    wait_seconds: float = 0.0
+
+    @property
+    def read_amplification(self) -> float:
+        """``bytes_read / bytes_yielded`` (1.0 means every byte read once)."""
+        if self.bytes_yielded == 0:
+            return 0.0 if self.bytes_read == 0 else float("inf")
+        return self.bytes_read / self.bytes_yielded
+
+
+class Stream(Generic[T]):
+    """An iterator with ``len()``, ``close()``, context-manager use and stats.
+
+    One pass: once exhausted (or closed) it stays exhausted, as Python's
+    iterators do.  ``next()`` may be called from several threads: calls are
+    serialised, and each item goes to exactly one caller.
+
+    Subclasses provide ``_produce()``, a generator of items; everything it
+    holds (futures, threads) is released in its ``finally`` block, which runs
+    on exhaustion, ``close()``, errors, and when the stream is dropped
+    (``break`` out of a ``for`` loop over it, or garbage collection).  The
+    generator sees the stream through a weak proxy, so the stream and its
+    generator form no reference cycle: a stream dropped after ``break`` is
+    finalised at once by reference counting, and its work in flight is
+    released right away.
+    """
+
+    def __init__(self, length: int, runner: Runner, timeout: float | None) -> None:
+        self.stats = StreamStats()
+        self._length = length
+        self._runner = runner
+        self._timeout = timeout
+        self._token = uuid.uuid4().hex[:12]
+        self._items: Iterator[T] | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def _produce(self) -> Iterator[T]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> T:
+        with self._lock:
+            if self._closed:
+                raise StopIteration
+            if self._items is None:
+                proxy: Any = weakref.proxy(self)
+                self._items = type(self)._produce(proxy)
+            try:
+                return next(self._items)
+            except BaseException:  # StopIteration included: exhausted
+                self._close()
+                raise
+
+    def close(self) -> None:
+        """Stop the stream: cancel work in flight and release its results.
+
+        From another thread while ``next()`` runs, the stream stops handing
+        out items once that call returns.
+        """
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close()
+            finally:
+                self._lock.release()
+        else:  # next() is running on another thread: stop its work, it returns
+            self._closed = True
+            self._runner.close()
+
+    def _close(self) -> None:
+        if self._items is None and self._closed:
+            return
+        self._closed = True
+        items, self._items = self._items, None
+        try:
+            if items is not None:
+                items.close()  # type: ignore[attr-defined]
+        finally:
+            self._runner.close()  # releases anything the generator could not
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<{type(self).__name__} {self._describe_self()}, {state}>"
+
+    def _describe_self(self) -> str:
+        raise NotImplementedError
+
+    def _place(self, sources: Sequence[Source]) -> list[Source]:
+        """Sources as the runner wants them in graphs (sent to a cluster once)."""
+        try:
+            return self._runner.place(sources, self._timeout)
+        except Exception as exc:
+            names = ", ".join(source.name for source in sources)
+            error = WindowTimeoutError if isinstance(exc, TimeoutError) else WindowError
+            raise error(
+                f"could not send {names} to the cluster's workers: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _submit(
+        self, dsk: dict[Any, Any], key: Any, priority: int, what: Callable[..., str]
+    ) -> Any:
+        """Hand a graph to the runner; a refusal (e.g. a closed client) names the work."""
+        try:
+            return self._runner.submit(dsk, key, priority)
+        except Exception as exc:
+            raise WindowError(
+                f"{what()} could not be submitted: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _wait(self, future: Any, what: Callable[..., str]) -> Any:
+        """Block for ``future``'s result, turning failures into our errors."""
+        started = time.perf_counter()
+        try:
+            return future.result(timeout=self._timeout)
+        except ChunkReadError:
+            raise
+        except TimeoutError as exc:
+            if future.done():  # the task itself raised a TimeoutError
+                raise WindowError(f"{what()} failed: {exc!r}") from exc
+            raise WindowTimeoutError(
+                f"{what()} was not ready after timeout={self._timeout} s"
+            ) from exc
+        except Exception as exc:
+            raise WindowError(f"{what()} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.stats.wait_seconds += time.perf_counter() - started
+
+
+class BatchStream(Stream[Any]):
+    """Batches along axis 0, computed window by window from an epoch plan.
+
+    Yields one ``numpy.ndarray`` per batch, or a tuple of them (one per
+    array) for paired streams.  Created by :func:`batch_stream` and friends
+    from a :class:`StreamSpec`.
+
+    Attributes
+    ----------
+    spec : StreamSpec
+        The validated settings of the epoch.
+    plan : EpochPlan
+        The epoch's plan (pure, inspectable without reading data).
+    seed : int or None
+        The entropy behind the shuffle; pass it as ``seed=`` to repeat an
+        epoch drawn with ``seed=None``.
+    stats : StreamStats
+    """
+
+    def __init__(self, spec: StreamSpec) -> None:
+        self.spec = spec
+        self.plan = spec.plan()
+        assert spec.prefetch is not None  # resolved by the spec
+        runner = make_runner(
+            spec.client, in_flight=spec.prefetch + 1, read_workers=read_threads(spec.sources)
+        )
+        super().__init__(self.plan.n_batches, runner, spec.timeout)
+
+    @property
+    def seed(self) -> int | None:
+        """The entropy behind the shuffle (``None`` for a sequential stream)."""
+        return self.spec.seed
+
+    def _produce(self) -> Iterator[Any]:
+        spec = self.spec
+        assert spec.prefetch is not None
+        windows = self.plan.windows()
+        in_flight: deque[tuple[Window, Any]] = deque()
+        batcher = Batcher(spec.batch_size)
+        sources: list[Source] = []
+
+        def top_up(limit: int) -> None:
+            while len(in_flight) < limit:
+                window = next(windows, None)
+                if window is None:
+                    return
+                dsk, key = window_graph(sources, window, self._token)
+                future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
+                in_flight.append((window, future))
+
+        try:
+            sources = self._place(spec.sources)
+            while True:
+                top_up(spec.prefetch + 1)
+                if not in_flight:
+                    break
+                window, future = in_flight[0]  # stays in flight (released) if this fails
+                outputs = self._wait(future, lambda w=window: self._where(w))
+                in_flight.popleft()
+                self._runner.release(future)  # a distributed result leaves the worker now
+                del future
+                self._count_reads(window)
+                top_up(spec.prefetch)
+                for batch in batcher.feed(outputs, window.gather_index()):
+                    yield self._deliver(batch)
+                del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
+            rest = batcher.finish()  # the plan leaves none with drop_remainder
+            if rest is not None:
+                yield self._deliver(rest)
+        finally:
+            for _, future in in_flight:
+                self._runner.release(future)
+            in_flight.clear()
+
+    def summary(self) -> PlanSummary:
+        """The epoch's plan in numbers, per window and in total; reads nothing.
+
+        Returns
+        -------
+        PlanSummary
+            Chunks read, decoded bytes, bytes held, samples, batches and dask
+            tasks per window; read amplification, peak window bytes and task
+            count for the epoch.  About ``prefetch + 1`` windows are held at
+            once.  The same as :func:`plan_epoch` with this stream's arguments.
+        """
+        return _summary(self.spec)
+
+    def _describe_self(self) -> str:
+        names = ", ".join(source.name for source in self.spec.sources)
+        return (
+            f"{names}: batch_size={self.spec.batch_size}, shuffle={self.spec.shuffle!r}, "
+            f"batch {self.stats.items_yielded}/{len(self)}"
+        )
+
+    def _where(self, window: Window) -> str:
+        batches = window.batch_range(self.spec.batch_size)
+        chunks = [[piece.chunk for piece in pieces] for pieces in window.pieces]
+        names = ", ".join(source.name for source in self.spec.sources)
+        return (
+            f"window {window.index} (batches {batches.start}..{batches.stop - 1}, "
+            f"axis-0 chunks {chunks if self.spec.paired else chunks[0]} of {names})"
+        )
+
+    def _count_reads(self, window: Window) -> None:
+        stats = self.stats
+        stats.windows_read += 1
+        for source, pieces in zip(self.spec.sources, window.pieces, strict=True):
+            stats.chunks_read += len(pieces)
+            stats.bytes_read += sum(piece.rows for piece in pieces) * source.row_bytes
+
+    def _deliver(self, batch: tuple[np.ndarray, ...]) -> Any:
+        stats = self.stats
+        stats.items_yielded += 1
+        stats.samples_yielded += len(batch[0])
+        stats.bytes_yielded += sum(part.nbytes for part in batch)
+        return batch if self.spec.paired else batch[0]
+
+
+class ChunkStream(Stream[Any]):
+    """One item per stored chunk; created by :func:`chunk_stream` and :func:`map_chunks`.
+
+    Without ``transform`` an item is the chunk itself; with one it is
+    ``transform(chunk)``, computed in the task that read the chunk (on a
+    worker, with a client), so only the result travels to the consumer.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        concurrency: int,
+        ordered: bool,
+        with_index: bool,
+        client: Any,
+        timeout: float | None,
+        transform: Callable[[np.ndarray], Any] | None = None,
+    ) -> None:
+        self.source = source
+        self._blocks = list(source.blocks())
+        runner = make_runner(client, in_flight=concurrency)
+        super().__init__(len(self._blocks), runner, timeout)
+        self._concurrency = concurrency
+        self._ordered = ordered
+        self._with_index = with_index
+        self._transform = transform
+
+    def _produce(self) -> Iterator[Any]:
+        blocks = enumerate(self._blocks)
+        in_flight: dict[Any, tuple[int, ...]] = {}  # insertion order = block order
+        source = self.source
+
+        def top_up() -> None:
+            while len(in_flight) < self._concurrency:
+                ordinal, block = next(blocks, (0, None))
+                if block is None:
+                    return
+                dsk, key = block_graph(source, block, self._token, self._transform)
+                future = self._submit(dsk, key, -ordinal, lambda b=block: self._where(b))
+                in_flight[future] = block
+
+        try:
+            (source,) = self._place([self.source])
+            while True:
+                top_up()
+                if not in_flight:
+                    break
+                if self._ordered:
+                    ready = [next(iter(in_flight))]
+                else:
+                    ready = self._first_done(list(in_flight))
+                    if not ready:  # nothing finished within timeout: name the oldest
+                        oldest = self._where(next(iter(in_flight.values())))
+                        raise WindowTimeoutError(
+                            f"{oldest} was not ready after timeout={self._timeout} s "
+                            f"(nor any of the {len(in_flight)} chunks in flight)"
+                        )
+                while ready:
+                    future = ready.pop(0)
+                    block = in_flight[future]
+                    item = self._wait(future, lambda b=block: self._where(b))
+                    del in_flight[future]
+                    self._runner.release(future)
+                    del future
+                    yield self._deliver(block, item)
+        finally:
+            for future in in_flight:
+                self._runner.release(future)
+            in_flight.clear()
+
+    def _describe_self(self) -> str:
+        order = "ordered" if self._ordered else "unordered"
+        what = "" if self._transform is None else f"{_name(self._transform)}() on "
+        return f"{what}{self.source.name}: chunk {self.stats.items_yielded}/{len(self)}, {order}"
+
+    def _where(self, block: tuple[int, ...]) -> str:
+        where = f"chunk {block} of array {self.source.name}"
+        if self._transform is None:
+            return where
+        return f"{_name(self._transform)}() on {where}"
+
+    def _first_done(self, futures: list[Any]) -> list[Any]:
+        started = time.perf_counter()
+        done = self._runner.wait(futures, self._timeout)
+        self.stats.wait_seconds += time.perf_counter() - started
+        return [f for f in futures if f in done]  # block order; empty if timed out
+
+    def _deliver(self, block: tuple[int, ...], item: Any) -> Any:
+        stats = self.stats
+        sizes = [axis[i] for axis, i in zip(self.source.chunks, block, strict=True)]
+        stats.chunks_read += 1
+        stats.windows_read += 1
+        stats.bytes_read += math.prod(sizes) * self.source.dtype.itemsize
+        stats.bytes_yielded += int(getattr(item, "nbytes", 0))
+        stats.items_yielded += 1
+        stats.samples_yielded += sizes[0]
+        return (block, item) if self._with_index else item
+
+
+def _name(function: Callable[..., Any]) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)

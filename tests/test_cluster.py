@@ -32,7 +32,7 @@ from scheduler_state import our_tasks
 from zarr.testing.store import LatencyStore
 
 import daskzarr_batches as dzb
-from daskzarr_batches._deliver import ClientRunner, ThreadRunner
+from daskzarr_batches._runners import ClientRunner, ThreadRunner
 
 distributed = pytest.importorskip("distributed")
 

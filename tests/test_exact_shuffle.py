@@ -112,7 +112,7 @@ def test_exact_shuffle_spends_the_budget_on_one_window_by_default() -> None:
     buffered = dzb.shuffled_batch_stream(array, 100, seed=0, shuffle_buffer_size=1000)
     with exact, buffered:
         assert exact.summary().read_amplification == pytest.approx(4.0)
-        assert buffered._prefetch == 2  # the buffer prefetches; only exact does not
+        assert buffered.spec.prefetch == 2  # the buffer prefetches; only exact does not
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])

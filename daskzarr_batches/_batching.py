@@ -1,0 +1,149 @@
+"""Batching: every piece of batch arithmetic, and cutting windows into batches.
+
+An epoch yields its samples in plan order; batch ``k`` is epoch positions
+``[k * batch_size, (k + 1) * batch_size)``.  Windows are cut by chunks, not by
+batches, so a batch may start in one window and end in the next.  This module
+owns the arithmetic (how many batches, which samples an epoch uses, which
+batches a window touches or completes) and :class:`Batcher`, which cuts a
+sequence of window outputs into batches the caller owns, carrying a batch that
+straddles two windows.
+
+``drop_remainder`` is applied once, by :func:`samples_used`: the plan never
+reads the samples of a dropped short batch, so the batcher never sees them and
+needs no flag.  Pure numpy: no dask, no zarr, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "Batcher",
+    "batches_completed",
+    "batches_touching",
+    "count_batches",
+    "join_rows",
+    "samples_used",
+]
+
+Batch = tuple[np.ndarray, ...]
+
+
+def count_batches(n_samples: int, batch_size: int, drop_remainder: bool) -> int:
+    """Number of batches an epoch of ``n_samples`` yields."""
+    if drop_remainder:
+        return n_samples // batch_size
+    return -(-n_samples // batch_size)
+
+
+def samples_used(n_samples: int, batch_size: int, drop_remainder: bool) -> int:
+    """Samples an epoch yields: all of them, or whole batches only."""
+    if drop_remainder:
+        return n_samples // batch_size * batch_size
+    return n_samples
+
+
+def batches_touching(position: int, size: int, batch_size: int) -> range:
+    """Indices of the batches holding any of positions ``[position, position + size)``."""
+    first = position // batch_size
+    last = (position + size - 1) // batch_size
+    return range(first, last + 1)
+
+
+def batches_completed(position: int, size: int, batch_size: int, n_used: int) -> int:
+    """Batches completed by positions ``[position, position + size)``.
+
+    A batch straddling two windows counts in the second; the short last batch
+    counts in the window holding the epoch's last used sample (``n_used``).
+    """
+    end = position + size
+    completed = end // batch_size - position // batch_size
+    if end == n_used and end % batch_size:
+        completed += 1
+    return completed
+
+
+def join_rows(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate ``parts`` along axis 0 with exactly the first part's dtype.
+
+    ``np.concatenate`` would canonicalise the dtype (``>i4`` becomes native
+    ``int32``; padded structured dtypes lose their padding); a batch must
+    have the source's dtype.
+    """
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    out = np.empty((sum(len(part) for part in parts), *first.shape[1:]), dtype=first.dtype)
+    at = 0
+    for part in parts:
+        out[at : at + len(part)] = part
+        at += len(part)
+    return out
+
+
+class Batcher:
+    """Cuts window outputs, in epoch order, into batches of ``batch_size`` rows.
+
+    Every batch is a copy the caller owns, with the dtype of the window
+    outputs.  Rows left at the end of a window are carried into the next
+    window's first batch; :meth:`finish` returns the short last batch.
+
+    Parameters
+    ----------
+    batch_size : int
+        Rows per batch (>= 1).
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self._carry: list[Batch] = []
+        self._carried = 0
+
+    def feed(self, outputs: Batch, order: npt.NDArray[np.int64] | None = None) -> Iterator[Batch]:
+        """Yield every batch completed by one window's ``outputs``.
+
+        Parameters
+        ----------
+        outputs : tuple of ndarray
+            The window's rows, one array per array of the stream, all of the
+            same length.
+        order : ndarray, optional
+            Row ``order[i]`` of ``outputs`` is the window's ``i``-th sample in
+            plan order (``Window.gather_index()``); ``None``: already in order.
+        """
+        size = len(outputs[0])
+        position = 0
+        if self._carry:
+            position = min(self.batch_size - self._carried, size)
+            self._carry.append(_rows(outputs, order, 0, position))
+            self._carried += position
+            if self._carried == self.batch_size:
+                yield self._join()
+        while size - position >= self.batch_size:
+            end = position + self.batch_size
+            yield _rows(outputs, order, position, end)
+            position = end
+        if position < size:
+            self._carry.append(_rows(outputs, order, position, size))
+            self._carried += size - position
+
+    def finish(self) -> Batch | None:
+        """The short last batch, if rows are left over."""
+        return self._join() if self._carry else None
+
+    def _join(self) -> Batch:
+        parts = list(zip(*self._carry, strict=True))
+        self._carry, self._carried = [], 0
+        return tuple(join_rows(p) for p in parts)
+
+
+def _rows(outputs: Batch, order: npt.NDArray[np.int64] | None, start: int, stop: int) -> Batch:
+    """Plan positions ``start:stop`` of every output, as owned copies."""
+    if order is None:
+        return tuple(part[start:stop].copy() for part in outputs)
+    where = order[start:stop]
+    # np.take copies whole rows of a 2-d+ array faster than fancy indexing
+    return tuple(np.take(part, where, axis=0) if part.ndim > 1 else part[where] for part in outputs)

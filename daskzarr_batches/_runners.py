@@ -1,0 +1,217 @@
+"""Runners: compute dask graphs in the background, locally or on a cluster.
+
+A stream hands each window (or block) graph to a :class:`Runner` and gets a
+future back.  Two runners implement the same small protocol, so stream code
+never asks which one it has:
+
+:class:`ThreadRunner`
+    dask's threaded scheduler on a private thread pool of this process.
+:class:`ClientRunner`
+    a ``distributed.Client``: graphs run on the cluster's workers, and the
+    runner owns every future it made until it is released.
+
+Futures of both are ``concurrent.futures``-like: ``future.result(timeout)``
+returns the graph's result or raises its error (``TimeoutError`` when not
+ready in time).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import dask.threaded
+
+from ._errors import ArgumentTypeError
+from ._sources import SliceSource, Source
+
+__all__ = ["ClientRunner", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
+
+Graph = dict[Any, Any]
+
+
+class Runner(Protocol):
+    """What a stream needs from whatever computes its graphs."""
+
+    def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
+        """``sources`` as graphs should refer to them (sent to workers once if needed)."""
+
+    def submit(self, dsk: Graph, key: Any, priority: int) -> Any:
+        """Start computing ``key`` of ``dsk``; returns its future.
+
+        A higher ``priority`` runs first where the runner can order work.
+        """
+
+    def wait(self, futures: Sequence[Any], timeout: float | None) -> set[Any]:
+        """Block until at least one of ``futures`` is done; the done ones.
+
+        Empty when none finished within ``timeout`` seconds.
+        """
+
+    def release(self, future: Any) -> None:
+        """Let go of ``future``: its result was consumed or is no longer wanted."""
+
+    def close(self) -> None:
+        """Stop: cancel and release everything still held (idempotent)."""
+
+
+class ThreadRunner:
+    """Computes graphs with dask's threaded scheduler on a private pool.
+
+    Each graph is driven by one thread of a small driver pool (one per graph
+    in flight), whose tasks run on ``read_workers`` read threads.
+    """
+
+    def __init__(self, in_flight: int, read_workers: int | None = None) -> None:
+        workers = read_workers or max(os.cpu_count() or 1, in_flight)
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "dzb-read")
+        self._drivers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-window")
+
+    def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
+        return list(sources)  # the threads share this process's memory
+
+    def submit(self, dsk: Graph, key: Any, priority: int) -> Any:
+        return self._drivers.submit(dask.threaded.get, dsk, key, pool=self._pool)
+
+    def wait(self, futures: Sequence[Any], timeout: float | None) -> set[Any]:
+        done, _ = concurrent.futures.wait(
+            futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        return done
+
+    def release(self, future: Any) -> None:
+        future.cancel()  # no-op once it runs or ran
+
+    def close(self) -> None:
+        self._drivers.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ClientRunner:
+    """Computes graphs on a ``distributed.Client``, on its workers.
+
+    The runner owns every future it creates: :meth:`release` lets go of one
+    as soon as its result is consumed, and :meth:`close` releases whatever is
+    left (graphs in flight, scattered sources).  Releasing is non-blocking
+    (it only queues a message to the scheduler), so it is safe from
+    ``__del__`` and from any thread; the scheduler then forgets the keys and
+    the workers drop their results or stop waiting for them.
+
+    Workers lost mid-computation are handled by the scheduler: their tasks
+    (and the results they held) are recomputed elsewhere, up to
+    ``distributed.scheduler.allowed-failures`` times per task.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._live: dict[int, Any] = {}  # id(future) -> future, submitted and not released
+        self._scattered: dict[str, Any] = {}  # graph key -> future of a scattered array
+        self.peak_in_flight = 0
+
+    def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
+        """``sources`` ready to embed in graphs sent to the cluster.
+
+        A source whose pickle carries its data (a numpy array, a Zarr array in
+        a memory store) is scattered to every worker once per stream, and the
+        graphs refer to it by key; other sources (Zarr arrays on disk or in an
+        object store, dask arrays) pickle small and are embedded as they are.
+        """
+        placed: list[Source] = []
+        for source in sources:
+            if isinstance(source, SliceSource) and source.carries_data:
+                key = f"dzb-scattered-{source.token}"
+                if key not in self._scattered:
+                    scattered = self.client.scatter(
+                        {key: source.array},
+                        broadcast=True,
+                        hash=False,
+                        **({} if timeout is None else {"timeout": timeout}),
+                    )
+                    self._scattered[key] = scattered[key]
+                source = dataclasses.replace(source, array=self._scattered[key])
+            placed.append(source)
+        return placed
+
+    def submit(self, dsk: Graph, key: Any, priority: int) -> Any:
+        future = self.client.get(dsk, key, sync=False, priority=priority)
+        self._live[id(future)] = future
+        self.peak_in_flight = max(self.peak_in_flight, len(self._live))
+        return future
+
+    def wait(self, futures: Sequence[Any], timeout: float | None) -> set[Any]:
+        import distributed
+
+        try:
+            with self.client.as_current():  # wait() uses the current client
+                done, _ = distributed.wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            return set()
+        return set(done)
+
+    def release(self, future: Any) -> None:
+        """Let go of ``future``: the cluster forgets its key and result."""
+        self._live.pop(id(future), None)
+        future.release()
+
+    def close(self) -> None:
+        """Release every future still held (idempotent)."""
+        leftovers = [*self._live.values(), *self._scattered.values()]
+        self._live.clear()
+        self._scattered.clear()
+        for future in leftovers:
+            future.release()
+
+
+def resolve_client(client: Any) -> Any | None:
+    """``client`` if given, else the ``distributed`` client dask would use now.
+
+    A client is active when dask's configuration points at one, as it does
+    after ``Client(...)`` (``set_as_default=True``, the default) or inside
+    ``with dask.config.set(scheduler=client)``.
+    ``dask.config.set(scheduler="threads")`` (or ``"sync"``) forces the local
+    threaded scheduler even then.
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``client`` is neither ``None`` nor a ``distributed.Client``.
+    """
+    if client is not None:
+        import distributed
+
+        if not isinstance(client, distributed.Client):
+            hint = (
+                f"; to connect, pass distributed.Client({client!r})"
+                if isinstance(client, str)
+                else ""
+            )
+            raise ArgumentTypeError(
+                f"client must be a distributed.Client or None, got {client!r} of type "
+                f"{type(client).__name__}{hint}"
+            )
+        return client
+    if "distributed" not in sys.modules:
+        return None  # no client can exist if distributed was never imported
+    import dask.base
+    import distributed
+
+    scheduler = dask.base.get_scheduler()
+    active = getattr(scheduler, "__self__", None)
+    return active if isinstance(active, distributed.Client) else None
+
+
+def make_runner(
+    client: Any | None, in_flight: int, read_workers: int | None = None
+) -> ThreadRunner | ClientRunner:
+    """A runner on ``client``, or on the local threaded scheduler if ``None``.
+
+    ``in_flight``: graphs computed at once.  ``read_workers``: local threads
+    running read tasks (default: one per CPU, at least ``in_flight``).
+    """
+    if client is None:
+        return ThreadRunner(in_flight, read_workers)
+    return ClientRunner(client)

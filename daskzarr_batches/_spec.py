@@ -1,0 +1,290 @@
+"""Stream settings: every argument validated in one place, held in one value.
+
+:class:`StreamSpec` is one epoch of a batch stream as a frozen, validated
+value: the arrays and their roles, batch size, shuffle mode, seed and epoch,
+the sizes that shape windows, prefetch, client and timeout.  The public
+constructors build one; the plan (:meth:`StreamSpec.plan`), ``plan_epoch``,
+``stream.summary()`` and the streams all read that one object, so they
+cannot disagree about what an argument means or whether it is valid.
+
+The scalar checks below it return the normalised value or raise an error
+that names the parameter and shows the offending value.  Numpy integers are
+accepted wherever an ``int`` is; ``bool`` is rejected even though it is an
+``int`` subclass, because ``batch_size=True`` is always a mistake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import threading
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+import numpy as np
+
+from ._errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
+from ._plan import EpochPlan, ShuffleMode, chunk_offsets
+from ._runners import resolve_client
+from ._sources import Source, as_source
+
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "DEFAULT_PREFETCH",
+    "DEFAULT_WINDOW_BYTES",
+    "StreamSpec",
+    "flag",
+    "non_negative_int",
+    "positive_int",
+    "timeout_seconds",
+]
+
+#: Windows computed ahead of the one being consumed.
+DEFAULT_PREFETCH = 2
+#: Target decoded bytes of one sequential window (rounded to whole chunks).
+DEFAULT_WINDOW_BYTES = 32 * 2**20
+#: Bytes of samples an exact shuffle may hold in its windows.
+DEFAULT_MEMORY_BUDGET = 2**30
+
+
+# --------------------------------------------------------------------------
+# Scalar checks
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _integer(name: str, value: object, minimum: int, wanted: str, bound: str) -> int:
+    if not _is_integer(value):
+        raise ArgumentTypeError(
+            f"{name} must be a {wanted}, got {value!r} of type {type(value).__name__}"
+        )
+    result = int(value)  # type: ignore[call-overload]
+    if result < minimum:
+        raise ArgumentValueError(f"{name} must be {bound}, got {result}")
+    return result
+
+
+def positive_int(name: str, value: object) -> int:
+    """Return ``value`` as an ``int`` >= 1, or raise naming ``name``."""
+    return _integer(name, value, 1, "positive integer", "a positive integer")
+
+
+def non_negative_int(name: str, value: object) -> int:
+    """Return ``value`` as an ``int`` >= 0, or raise naming ``name``."""
+    return _integer(name, value, 0, "non-negative integer", ">= 0")
+
+
+def timeout_seconds(value: object) -> float | None:
+    """Validate ``timeout``: seconds > 0; ``None`` means wait forever.
+
+    ``float("inf")`` and values of ``threading.TIMEOUT_MAX`` or more (which
+    the waits below cannot take) also mean "no timeout", and become ``None``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {value!r}")
+    seconds = float(value)
+    if not seconds > 0:  # also NaN
+        raise ArgumentValueError(f"timeout must be > 0 seconds, got {value!r}")
+    if math.isinf(seconds) or seconds >= threading.TIMEOUT_MAX:
+        return None
+    return seconds
+
+
+def flag(name: str, value: object) -> bool:
+    """Require a real ``bool`` so that ``ordered="no"`` is not silently true."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def shuffle_mode(shuffle: object, shuffle_buffer_size: object) -> ShuffleMode:
+    """The mode of the public ``shuffle`` flag: exact unless a buffer size is given."""
+    if not flag("shuffle", shuffle):
+        return "none"
+    return "exact" if shuffle_buffer_size is None else "buffer"
+
+
+# --------------------------------------------------------------------------
+# The epoch spec
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One epoch of a batch stream, validated: what to read, in what order, how.
+
+    Made by every batch stream constructor and by :func:`plan_epoch`, and
+    kept as ``stream.spec``.  Constructing one (also through
+    ``dataclasses.replace``) validates and normalises every field, whatever
+    the shuffle mode uses, so a value that reaches the plan is always valid.
+
+    Parameters
+    ----------
+    sources : tuple
+        The arrays (``zarr.Array``, ``dask.array.Array``, ``numpy.ndarray``),
+        all with the same length along axis 0.  Stored as sources.
+    batch_size : int
+        Samples per batch (>= 1).
+    shuffle : {"none", "buffer", "exact"}, default "none"
+        Sequential order, a shuffle buffer of ``shuffle_buffer_size``
+        samples, or an exact permutation within ``memory_budget``.
+    seed : int, optional
+        Entropy of the shuffle (non-negative).  ``None`` draws fresh entropy
+        for a shuffled spec; the drawn value is kept, so the epoch repeats
+        from the spec.  Must be ``None`` for ``shuffle="none"``.
+    epoch : int, default 0
+        Mixed into the seed: each epoch of a seed has its own order.
+    shuffle_buffer_size : int, optional
+        Samples in the shuffle buffer; given exactly when ``shuffle="buffer"``.
+    memory_budget : int, default ``DEFAULT_MEMORY_BUDGET``
+        Bytes of samples the windows of an exact shuffle may hold at once.
+    window_bytes : int, default ``DEFAULT_WINDOW_BYTES``
+        Target decoded bytes of one sequential window.
+    prefetch : int, optional
+        Windows computed ahead of the one being consumed.  ``None``: 0 for
+        the exact shuffle (each prefetched window would split
+        ``memory_budget`` and multiply the reads), ``DEFAULT_PREFETCH``
+        otherwise.
+    drop_remainder : bool, default False
+        Whether the short last batch is dropped (its samples are not read).
+    client : distributed.Client, optional
+        Where windows are computed; ``None`` resolves to the client dask's
+        configuration points at, if any, else the local threads.
+    timeout : float, optional
+        Seconds to wait for one window; ``None``, ``inf`` or values of
+        ``threading.TIMEOUT_MAX`` or more wait forever (stored as ``None``).
+    roles : tuple of str, optional
+        How errors name the arrays; default ``("array",)`` for one array and
+        ``("features", "labels")`` for two.
+
+    Raises
+    ------
+    ArgumentTypeError, ArgumentValueError, LengthMismatchError
+        A field has the wrong type or value (the message names it).
+    """
+
+    sources: tuple[Source, ...]
+    batch_size: int
+    shuffle: ShuffleMode = "none"
+    seed: int | None = None
+    epoch: int = 0
+    shuffle_buffer_size: int | None = None
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    window_bytes: int = DEFAULT_WINDOW_BYTES
+    prefetch: int | None = None
+    drop_remainder: bool = False
+    client: Any = field(default=None, compare=False)
+    timeout: float | None = None
+    roles: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        arrays = tuple(self.sources) if isinstance(self.sources, tuple | list) else ()
+        if not 1 <= len(arrays) <= 2:
+            raise ArgumentTypeError(
+                f"sources must be a tuple of one or two arrays, got {self.sources!r}"
+            )
+        roles = self.roles or (("array",) if len(arrays) == 1 else ("features", "labels"))
+        if len(roles) != len(arrays):
+            raise ArgumentValueError(f"roles {roles!r} do not match {len(arrays)} arrays")
+        sources = tuple(as_source(a, r) for a, r in zip(arrays, roles, strict=True))
+        _check_lengths(sources, roles)
+        put("sources", sources)
+        put("roles", tuple(roles))
+        put("batch_size", positive_int("batch_size", self.batch_size))
+        if self.shuffle not in get_args(ShuffleMode):
+            raise ArgumentValueError(
+                f"shuffle must be one of {get_args(ShuffleMode)}, got {self.shuffle!r}"
+            )
+        put("epoch", non_negative_int("epoch", self.epoch))
+        put("memory_budget", positive_int("memory_budget", self.memory_budget))
+        put("window_bytes", positive_int("window_bytes", self.window_bytes))
+        put("drop_remainder", flag("drop_remainder", self.drop_remainder))
+        put("timeout", timeout_seconds(self.timeout))
+        put("client", resolve_client(self.client))
+        buffer = self.shuffle_buffer_size
+        seed = None if self.seed is None else non_negative_int("seed", self.seed)
+        if self.shuffle == "none" and (buffer is not None or seed is not None):
+            raise ArgumentValueError(
+                f"seed={seed!r} / shuffle_buffer_size={buffer!r} were given for a sequential "
+                "order (plan_epoch's shuffle=False); they apply to shuffled streams only"
+            )
+        if self.shuffle == "exact" and buffer is not None:
+            raise ArgumentValueError(
+                f"shuffle='exact' takes no shuffle_buffer_size (got {buffer!r}); "
+                "use shuffle='buffer'"
+            )
+        if self.shuffle == "buffer":
+            put("shuffle_buffer_size", positive_int("shuffle_buffer_size", buffer))
+        if self.shuffle != "none" and seed is None:
+            seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        put("seed", seed)
+        if self.prefetch is None:
+            put("prefetch", 0 if self.shuffle == "exact" else DEFAULT_PREFETCH)
+        else:
+            put("prefetch", non_negative_int("prefetch", self.prefetch))
+
+    @property
+    def paired(self) -> bool:
+        """Whether batches are tuples of arrays (features and labels)."""
+        return len(self.sources) > 1
+
+    @property
+    def n_samples(self) -> int:
+        """Length of axis 0, shared by every array."""
+        return self.sources[0].n_samples
+
+    @property
+    def row_bytes(self) -> int:
+        """Decoded bytes of one sample, summed over the arrays (at least 1)."""
+        return max(sum(source.row_bytes for source in self.sources), 1)
+
+    @property
+    def window_rows(self) -> int:
+        """Samples per window, as the shuffle mode sizes it.
+
+        Sequential: ``window_bytes // row_bytes``.  Buffered: the shuffle
+        buffer.  Exact: ``memory_budget // (row_bytes * (prefetch + 1))``,
+        since ``prefetch + 1`` windows are alive at once.
+        """
+        if self.shuffle == "buffer":
+            assert self.shuffle_buffer_size is not None
+            return self.shuffle_buffer_size
+        if self.shuffle == "exact":
+            assert self.prefetch is not None
+            return max(1, self.memory_budget // (self.row_bytes * (self.prefetch + 1)))
+        return max(1, self.window_bytes // self.row_bytes)
+
+    def plan(self) -> EpochPlan:
+        """The epoch's plan: windows of chunk reads, pure index math."""
+        return EpochPlan(
+            n_samples=self.n_samples,
+            offsets=tuple(chunk_offsets(source.chunks[0]) for source in self.sources),
+            batch_size=self.batch_size,
+            drop_remainder=self.drop_remainder,
+            shuffle=self.shuffle,
+            window_rows=self.window_rows,
+            seed=self.seed or 0,
+            epoch=self.epoch,
+            row_bytes=tuple(source.row_bytes for source in self.sources),
+        )
+
+    def with_epoch(self, epoch: int) -> StreamSpec:
+        """The same spec for another epoch (same seed: a new order)."""
+        return dataclasses.replace(self, epoch=epoch)
+
+
+def _check_lengths(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
+    lengths = [source.n_samples for source in sources]
+    if len(set(lengths)) > 1:
+        described = " but ".join(
+            f"{role} has {n} samples (shape {source.shape})"
+            for role, n, source in zip(roles, lengths, sources, strict=True)
+        )
+        raise LengthMismatchError(f"paired arrays must have the same length: {described}")
