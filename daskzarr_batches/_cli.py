@@ -1,10 +1,11 @@
 """The command line: ``daskzarr-batches demo`` (or ``python -m daskzarr_batches demo``).
 
 An adapter on top of the public API: it imports only what
-``daskzarr_batches`` exports.  ``demo`` rebuilds the seed notebook's data -- a 10 x 4 float32
-feature matrix holding 0..39 and 10 float32 labels holding 0..9, chunked
-(4, 4) and (4,) in a Zarr ``MemoryStore`` -- and prints the three views the
-notebook shows: one array per stored chunk, minibatches of 3 samples, and
+``daskzarr_batches`` exports.  ``demo`` builds the example's data -- the
+README's quick start and ``notebooks/streaming_minibatches.ipynb`` use the
+same: a 10 x 4 float32 feature matrix holding 0..39 and 10 float32 labels
+holding 0..9, chunked (4, 4) and (4,) in a Zarr ``MemoryStore`` -- and prints
+three views of it: one array per stored chunk, minibatches of 3 samples, and
 shuffled feature/label pairs.  Everything printed is deterministic (fixed
 seeds, ordered streams), so the output can be compared line by line.
 
@@ -88,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="stream a tiny in-memory Zarr array three ways (chunks, batches, shuffled pairs)",
         description=(
-            "Build the seed notebook's 10 x 4 features and 10 labels in a Zarr MemoryStore "
-            "and print one array per stored chunk, minibatches of 3 samples and shuffled "
-            "feature/label pairs, with the stream statistics."
+            "Build the example's data (10 x 4 float32 features holding 0..39 and 10 labels "
+            "holding 0..9, in chunks of 4 samples in a Zarr MemoryStore) and print one array "
+            "per stored chunk, minibatches of 3 samples and shuffled feature/label pairs, "
+            "with the stream statistics."
         ),
     )
     where = demo.add_mutually_exclusive_group()
@@ -176,7 +178,7 @@ def _compute_target(scheduler: str | None, local_cluster: int | None) -> Iterato
 
 
 def demo_arrays() -> tuple[zarr.Array, zarr.Array]:
-    """The seed notebook's data in a Zarr ``MemoryStore``.
+    """The example's data (the README's quick start) in a Zarr ``MemoryStore``.
 
     Returns
     -------

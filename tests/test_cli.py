@@ -21,7 +21,7 @@ def _lines(text: str) -> list[str]:
 
 
 def check_demo_output(text: str) -> None:
-    """The lines that carry the seed notebook's three views."""
+    """The lines that carry the demo's three views of the example."""
     lines = _lines(text)
     chunks = [line for line in lines if line.startswith("chunk (")]
     assert chunks == [

@@ -1,20 +1,92 @@
-"""The README stays true: its commands, its quick start and its API list."""
+"""The README and docs/api.md stay true: their commands, their snippets and their API lists.
+
+Snippets: every ```python block of README.md and docs/api.md runs, in the order of the file,
+each in a fresh namespace named ``__main__`` (so a block is complete on its own, as a reader
+copies it, and an ``if __name__ == "__main__":`` guard runs its body).  A ```text block
+that directly follows a ```python block is that block's exact output.  A block that cannot
+run offline (a scheduler address, an object-store URL) is fenced ```python no-run, and must
+show why: it has to contain such an address or cluster, so a block that could run is never
+skipped.
+
+API lists: like httpx's ``tests/test_exported_members.py``, the public names are pinned:
+``__all__`` is the package's public namespace, the README's API table names exactly the
+names of ``__all__`` (but ``__version__``), docs/api.md mentions every one of them and
+shows every public function with its parameters.
+"""
 
 from __future__ import annotations
 
+import inspect
 import re
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 import daskzarr_batches as dzb
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+API_MD = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+DOCS = {"README.md": README, "docs/api.md": API_MD}
+
+#: What a ```python no-run block must contain: something no test machine can reach.
+NEEDS_THE_OUTSIDE = re.compile(r"tcp://|s3://|gs://|SLURMCluster\(|KubeCluster\(")
+#: Words allowed after ``python`` in a fence's info string.
+FLAGS = {"no-run"}
+
+PUBLIC = sorted(set(dzb.__all__) - {"__version__"})
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of a Markdown file."""
+
+    file: str
+    line: int  # line of the opening fence, 1-based
+    language: str
+    flags: tuple[str, ...]
+    code: str
+    output: str | None  # the ```text block right after it, if any
+
+    @property
+    def name(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def _blocks(file: str, text: str) -> list[Block]:
+    fence = re.compile(r"^```([^`\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+    found = list(fence.finditer(text))
+    blocks = []
+    for i, match in enumerate(found):
+        language, *flags = match.group(1).split() or [""]
+        output = None
+        if i + 1 < len(found):
+            following = found[i + 1]
+            between = text[match.end() : following.start()]
+            if following.group(1).strip() == "text" and not between.strip():
+                output = following.group(2)
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append(Block(file, line, language, tuple(flags), match.group(2), output))
+    return blocks
+
+
+BLOCKS = [block for file, text in DOCS.items() for block in _blocks(file, text)]
+PYTHON = [block for block in BLOCKS if block.language == "python"]
+RUN = [block for block in PYTHON if "no-run" not in block.flags]
 
 
 def _section(title: str) -> str:
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", README, re.M | re.S)
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.M | re.S)
     assert match, f"README has no section {title!r}"
     return match.group(1)
+
+
+def test_a_newcomer_meets_the_quick_start_and_the_two_commands_first() -> None:
+    sections = re.findall(r"^## (.+)$", README, re.M)
+    assert sections[:2] == ["Quick start", "Two commands for a fresh machine"]
+    assert any(block.file == "README.md" for block in RUN)
+    assert "```python\n" in _section("Quick start")
 
 
 def test_exactly_two_commands_for_a_fresh_machine() -> None:
@@ -37,12 +109,83 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "set -euo pipefail" in script
 
 
-def test_quick_start_runs() -> None:
-    (code,) = re.findall(r"```python\n(.*?)```", _section("Quick start"), re.S)
-    exec(compile(code, "README.md quick start", "exec"), {})
+@pytest.mark.parametrize("block", RUN, ids=[block.name for block in RUN])
+def test_snippet_runs_as_written(
+    block: Block,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a snippet that writes files writes them here
+    # Padded so that a traceback points at the line of the Markdown file.
+    code = compile("\n" * block.line + block.code, str(ROOT / block.file), "exec")
+    exec(code, {"__name__": "__main__"})
+    if block.output is not None:
+        assert capsys.readouterr().out == block.output
 
 
-def test_every_public_function_is_documented() -> None:
-    functions = [name for name in dzb.__all__ if callable(getattr(dzb, name)) and name[0].islower()]
-    missing = [name for name in functions if f"`{name}(" not in README]
-    assert not missing, f"README does not show the signature of {missing}"
+def test_only_snippets_that_need_the_outside_world_are_not_run() -> None:
+    assert PYTHON, "no python blocks found"
+    unknown = [(block.name, block.flags) for block in PYTHON if set(block.flags) - FLAGS]
+    assert not unknown, f"unknown flags after ```python: {unknown}"
+    could_run = [
+        block.name
+        for block in PYTHON
+        if "no-run" in block.flags and not NEEDS_THE_OUTSIDE.search(block.code)
+    ]
+    assert not could_run, f"no-run blocks that need nothing offline (run them): {could_run}"
+    languages = {block.language for block in BLOCKS}
+    assert languages <= {"python", "text", "bash", "console"}, languages
+
+
+def _api_table_names() -> list[str]:
+    names = []
+    for line in _section("API").splitlines():
+        if line.startswith("|"):
+            names += re.findall(r"`([A-Za-z_]\w*)`", line.split("|")[1])
+    return names
+
+
+def test_all_is_the_public_namespace() -> None:
+    public = {
+        name
+        for name, value in vars(dzb).items()
+        if not name.startswith("_") and not inspect.ismodule(value)
+    }
+    assert public == set(PUBLIC)
+    assert len(dzb.__all__) == len(set(dzb.__all__))
+
+
+def test_readme_api_table_names_exactly_all() -> None:
+    names = _api_table_names()
+    assert len(names) == len(set(names)), "a name appears twice in the README's API table"
+    missing = sorted(set(PUBLIC) - set(names))
+    extra = sorted(set(names) - set(PUBLIC))
+    assert not missing, f"in __all__ but not in the README's API table: {missing}"
+    assert not extra, f"in the README's API table but not in __all__: {extra}"
+
+
+def test_api_reference_names_every_public_name() -> None:
+    # In backticks in the text, or in a code block (the errors tree is one).
+    code = "\n".join(block.code for block in BLOCKS if block.file == "docs/api.md")
+    missing = [
+        name
+        for name in PUBLIC
+        if not re.search(rf"`{name}\b", API_MD) and not re.search(rf"\b{name}\b", code)
+    ]
+    assert not missing, f"docs/api.md does not mention {missing}"
+
+
+def test_api_reference_shows_every_function_with_its_parameters() -> None:
+    functions = [name for name in PUBLIC if inspect.isfunction(getattr(dzb, name))]
+    assert functions
+    for name in functions:
+        match = re.search(rf"`{name}\(([^`]*)\)`", API_MD)
+        assert match, f"docs/api.md does not show the signature of {name}"
+        shown = [
+            part.split("=")[0].strip()
+            for part in match.group(1).split(",")
+            if part.strip() not in {"*", ""}
+        ]
+        actual = list(inspect.signature(getattr(dzb, name)).parameters)
+        assert shown == actual, f"docs/api.md shows {name}({shown}), the code has {actual}"
