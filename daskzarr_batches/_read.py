@@ -94,14 +94,18 @@ def read_window(
     The result holds the window's samples in ascending sample order (see
     :func:`window_graph`).
 
-    Consecutive chunks are read with one slice (a *run*).  Zarr arrays read
-    their runs concurrently on Zarr's event loop, each run's rows ``take``
-    copied into place as soon as it is decoded, while the runs in flight hold
-    at most ``DECODE_GROUP_BYTES`` of decoded chunks (at least one run).  When
-    the window keeps only some rows of its chunks (exact shuffle), that limit
-    is also at most ``max(window / 16, one chunk per CPU)``, so decoding adds
-    little to the window's memory.  A failure is retried run by run, chunk by
-    chunk, so that the error names the chunk that fails.
+    A window that is one run of consecutive chunks in order (sequential) is
+    read with one slice and returned as read.  Otherwise Zarr arrays read
+    their chunks concurrently on Zarr's event loop, each chunk's rows
+    ``take`` copied into place as soon as it is decoded, while the chunks in
+    flight hold at most ``DECODE_GROUP_BYTES`` of decoded rows (at least one
+    chunk).  When the window keeps only some rows of its chunks (exact
+    shuffle), that limit is also at most ``max(window / 16, one chunk per
+    CPU)``, so decoding adds little to the window's memory.  Each chunk is
+    its own read on the event loop, so a failure cancels every other read of
+    the window before the window is read again run by run (numpy arrays are
+    read that way in the first place), chunk by chunk, so that the error
+    names the chunk that fails.
     """
     largest = max(piece.rows for piece in pieces)
     limit_rows = DECODE_GROUP_BYTES // max(row_bytes, 1)
@@ -114,7 +118,6 @@ def read_window(
         (run,) = runs
         return _owned_slab(array, name, run, run[0].start, run[-1].stop)
     out = np.empty((size, *array.shape[1:]), dtype=np.dtype(array.dtype))
-    starts = np.cumsum([0] + [sum(_taken(p) for p in run) for run in runs]).tolist()
 
     def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int) -> None:
         lo = run[0].start
@@ -126,14 +129,22 @@ def read_window(
 
     inner = getattr(array, "_async_array", None)
     if inner is not None and len(runs) > 1:
+        chunks = [[piece] for run in runs for piece in run]
         try:
-            _read_runs_concurrently(inner, runs, starts, place, limit_rows, streaming=partial)
+            _read_runs_concurrently(
+                inner, chunks, _starts(chunks), place, limit_rows, streaming=partial
+            )
             return out
-        except Exception:  # siblings are cancelled; read again run by run,
+        except Exception:  # the other reads were cancelled; read again run by run,
             pass  # so that the error names the chunk that fails
-    for run, at in zip(runs, starts, strict=False):
+    for run, at in zip(runs, _starts(runs), strict=True):
         place(run, _owned_slab(array, name, run, run[0].start, run[-1].stop), at)
     return out
+
+
+def _starts(runs: Sequence[Sequence[ChunkPiece]]) -> list[int]:
+    """Where each run's rows start in the window's output."""
+    return np.cumsum([0] + [sum(_taken(p) for p in run) for run in runs[:-1]]).tolist()
 
 
 def _taken(piece: ChunkPiece) -> int:
@@ -152,7 +163,9 @@ def _read_runs_concurrently(
     """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
 
     When one run fails, the others are cancelled (a task group) before the
-    error propagates, so no read of this window is left running.
+    error propagates.  Zarr does not cancel the other chunks of a failed
+    multi-chunk slice, so callers pass runs of one chunk each: then no read
+    of the window is left running.
     ``streaming``: place each run's rows as it arrives (on the event loop) to
     free its decoded chunks at once; else place them all afterwards on this
     thread, which measured faster when every row is kept (a full copy per run
@@ -184,7 +197,7 @@ def _read_runs_concurrently(
                     ready.notify_all()
 
         async with asyncio.TaskGroup() as group:  # a failure cancels the siblings
-            for run, at in zip(runs, starts, strict=False):
+            for run, at in zip(runs, starts, strict=True):
                 group.create_task(one(run, at))
 
     sync(read_all())
