@@ -1,0 +1,103 @@
+"""StreamSpec: one validated value behind every batch stream and plan_epoch."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import daskzarr_batches as dzb
+
+X = np.arange(40, dtype="f4").reshape(10, 4)
+Y = np.arange(10, dtype="f4")
+
+
+def test_spec_is_frozen_validated_and_kept_by_the_stream() -> None:
+    with dzb.shuffled_batch_stream(X, 3, seed=5, shuffle_buffer_size=4) as stream:
+        spec = stream.spec
+        assert isinstance(spec, dzb.StreamSpec)
+        assert (spec.shuffle, spec.seed, spec.batch_size, spec.prefetch) == ("buffer", 5, 3, 2)
+        assert stream.plan.summary() == spec.plan().summary()
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            spec.batch_size = 4  # type: ignore[misc]
+    # replace re-validates
+    with pytest.raises(dzb.ArgumentValueError, match="batch_size"):
+        dataclasses.replace(spec, batch_size=0)
+    assert spec.with_epoch(3).epoch == 3 and spec.with_epoch(3).seed == 5
+
+
+def test_defaults_resolve_in_the_spec() -> None:
+    exact = dzb.StreamSpec((X,), 2, shuffle="exact")
+    assert exact.prefetch == 0 and isinstance(exact.seed, int)  # entropy drawn once, kept
+    assert dzb.StreamSpec((X,), 2).prefetch == dzb.DEFAULT_PREFETCH
+    assert dzb.StreamSpec((X, Y), 2).roles == ("features", "labels")
+    assert dzb.StreamSpec((X,), 2, timeout=float("inf")).timeout is None
+
+
+BAD_FIELDS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"batch_size": 0}, dzb.ArgumentValueError, "batch_size"),
+    ({"batch_size": 2.5}, dzb.ArgumentTypeError, "batch_size"),
+    ({"memory_budget": "a"}, dzb.ArgumentTypeError, "memory_budget"),
+    ({"window_bytes": 0}, dzb.ArgumentValueError, "window_bytes"),
+    ({"prefetch": -1}, dzb.ArgumentValueError, "prefetch"),
+    ({"epoch": -1}, dzb.ArgumentValueError, "epoch"),
+    ({"drop_remainder": 1}, dzb.ArgumentTypeError, "drop_remainder"),
+    ({"timeout": 0}, dzb.ArgumentValueError, "timeout"),
+    ({"timeout": float("nan")}, dzb.ArgumentValueError, "timeout"),
+    ({"timeout": "1"}, dzb.ArgumentTypeError, "timeout"),
+    ({"client": "tcp://x:1"}, dzb.ArgumentTypeError, "client"),
+    ({"shuffle": "random"}, dzb.ArgumentValueError, "shuffle"),
+    ({"seed": 1}, dzb.ArgumentValueError, "seed=1"),
+    ({"shuffle": "buffer"}, dzb.ArgumentTypeError, "shuffle_buffer_size"),
+    ({"shuffle": "exact", "shuffle_buffer_size": 3}, dzb.ArgumentValueError, "exact"),
+    ({"shuffle": "exact", "seed": -2}, dzb.ArgumentValueError, "seed"),
+]
+
+
+@pytest.mark.parametrize(("fields", "error", "named"), BAD_FIELDS)
+def test_every_field_is_validated_whatever_the_mode(
+    fields: dict[str, Any], error: type[Exception], named: str
+) -> None:
+    with pytest.raises(error, match=named):
+        dzb.StreamSpec((X,), **{"batch_size": 2, **fields})
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"memory_budget": "a"}, {"memory_budget": 0}, {"window_bytes": "a"}, {"prefetch": -1},
+     {"epoch": 1.5}, {"drop_remainder": "no"}, {"batch_size": 0}],
+)  # fmt: skip
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_plan_epoch_validates_what_the_streams_validate(
+    kwargs: dict[str, Any], shuffle: bool
+) -> None:
+    arguments = {"batch_size": 2, **kwargs}
+    with pytest.raises(dzb.DaskZarrBatchesError) as planned:
+        dzb.plan_epoch(X, shuffle=shuffle, **arguments)
+    stream = dzb.shuffled_batch_stream if shuffle else dzb.batch_stream
+    accepted = {"memory_budget", "prefetch", "epoch", "drop_remainder", "batch_size"}
+    if not shuffle:
+        accepted = {"window_bytes", "prefetch", "drop_remainder", "batch_size"}
+    if set(kwargs) <= accepted:
+        with pytest.raises(type(planned.value)):
+            stream(X, **arguments)
+
+
+def test_lengths_are_checked_by_the_spec() -> None:
+    with pytest.raises(dzb.LengthMismatchError, match=r"features has 10 samples.*labels has 9"):
+        dzb.StreamSpec((X, Y[:9]), 2)
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300, threading.TIMEOUT_MAX])
+def test_huge_timeouts_mean_no_timeout(timeout: float) -> None:
+    with dzb.batch_stream(X, 3, timeout=timeout) as stream:
+        assert len(list(stream)) == 4
+    with dzb.shuffled_batch_stream(X, 3, seed=0, timeout=timeout) as stream:
+        assert len(list(stream)) == 4
+    for ordered in (True, False):
+        with dzb.chunk_stream(X, ordered=ordered, timeout=timeout) as chunks:
+            assert sum(len(c) for c in chunks) == 10
+    assert dzb.reduce_chunks(np.sum, np.add, X, timeout=timeout) == X.sum()
