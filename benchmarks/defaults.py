@@ -17,11 +17,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from run import drain, l0, make_dataset  # noqa: E402
 
 import daskzarr_batches as dzb  # noqa: E402
+from benchmarks.suite.cases import l0  # noqa: E402
+from benchmarks.suite.dataset import make_dataset  # noqa: E402
+from benchmarks.suite.measure import drain  # noqa: E402
 
 WINDOW_MIB = (8, 16, 32, 64, 128)
 PREFETCH = (0, 1, 2, 4)
