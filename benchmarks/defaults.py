@@ -11,20 +11,26 @@ Every combination and L0 run in interleaved rounds (best kept); the table goes t
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-import time
 from pathlib import Path
+
+import zarr
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from run import drain, l0, make_dataset  # noqa: E402
 
 import daskzarr_batches as dzb  # noqa: E402
+from benchmarks.suite.cases import l0  # noqa: E402
+from benchmarks.suite.dataset import make_dataset  # noqa: E402
+from benchmarks.suite.measure import Case, Measured, drain, rounds  # noqa: E402
 
 WINDOW_MIB = (8, 16, 32, 64, 128)
 PREFETCH = (0, 1, 2, 4)
+
+
+def sequential(x: zarr.Array, window_bytes: int, prefetch: int) -> Measured:
+    return drain(dzb.batch_stream(x, 256, window_bytes=window_bytes, prefetch=prefetch))
 
 
 def main() -> None:
@@ -37,18 +43,12 @@ def main() -> None:
     args = parser.parse_args()
     ds = make_dataset(ROOT / "benchmarks" / "data", args.rows, args.cols, args.chunk_rows)
     x = ds.features
-    cases = {"L0": lambda: l0(x)}
+    cases = [Case("L0", "reference", lambda: l0(x))]
     for mib in WINDOW_MIB:
         for prefetch in PREFETCH:
-            cases[f"{mib} MiB / prefetch {prefetch}"] = lambda m=mib, p=prefetch: drain(
-                dzb.batch_stream(x, 256, window_bytes=m * 2**20, prefetch=p)
-            )
-    best: dict[str, float] = {}
-    for _ in range(args.rounds):
-        for name, run in cases.items():
-            started = time.perf_counter()
-            run()
-            best[name] = min(best.get(name, float("inf")), time.perf_counter() - started)
+            run = functools.partial(sequential, x, mib * 2**20, prefetch)
+            cases.append(Case(f"{mib} MiB / prefetch {prefetch}", "this", run))
+    best = {name: result.seconds for name, result in rounds(cases, args.rounds).items()}
     ref = best["L0"]
     lines = [
         "# Sequential window size x prefetch (batch 256), ratio vs L0",

@@ -1,0 +1,325 @@
+"""The measured cases: references, this library's streams, naive dask, peers, LocalCluster."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+import daskzarr_batches as dzb
+
+from .dataset import Dataset
+from .measure import L0, Case, Measured, MiB, drain
+
+# Names the targets refer to (the report shows every case by its name).
+RAW_DECODE = "raw chunk bytes + decode"
+SEQUENTIAL = "sequential, batch 256"
+SEQUENTIAL_32 = "sequential, batch 32"
+BUFFERED = "buffered shuffle (8 chunks), batch 256"
+EXACT = "exact shuffle, budget 1/4 dataset, prefetch 0"
+PAIRED_BUFFERED = "paired features+labels, buffered (8 chunks)"
+DASK_SLICES = "dask: x[slice].compute() per batch"
+XBATCHER = "xbatcher BatchGenerator, sequential"
+TORCH = "torch DataLoader, per-sample zarr, shuffled, 2 workers"
+CLUSTER_SEQUENTIAL = "LocalCluster: sequential, batch 256"
+CLUSTER_BUFFERED = "LocalCluster: buffered shuffle (8 chunks)"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The dataset opened for the cases, and the sizes the cases share."""
+
+    ds: Dataset
+    x: zarr.Array
+    y: zarr.Array
+    threads: int
+    #: rows of a buffered shuffle's buffer: 8 chunks
+    buffer_rows: int
+    #: memory budget of the exact shuffle: a quarter of the features
+    budget: int
+
+    @classmethod
+    def open(cls, ds: Dataset) -> Workload:
+        return cls(
+            ds=ds,
+            x=ds.features,
+            y=ds.labels,
+            threads=os.cpu_count() or 1,
+            buffer_rows=8 * ds.chunk_rows,
+            budget=ds.feature_bytes // 4,
+        )
+
+    def shuffled(self, batch: int, **kwargs: Any) -> Callable[[], Measured]:
+        return lambda: drain(dzb.shuffled_batch_stream(self.x, batch, seed=0, **kwargs))
+
+
+# --------------------------------------------------------------------------
+# Reference readers
+
+
+def l0(x: zarr.Array) -> Measured:
+    rows = x.chunks[0]
+    for lo in range(0, x.shape[0], rows):
+        x[lo : lo + rows]
+    return x.nbytes, x.shape[0], 1.0
+
+
+def zarr_threads(x: zarr.Array, threads: int) -> Measured:
+    rows = x.chunks[0]
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(lambda lo: x[lo : lo + rows], range(0, x.shape[0], rows)):
+            pass
+    return x.nbytes, x.shape[0], 1.0
+
+
+def raw_decoder(x: zarr.Array) -> Callable[[bytes], np.ndarray] | None:
+    """A decoder of stored chunk bytes for arrays stored as bytes + one compressor."""
+    import numcodecs
+
+    codecs: tuple[Any, ...] = tuple(getattr(x.metadata, "codecs", ()))
+    names = [type(codec).__name__ for codec in codecs]
+    if len(codecs) != 2 or names[0] != "BytesCodec":
+        return None
+    compressor = {
+        "ZstdCodec": lambda c: numcodecs.Zstd(level=c.level),
+        "BloscCodec": lambda c: numcodecs.Blosc(),
+        "GzipCodec": lambda c: numcodecs.GZip(),
+    }.get(names[1])
+    if compressor is None:
+        return None
+    decode: Callable[[bytes], np.ndarray] = compressor(codecs[1]).decode
+    return decode
+
+
+def raw_decode(x: zarr.Array, root: Path, threads: int) -> Measured:
+    """Read every stored chunk file and decode it on ``threads`` threads."""
+    decode = raw_decoder(x)
+    assert decode is not None
+    n_chunks = math.ceil(x.shape[0] / x.chunks[0])
+
+    def one(i: int) -> int:
+        data = (root / "c" / str(i) / "0").read_bytes()
+        return len(decode(data))
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        decoded = sum(pool.map(one, range(n_chunks)))
+    # edge chunk is stored padded to a whole chunk: count the array's bytes
+    assert decoded >= x.nbytes
+    return x.nbytes, x.shape[0], 1.0
+
+
+# --------------------------------------------------------------------------
+# Naive dask and peers (a few batches each, extrapolated)
+
+
+def batches_measured(x: zarr.Array, batch: int, count: int) -> Measured:
+    return count * batch * x.dtype.itemsize * x.shape[1], count * batch, 1.0
+
+
+def dask_slices(x: zarr.Array, batch: int, count: int) -> Measured:
+    import dask.array as da
+
+    array = da.from_zarr(x)
+    for k in range(count):
+        array[k * batch : (k + 1) * batch].compute()
+    return batches_measured(x, batch, count)
+
+
+def dask_random(x: zarr.Array, batch: int, count: int) -> Measured:
+    import dask.array as da
+
+    array = da.from_zarr(x)
+    rng = np.random.default_rng(0)
+    for _ in range(count):
+        index = np.sort(rng.choice(x.shape[0], batch, replace=False))
+        array[index].compute()
+    return batches_measured(x, batch, count)
+
+
+def xbatcher_batches(x: zarr.Array, batch: int, count: int) -> Measured:
+    import dask.array as da
+    import xarray as xr
+    import xbatcher
+
+    data = xr.DataArray(da.from_zarr(x), dims=("sample", "feature"))
+    generator = xbatcher.BatchGenerator(data, input_dims={"sample": batch})
+    for k, item in enumerate(generator):
+        if k == count:
+            break
+        np.asarray(item.values)
+    return batches_measured(x, batch, count)
+
+
+class SampleDataset:
+    """The usual torch ``Dataset``: one Zarr read per sample."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._array: zarr.Array | None = None
+
+    def __len__(self) -> int:
+        return int(zarr.open_array(self.path, mode="r").shape[0])
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if self._array is None:
+            self._array = zarr.open_array(self.path, mode="r")
+        return np.asarray(self._array[index])
+
+
+def torch_loader(path: str, batch: int, count: int) -> Callable[[], Measured]:
+    import torch.utils.data
+
+    dataset: Any = SampleDataset(path)  # a map-style dataset, as torch takes it
+
+    def run() -> Measured:
+        # Timed from the first request, worker start-up included: the workers
+        # prefetch 2 batches each, so skipping a warm-up batch would time
+        # batches that were loaded before the clock started.
+        loader: Any = torch.utils.data.DataLoader(
+            dataset, batch_size=batch, shuffle=True, num_workers=2
+        )
+        nbytes = samples = 0
+        for k, item in enumerate(loader):
+            if k == count:
+                break
+            nbytes += item.numpy().nbytes
+            samples += len(item)
+        return nbytes, samples, 1.0
+
+    return run
+
+
+# --------------------------------------------------------------------------
+# Cluster
+
+
+def transfer_only(client: Any, total: int) -> Measured:
+    """Ceiling of the cluster path: fetch arrays made on workers, no Zarr read."""
+    piece = 64 * MiB
+    futures = [
+        client.submit(np.ones, piece // 4, dtype="f4", pure=False)
+        for _ in range(math.ceil(total / piece))
+    ]
+    nbytes = 0
+    for future in futures:
+        nbytes += future.result().nbytes
+        future.release()
+    return nbytes, 0, 1.0
+
+
+# --------------------------------------------------------------------------
+# The case lists, in report order
+
+
+def local_cases(w: Workload, skipped: dict[str, str]) -> list[Case]:
+    """References and this library on the local scheduler (interleaved rounds)."""
+    x, y, threads = w.x, w.y, w.threads
+    cases = [
+        Case(L0, "reference", lambda: l0(x)),
+        Case(f"zarr chunk-aligned, {2 * threads} threads", "reference",
+             lambda: zarr_threads(x, 2 * threads)),
+    ]  # fmt: skip
+    if raw_decoder(x) is not None:
+        cases.append(Case(f"{RAW_DECODE}, {threads} threads (limit)", "reference",
+                          lambda: raw_decode(x, w.ds.path / "features", threads)))  # fmt: skip
+    else:
+        skipped["raw decode"] = "codec pipeline is not bytes + one compressor"
+    cases += [
+        Case(SEQUENTIAL, "this", lambda: drain(dzb.batch_stream(x, 256))),
+        Case(SEQUENTIAL_32, "this", lambda: drain(dzb.batch_stream(x, 32))),
+        Case(BUFFERED, "this", w.shuffled(256, shuffle_buffer_size=w.buffer_rows)),
+        Case("buffered shuffle (8 chunks), batch 32", "this",
+             w.shuffled(32, shuffle_buffer_size=w.buffer_rows)),
+        Case(EXACT, "this", w.shuffled(256, memory_budget=w.budget, prefetch=0)),
+        Case("exact shuffle, budget 1/4 dataset, prefetch 2", "this",
+             w.shuffled(256, memory_budget=w.budget, prefetch=2), repeats=1),
+        Case("paired features+labels, sequential", "this",
+             lambda: drain(dzb.paired_batch_stream(x, y, 256))),
+        Case(PAIRED_BUFFERED, "this",
+             lambda: drain(dzb.paired_shuffled_batch_stream(
+                 x, y, 256, seed=0, shuffle_buffer_size=w.buffer_rows))),
+    ]  # fmt: skip
+    return cases
+
+
+def naive_cases(w: Workload, quick: bool, skipped: dict[str, str]) -> list[Case]:
+    """Naive dask and the peers that are installed (a few batches each)."""
+    x = w.x
+    few = 10 if quick else 40
+    cases = [
+        Case(DASK_SLICES, "naive", lambda: dask_slices(x, 256, few)),
+        Case("dask: x[sorted random idx].compute() per batch", "naive",
+             lambda: dask_random(x, 256, max(2, few // 10))),
+    ]  # fmt: skip
+    if installed("xbatcher", skipped):
+        cases.append(Case(XBATCHER, "peer", lambda: xbatcher_batches(x, 256, few)))
+    if installed("torch", skipped):
+        loader = torch_loader(str(w.ds.path / "features"), 256, 3 if quick else 8)
+        cases.append(Case(TORCH, "peer", loader))
+    return cases
+
+
+def installed(peer: str, skipped: dict[str, str]) -> bool:
+    """Whether ``peer`` imports; if not, say why in ``skipped`` and print it."""
+    try:
+        importlib.import_module(peer)
+    except ImportError as exc:
+        skipped[peer] = f"not installed ({exc}); pip install .[bench]"
+        print(f"  skipping {peer}: {skipped[peer]}")
+        return False
+    return True
+
+
+def cluster_cases(w: Workload, client: Any) -> list[Case]:
+    """This library on a ``distributed`` client, and the transfer ceiling."""
+    x = w.x
+    return [
+        Case(CLUSTER_SEQUENTIAL, "cluster",
+             lambda: drain(dzb.batch_stream(x, 256, client=client))),
+        Case(CLUSTER_BUFFERED, "cluster",
+             w.shuffled(256, shuffle_buffer_size=w.buffer_rows, client=client)),
+        Case("LocalCluster: transfer only, 64 MiB results worker -> client", "cluster",
+             lambda: transfer_only(client, w.ds.feature_bytes)),
+    ]  # fmt: skip
+
+
+def warm_up(x: zarr.Array) -> None:
+    """Imports, thread pools and caches, so the first timed case is not penalised."""
+    import dask.array as da
+
+    da.from_zarr(x)[:10].compute()
+    with dzb.batch_stream(x, 256) as stream:
+        next(stream)
+
+
+# --------------------------------------------------------------------------
+# Prefetch
+
+
+def prefetch_case(x: zarr.Array, buffer_rows: int, busy: float) -> dict[str, float]:
+    """A buffered epoch whose consumer sleeps ``busy`` s a batch; how long it waited."""
+    stream = dzb.shuffled_batch_stream(x, 256, seed=1, shuffle_buffer_size=buffer_rows)
+    started = time.perf_counter()
+    consumer = 0.0
+    for _ in stream:
+        t = time.perf_counter()
+        time.sleep(busy)
+        consumer += time.perf_counter() - t
+    epoch = time.perf_counter() - started
+    wait = stream.stats.wait_seconds
+    return {
+        "wait": wait,
+        "epoch": epoch,
+        "fraction": wait / epoch,
+        "busy": busy,
+        "consumer": consumer,
+    }

@@ -1,0 +1,187 @@
+"""Timing and peak-RSS measurement, and the record of one suite run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psutil
+
+from .dataset import Dataset
+
+MB = 1e6
+MiB = 2**20
+#: the reference every ratio is taken against
+L0 = "L0: zarr chunk-aligned, 1 thread"
+
+#: what a measured run returns: (bytes, samples, read amplification)
+Measured = tuple[int, int, float]
+
+
+class PeakRSS:
+    """Samples this process's RSS in a thread; ``peak`` and ``growth`` in bytes."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self._process = psutil.Process()
+        self._interval = interval
+        self._stop = threading.Event()
+        self.start = self._process.memory_info().rss
+        self.peak = self.start
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._process.memory_info().rss)
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start
+
+
+@dataclass
+class Result:
+    name: str
+    group: str
+    seconds: float
+    bytes: int
+    samples: int
+    amplification: float = 1.0
+    rss_growth: int = 0
+    extrapolated: bool = False
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mb_s(self) -> float:
+        return self.bytes / self.seconds / MB if self.seconds > 0 else float("nan")
+
+    @property
+    def samples_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class Case:
+    """A measured case: ``run() -> (bytes, samples, amplification)``.
+
+    ``group`` colours the chart (reference, naive, peer, this, cluster);
+    ``repeats`` caps the rounds this case takes part in.
+    """
+
+    name: str
+    group: str
+    run: Callable[[], Measured]
+    repeats: int | None = None
+
+
+def measure_once(case: Case) -> Result:
+    with PeakRSS() as rss:
+        started = time.perf_counter()
+        nbytes, samples, amplification = case.run()
+        seconds = time.perf_counter() - started
+    return Result(case.name, case.group, seconds, nbytes, samples, amplification, rss.growth)
+
+
+def rounds(cases: list[Case], repeats: int) -> dict[str, Result]:
+    """Run every case once per round, ``repeats`` rounds; keep each case's best.
+
+    Interleaving spreads the load of a shared machine over all cases alike.
+    """
+    best: dict[str, Result] = {}
+    seconds: dict[str, list[float]] = {}
+    for round_number in range(repeats):
+        for case in cases:
+            if round_number >= (case.repeats or repeats):
+                continue
+            result = measure_once(case)
+            seconds.setdefault(case.name, []).append(result.seconds)
+            if case.name not in best or result.seconds < best[case.name].seconds:
+                best[case.name] = result
+    for result in best.values():
+        result.extra["seconds"] = seconds[result.name]
+        print_result(result)
+    return best
+
+
+def print_result(result: Result) -> None:
+    print(
+        f"  {result.name:56s} {result.mb_s:9.1f} MB/s  amp {result.amplification:5.2f}  "
+        f"RSS +{result.rss_growth / MiB:6.0f} MiB",
+        flush=True,
+    )
+
+
+class Drainable(Protocol):
+    """A stream of this library: iterable, with ``stats`` once consumed."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    @property
+    def stats(self) -> Any: ...
+
+
+def drain(stream: Drainable) -> Measured:
+    """Consume a stream; its bytes, samples and read amplification."""
+    for _ in stream:
+        pass
+    stats = stream.stats
+    return stats.bytes_yielded, stats.samples_yielded, stats.read_amplification
+
+
+class MissingResult(LookupError):
+    """A case a target needs was not measured (skipped)."""
+
+
+@dataclass
+class SuiteRun:
+    """Everything one run measured, as the targets and the report read it."""
+
+    dataset: Dataset
+    quick: bool
+    repeats: int
+    results: dict[str, Result]
+    skipped: dict[str, str]
+    prefetch: dict[str, float]
+    memory: dict[str, Any]
+    quality: list[dict[str, Any]]
+    load: tuple[tuple[float, ...], tuple[float, ...]] = ((0.0,), (0.0,))
+
+    def result(self, name: str) -> Result:
+        try:
+            return self.results[name]
+        except KeyError:
+            raise MissingResult(name) from None
+
+    def named(self, prefix: str) -> str:
+        """The name of the measured case that starts with ``prefix``."""
+        for name in self.results:
+            if name.startswith(prefix):
+                return name
+        raise MissingResult(prefix)
+
+    @property
+    def ref(self) -> Result:
+        return self.result(L0)
+
+    def ratio(self, name: str, other: str) -> float:
+        """Throughput of case ``name`` over that of case ``other``."""
+        return self.result(name).mb_s / self.result(other).mb_s
+
+    @property
+    def peak_mib(self) -> dict[str, float]:
+        """Peak RSS of each memory case, MiB."""
+        cases = ("one", "four", "exact", "exact_mmap")
+        return {key: self.memory[key]["peak"] / MiB for key in cases}

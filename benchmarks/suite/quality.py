@@ -1,0 +1,73 @@
+"""Shuffle quality, computed from the plans (nothing read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import zarr
+
+import daskzarr_batches as dzb
+
+
+def shuffle_order(plan: dzb.EpochPlan) -> np.ndarray:
+    return np.concatenate([np.asarray(w.samples) for w in plan.windows()])
+
+
+def displacement(order: np.ndarray) -> float:
+    """Mean |new position - old position| / n, over 1/3 (exact ~ 1.0, none = 0)."""
+    n = len(order)
+    return float(np.abs(order - np.arange(n)).mean() / n * 3)
+
+
+def neighbour_entropy(order: np.ndarray, bins: int = 256) -> float:
+    """Entropy (bits) of the histogram of differences between neighbouring ids."""
+    n = len(order)
+    diffs = np.diff(order)
+    hist, _ = np.histogram(diffs, bins=bins, range=(-n, n))
+    p = hist[hist > 0] / hist.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def stream_plan(x: zarr.Array, buffer_rows: int | None) -> dzb.EpochPlan:
+    """The plan a shuffled stream follows (the stream is closed unread)."""
+    stream = dzb.shuffled_batch_stream(x, 256, seed=0, shuffle_buffer_size=buffer_rows)
+    stream.close()
+    return stream.plan
+
+
+def quality_row(
+    mode: str,
+    order: np.ndarray,
+    *,
+    buffer_chunks: int | None = None,
+    amplification: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "buffer_chunks": buffer_chunks,
+        "displacement": displacement(order),
+        "entropy": neighbour_entropy(order),
+        "amplification": amplification,
+    }
+
+
+def quality_table(x: zarr.Array, chunk_rows: int) -> list[dict[str, Any]]:
+    """Buffers of 1-32 chunks (as many as the dataset holds), then the exact shuffle."""
+    rows = []
+    for chunks in (1, 2, 4, 8, 16, 32):
+        if chunks * chunk_rows > x.shape[0]:
+            break
+        buffer_rows = chunks * chunk_rows
+        plan = dzb.plan_epoch(x, 256, shuffle=True, seed=0, shuffle_buffer_size=buffer_rows)
+        order = shuffle_order(stream_plan(x, buffer_rows))
+        rows.append(
+            quality_row(
+                f"buffered, {chunks} chunks",
+                order,
+                buffer_chunks=chunks,
+                amplification=plan.read_amplification,
+            )
+        )
+    rows.append(quality_row("exact", shuffle_order(stream_plan(x, None))))
+    return rows

@@ -1,0 +1,221 @@
+"""The outputs of a run: ``results.md``, ``results.json``, ``throughput.png``, printed ratios."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+import daskzarr_batches as dzb
+
+from .dataset import default_shape
+from .measure import MB, MiB, Result, SuiteRun
+from .memory import MMAP_ENV
+from .targets import Target
+
+#: memory table: (case key, label template formatted with the memory record)
+MEMORY_ROWS = (
+    ("one", "buffered (8 chunks, prefetch {prefetch}), dataset 1x"),
+    ("four", "buffered (8 chunks, prefetch {prefetch}), dataset 4x"),
+    ("exact", "exact, budget {budget_mib:.0f} MiB, prefetch 0"),
+    ("exact_mmap", "exact, same, with `{mmap_env}`"),
+)
+
+#: chart colour of each case group
+COLOURS = {
+    "reference": "#888888",
+    "naive": "#d62728",
+    "peer": "#ff7f0e",
+    "this": "#1f77b4",
+    "cluster": "#17becf",
+}
+
+
+def command_line(run: SuiteRun) -> str:
+    """The command that reproduces the run's dataset."""
+    ds = run.dataset
+    command = "python benchmarks/run.py" + (" --quick" if run.quick else "")
+    if (ds.rows, ds.cols, ds.chunk_rows) != default_shape(run.quick):
+        command += f" --rows {ds.rows} --cols {ds.cols} --chunk-rows {ds.chunk_rows}"
+    return command
+
+
+def header(run: SuiteRun, command: str, now: str) -> list[str]:
+    ds = run.dataset
+    return [
+        "# Benchmark results",
+        "",
+        f"`{command}` on {now}: {ds.rows:,} x {ds.cols} float32 features "
+        f"({ds.feature_bytes / MB:.0f} MB) + int64 labels, {ds.chunk_rows}-row chunks, "
+        f"Zarr default codec, local directory store; {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, zarr {zarr.__version__}, "
+        f"numpy {np.__version__}, daskzarr_batches {dzb.__version__}.  "
+        f"Load average (1 min) {run.load[0][0]:.1f} at the start, {run.load[1][0]:.1f} at "
+        "the end (other jobs on the machine compete for its cores).  "
+        f"Throughput is the best of {run.repeats} run(s); cases marked * ran a few "
+        "batches and are extrapolated.  Batch 256 unless said.",
+    ]
+
+
+def cases_table(run: SuiteRun) -> list[str]:
+    lines = [
+        "| case | MB/s | samples/s | vs L0 | read amp. | RSS growth MiB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in run.results.values():
+        star = " *" if r.extrapolated else ""
+        lines.append(
+            f"| {r.name}{star} | {r.mb_s:,.1f} | {f'{r.samples_s:,.0f}' if r.samples else '-'} | "
+            f"{r.mb_s / run.ref.mb_s:.3g}x | {r.amplification:.2f} | {r.rss_growth / MiB:.0f} |"
+        )
+    return lines
+
+
+def targets_table(targets: list[Target]) -> list[str]:
+    lines = ["## Targets (issue 3)", "", "| target | measured | result |", "|---|---|---|"]
+    for t in targets:
+        why = f" ({t.why})" if t.why else ""
+        lines.append(f"| {t.what} | {t.measured} | {t.status}{why} |")
+    return lines
+
+
+def prefetch_section(prefetch: dict[str, float]) -> list[str]:
+    return [
+        "## Prefetch",
+        "",
+        f"Buffered shuffle, batch 256, consumer sleeping {prefetch['busy'] * 1e6:.0f} us "
+        f"a batch (1.2x the per-batch load time, median of the rounds): waited "
+        f"{prefetch['wait']:.3f} s of a {prefetch['epoch']:.2f} s epoch "
+        f"({100 * prefetch['fraction']:.1f}%).",
+    ]
+
+
+def memory_section(memory: dict[str, Any]) -> list[str]:
+    names = {
+        "prefetch": memory["prefetch"],
+        "budget_mib": memory["budget"] / MiB,
+        "mmap_env": " ".join(f"{k}={v}" for k, v in MMAP_ENV.items()),
+    }
+    lines = [
+        "## Memory (fresh process per case, peak RSS)",
+        "",
+        "| case | peak RSS MiB | baseline MiB | read amp. |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, label in MEMORY_ROWS:
+        case = memory[key]
+        lines.append(
+            f"| {label.format(**names)} | {case['peak'] / MiB:.0f} | "
+            f"{case['baseline'] / MiB:.0f} | {case['amplification']:.2f} |"
+        )
+    lines += [
+        "",
+        f"Bound for the buffered case: 1.5 x (1 + prefetch) x window "
+        f"({memory['window_bytes'] / MiB:.0f} MiB) + 300 MiB = {memory['bound'] / MiB:.0f} MiB.",
+    ]
+    return lines
+
+
+def quality_section(quality: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "## Shuffle quality (from the plan; nothing read)",
+        "",
+        "Displacement: mean |new - old position| / n, over 1/3 (a uniform permutation "
+        "gives ~1.0, no shuffle 0).  Entropy: bits of the histogram (256 bins) of "
+        "differences between neighbouring sample ids (higher is better mixed).",
+        "",
+        "| mode | displacement | neighbour entropy (bits) | read amp. |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in quality:
+        amp = "" if row["amplification"] is None else f"{row['amplification']:.2f}"
+        lines.append(
+            f"| {row['mode']} | {row['displacement']:.3f} | {row['entropy']:.2f} | {amp} |"
+        )
+    return lines
+
+
+def markdown(run: SuiteRun, targets: list[Target], *, command: str, now: str) -> str:
+    """``results.md``: the sections, separated by blank lines."""
+    sections = [
+        header(run, command, now),
+        cases_table(run),
+        targets_table(targets),
+        prefetch_section(run.prefetch),
+        memory_section(run.memory),
+        quality_section(run.quality),
+    ]
+    if run.skipped:
+        reasons = "; ".join(f"{k}: {v}" for k, v in run.skipped.items())
+        sections.append([f"Skipped: {reasons}."])
+    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
+
+
+def payload(run: SuiteRun, targets: list[Target], *, command: str, now: str) -> dict[str, Any]:
+    """``results.json``."""
+    ref = run.ref
+    return {
+        "command": command,
+        "date": now,
+        "results": [
+            asdict(r) | {"mb_s": r.mb_s, "vs_l0": r.mb_s / ref.mb_s} for r in run.results.values()
+        ],
+        "targets": [asdict(t) for t in targets],
+        "memory": run.memory,
+        "quality": run.quality,
+        "prefetch": run.prefetch,
+        "skipped": run.skipped,
+    }
+
+
+def write_outputs(run: SuiteRun, targets: list[Target], out: Path) -> None:
+    """Write the three files to ``out`` and print the ratios and targets."""
+    command = command_line(run)
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    (out / "results.md").write_text(markdown(run, targets, command=command, now=now))
+    data = payload(run, targets, command=command, now=now)
+    (out / "results.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    chart(out / "throughput.png", run.results, run.ref)
+    print(f"\nwrote {out / 'results.md'}, {out / 'throughput.png'}")
+    print_summary(run, targets)
+
+
+def print_summary(run: SuiteRun, targets: list[Target]) -> None:
+    print("\nratios vs L0:")
+    for r in run.results.values():
+        print(f"  {r.mb_s / run.ref.mb_s:10.4f}x  {r.name}")
+    print("\ntargets:")
+    for t in targets:
+        print(f"  {t.status}  {t.what}: {t.measured}")
+
+
+def chart(path: Path, results: dict[str, Result], ref: Result) -> None:
+    """Horizontal bars of MB/s (log scale), each labelled with its ratio vs L0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    items = list(results.values())
+    fig, ax = plt.subplots(figsize=(9, 0.38 * len(items) + 1.2))
+    ys = np.arange(len(items))[::-1]
+    ax.barh(ys, [r.mb_s for r in items], color=[COLOURS[r.group] for r in items])
+    ax.set_yticks(ys, [r.name + (" *" if r.extrapolated else "") for r in items], fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(ref.mb_s, color="black", lw=0.8, ls="--")
+    for y, r in zip(ys, items, strict=True):
+        label = f"{r.mb_s:,.0f}" if r.mb_s >= 10 else f"{r.mb_s:.2g}"
+        ax.text(r.mb_s * 1.05, y, f"{label} ({r.mb_s / ref.mb_s:.2g}x)", va="center", fontsize=7)
+    ax.set_xlabel("MB/s (log scale), (ratio vs L0); dashed: L0")
+    ax.set_xlim(right=max(r.mb_s for r in items) * 6)
+    ax.set_title("daskzarr_batches vs zarr, dask and peers (same run)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,142 @@
+"""The targets of issue 3 as a table, and their evaluation on a :class:`SuiteRun`.
+
+Each row of :data:`TARGETS` says how the measured value is computed from the run,
+the comparison and the threshold, and how the value is shown.  A row whose cases
+were not measured reads SKIP with the reason the run recorded, or is left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from .cases import (
+    BUFFERED,
+    CLUSTER_BUFFERED,
+    CLUSTER_SEQUENTIAL,
+    DASK_SLICES,
+    EXACT,
+    PAIRED_BUFFERED,
+    RAW_DECODE,
+    SEQUENTIAL,
+    SEQUENTIAL_32,
+    TORCH,
+    XBATCHER,
+)
+from .measure import L0, MiB, MissingResult, SuiteRun
+
+Value = Callable[[SuiteRun], float]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """``value(run) <op> limit``; ``shown`` formats the measured column.
+
+    ``shown`` is a :meth:`str.format` template given ``value``, ``limit`` and ``run``.
+    When a case the value needs was not measured, the row reads SKIP under
+    ``skip_name`` (default ``name``; consecutive equal ones are shown once) with
+    the reason ``run.skipped[skip]``, or is left out when ``skip`` is None.
+    """
+
+    name: str
+    value: Value
+    op: Literal[">=", "<="]
+    limit: float | Value
+    shown: str = "{value:.2f}x"
+    skip: str | None = ""
+    skip_name: str = ""
+
+
+@dataclass
+class Target:
+    """One evaluated target, a row of the report."""
+
+    what: str
+    measured: str
+    passed: bool | None  # None: not measured (skipped)
+    why: str = ""
+
+    @property
+    def status(self) -> str:
+        return "PASS" if self.passed else ("MISS" if self.passed is False else "SKIP")
+
+
+def ratio(name: str, other: str) -> Value:
+    """Throughput of case ``name`` over case ``other``."""
+    return lambda run: run.ratio(name, other)
+
+
+def vs_raw_decode(run: SuiteRun) -> float:
+    return run.ratio(SEQUENTIAL, run.named(RAW_DECODE))
+
+
+def exact_held_mib(key: str) -> Value:
+    """Peak RSS over the baseline of an exact-shuffle memory case, MiB."""
+    return lambda run: (run.memory[key]["peak"] - run.memory[key]["baseline"]) / MiB
+
+
+def flat_allowance_mib(run: SuiteRun) -> float:
+    return max(0.1 * run.memory["one"]["peak"], 32 * MiB) / MiB
+
+
+CLUSTER = "LocalCluster >= 0.6x local"
+
+# MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.
+TARGETS: tuple[TargetSpec, ...] = (
+    TargetSpec("sequential >= 1.3x L0", ratio(SEQUENTIAL, L0), ">=", 1.3),
+    TargetSpec("sequential >= 0.5x raw-decode limit", vs_raw_decode, ">=", 0.5, skip=None),
+    TargetSpec("buffered shuffle (8 chunks) >= 1.0x L0", ratio(BUFFERED, L0), ">=", 1.0),
+    TargetSpec("paired buffered shuffle >= 1.0x L0", ratio(PAIRED_BUFFERED, L0), ">=", 1.0),
+    TargetSpec("batch 32 >= 0.8x batch 256 (sequential)",
+               ratio(SEQUENTIAL_32, SEQUENTIAL), ">=", 0.8),
+    TargetSpec("exact, budget 1/4: read amplification <= 4",
+               lambda run: run.result(EXACT).amplification, "<=", 4.0 + 1e-9, "{value:.2f}"),
+    TargetSpec("exact, budget 1/4: >= 0.8x L0/4",
+               lambda run: run.ratio(EXACT, L0) * 4, ">=", 0.8, "{value:.2f}x L0/4"),
+    TargetSpec("LocalCluster >= 0.6x local (sequential)", ratio(CLUSTER_SEQUENTIAL, SEQUENTIAL),
+               ">=", 0.6, skip="LocalCluster", skip_name=CLUSTER),
+    TargetSpec("LocalCluster >= 0.6x local (buffered)", ratio(CLUSTER_BUFFERED, BUFFERED),
+               ">=", 0.6, skip="LocalCluster", skip_name=CLUSTER),
+    TargetSpec(">= 50x xbatcher BatchGenerator", ratio(SEQUENTIAL, XBATCHER), ">=", 50,
+               "{value:.0f}x", skip="xbatcher"),
+    TargetSpec(">= 100x torch DataLoader", ratio(BUFFERED, TORCH), ">=", 100,
+               "{value:.0f}x", skip="torch"),
+    TargetSpec(f">= 20x {DASK_SLICES}", ratio(SEQUENTIAL, DASK_SLICES), ">=", 20, "{value:.0f}x"),
+    TargetSpec("prefetch: wait <= 5% of epoch (consumer 1.2x load)",
+               lambda run: run.prefetch["fraction"], "<=", 0.05, "{value:.1%}"),
+    TargetSpec("buffered peak RSS <= 1.5 x windows + 300 MB",
+               lambda run: run.peak_mib["one"], "<=", lambda run: run.memory["bound"] / MiB,
+               "{value:.0f} MiB <= {limit:.0f} MiB"),
+    TargetSpec("buffered peak RSS flat at 4x dataset",
+               lambda run: run.peak_mib["four"] - run.peak_mib["one"], "<=", flat_allowance_mib,
+               "{run.peak_mib[four]:.0f} vs {run.peak_mib[one]:.0f} MiB"),
+    TargetSpec("exact: RSS over baseline <= budget", exact_held_mib("exact"),
+               "<=", lambda run: run.memory["budget"] / MiB,
+               "{value:.0f} MiB vs budget {limit:.0f} MiB"),
+    TargetSpec("exact: RSS over baseline <= budget (fixed mmap threshold)",
+               exact_held_mib("exact_mmap"), "<=", lambda run: run.memory["budget"] / MiB,
+               "{value:.0f} MiB vs budget {limit:.0f} MiB"),
+)  # fmt: skip
+
+
+def evaluate(run: SuiteRun, specs: Iterable[TargetSpec] = TARGETS) -> list[Target]:
+    """The report's target rows, in table order."""
+    targets: list[Target] = []
+    for spec in specs:
+        try:
+            targets.append(measure(spec, run))
+        except MissingResult:
+            if spec.skip is None:
+                continue
+            name = spec.skip_name or spec.name
+            if not targets or targets[-1].what != name:
+                targets.append(Target(name, "skipped", None, run.skipped.get(spec.skip, "")))
+    return targets
+
+
+def measure(spec: TargetSpec, run: SuiteRun) -> Target:
+    value = spec.value(run)
+    limit = spec.limit(run) if callable(spec.limit) else spec.limit
+    passed = value >= limit if spec.op == ">=" else value <= limit
+    return Target(spec.name, spec.shown.format(value=value, limit=limit, run=run), passed)

@@ -1,0 +1,104 @@
+"""The benchmark's targets table and report, on a fabricated run (nothing measured)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # after the installed package: only ``benchmarks`` comes from here
+
+from benchmarks.suite import cases, report, targets  # noqa: E402
+from benchmarks.suite.dataset import Dataset  # noqa: E402
+from benchmarks.suite.measure import L0, MiB, Result, SuiteRun  # noqa: E402
+
+
+def fabricated(speeds: dict[str, float], skipped: dict[str, str]) -> SuiteRun:
+    """A run whose cases moved ``speeds[name]`` MB in one second each."""
+    results = {
+        name: Result(name, "this", 1.0, int(mb * 1e6), 1000, 4.0 if name == cases.EXACT else 1.0)
+        for name, mb in speeds.items()
+    }
+    memory = {
+        "one": {"peak": 200 * MiB, "baseline": 100 * MiB, "amplification": 1.0},
+        "four": {"peak": 240 * MiB, "baseline": 100 * MiB, "amplification": 1.0},
+        "exact": {"peak": 150 * MiB, "baseline": 100 * MiB, "amplification": 4.0},
+        "exact_mmap": {"peak": 170 * MiB, "baseline": 100 * MiB, "amplification": 4.0},
+        "bound": 372 * MiB,
+        "window_bytes": 16 * MiB,
+        "budget": 61 * MiB,
+        "prefetch": 2,
+    }
+    return SuiteRun(
+        dataset=Dataset(Path("data.zarr"), 1_000_000, 64, 8192),
+        quick=False,
+        repeats=5,
+        results=results,
+        skipped=skipped,
+        prefetch={"wait": 0.04, "epoch": 1.0, "fraction": 0.04, "busy": 1e-4, "consumer": 0.9},
+        memory=memory,
+        quality=[{"mode": "exact", "displacement": 1.0, "entropy": 7.7, "amplification": None}],
+    )
+
+
+SPEEDS = {
+    L0: 100.0,
+    cases.SEQUENTIAL: 150.0,
+    cases.SEQUENTIAL_32: 110.0,
+    cases.BUFFERED: 120.0,
+    cases.EXACT: 30.0,
+    cases.PAIRED_BUFFERED: 90.0,
+    cases.DASK_SLICES: 5.0,
+    cases.XBATCHER: 2.0,
+}
+
+
+def test_targets_pass_miss_and_skip() -> None:
+    skipped = {"LocalCluster": "--no-cluster", "torch": "not installed"}
+    run = fabricated(SPEEDS, skipped)
+    rows = {t.what: (t.measured, t.status, t.why) for t in targets.evaluate(run)}
+    assert rows["sequential >= 1.3x L0"] == ("1.50x", "PASS", "")
+    assert rows["paired buffered shuffle >= 1.0x L0"] == ("0.90x", "MISS", "")
+    assert rows["batch 32 >= 0.8x batch 256 (sequential)"] == ("0.73x", "MISS", "")
+    assert rows["exact, budget 1/4: read amplification <= 4"] == ("4.00", "PASS", "")
+    assert rows["exact, budget 1/4: >= 0.8x L0/4"] == ("1.20x L0/4", "PASS", "")
+    assert rows[">= 50x xbatcher BatchGenerator"] == ("75x", "PASS", "")
+    assert rows[">= 100x torch DataLoader"] == ("skipped", "SKIP", "not installed")
+    assert rows[">= 20x dask: x[slice].compute() per batch"] == ("30x", "PASS", "")
+    assert rows["prefetch: wait <= 5% of epoch (consumer 1.2x load)"] == ("4.0%", "PASS", "")
+    assert rows["buffered peak RSS <= 1.5 x windows + 300 MB"][1] == "PASS"
+    # 40 MiB more at 4x: over both 10% of 200 MiB and 32 MiB
+    assert rows["buffered peak RSS flat at 4x dataset"] == ("240 vs 200 MiB", "MISS", "")
+    assert rows["exact: RSS over baseline <= budget"] == ("50 MiB vs budget 61 MiB", "PASS", "")
+    assert rows["exact: RSS over baseline <= budget (fixed mmap threshold)"][1] == "MISS"
+    # no cluster: one SKIP row for both cluster targets; no raw-decode case: no row
+    assert rows["LocalCluster >= 0.6x local"] == ("skipped", "SKIP", "--no-cluster")
+    assert not any(name.startswith("LocalCluster >= 0.6x local (") for name in rows)
+    assert "sequential >= 0.5x raw-decode limit" not in rows
+
+
+def test_cluster_and_raw_decode_targets_when_measured() -> None:
+    speeds = SPEEDS | {
+        f"{cases.RAW_DECODE}, 2 threads (limit)": 400.0,
+        cases.CLUSTER_SEQUENTIAL: 60.0,
+        cases.CLUSTER_BUFFERED: 90.0,
+    }
+    rows = {t.what: (t.measured, t.status) for t in targets.evaluate(fabricated(speeds, {}))}
+    assert rows["sequential >= 0.5x raw-decode limit"] == ("0.38x", "MISS")
+    assert rows["LocalCluster >= 0.6x local (sequential)"] == ("0.40x", "MISS")
+    assert rows["LocalCluster >= 0.6x local (buffered)"] == ("0.75x", "PASS")
+    assert "LocalCluster >= 0.6x local" not in rows
+
+
+def test_report_has_every_target_row_and_section() -> None:
+    run = fabricated(SPEEDS, {"torch": "not installed"})
+    evaluated = targets.evaluate(run)
+    text = report.markdown(run, evaluated, command="python benchmarks/run.py", now="now")
+    assert "| sequential >= 1.3x L0 | 1.50x | PASS |" in text
+    assert "| >= 100x torch DataLoader | skipped | SKIP (not installed) |" in text
+    assert f"| {L0} | 100.0 | 1,000 | 1x | 1.00 | 0 |" in text
+    for section in ("## Targets (issue 3)", "## Prefetch", "## Memory", "## Shuffle quality"):
+        assert f"\n\n{section}" in text
+    assert text.endswith("Skipped: torch: not installed.\n")
+    assert report.command_line(run) == "python benchmarks/run.py"
