@@ -323,6 +323,8 @@ def feature_moments(
     -------
     Moments
         ``.mean`` and ``.variance()`` have shape ``array.shape[1:]``.
+        ``.count`` is ``array.shape[0]``, also when a feature axis has length
+        0 (then the statistics are empty arrays).
 
     Examples
     --------
@@ -344,8 +346,10 @@ def feature_moments(
         for block, moments in results:
             folds.setdefault(block[1:], _PairwiseFold(Moments.merge)).push(moments)
     if not folds:
+        # No non-empty chunk: either no samples, or samples without features
+        # (a zero-length feature axis), which still count.
         empty = np.zeros(shape[1:], dtype=np.float64)
-        return Moments(0, empty, empty.copy())
+        return Moments(shape[0], empty, empty.copy())
     tiles = {where: fold.result() for where, fold in folds.items()}
     if len(tiles) == 1:
         return next(iter(tiles.values()))
