@@ -267,7 +267,17 @@ def as_source(array: Any, role: str = "array") -> Source:
     """Validate ``array`` and wrap it as a :class:`Source`.
 
     ``role`` ("array", "features", "labels") names it in error messages.
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``array`` is not an array, is a masked array (whose mask would be
+        dropped), or has a dtype that is not fixed-size numbers (strings,
+        bytes, Python objects; see :func:`_check_dtype`).
+    ArgumentValueError
+        ``array`` is 0-d, or a dask array with unknown chunk sizes.
     """
+    _check_not_masked(role, array)
     if isinstance(array, da.Array):
         behind = _zarr_behind(array)
         if behind is not None:
@@ -276,12 +286,14 @@ def as_source(array: Any, role: str = "array") -> Source:
         shape = tuple(array.shape)
         _check_dims(role, shape)
         dtype = np.dtype(array.dtype)
+        _check_dtype(role, dtype)
         chunks = da.core.normalize_chunks(array.chunks, shape)
         name = str(array.store_path)
         return SliceSource(name, shape, dtype, chunks, array, _token(array))
     if isinstance(array, np.ndarray):
         shape = array.shape
         _check_dims(role, shape)
+        _check_dtype(role, array.dtype)
         if array.size == 0:  # dask's auto chunking divides by the row size
             chunks = tuple((size,) for size in shape)
         else:
@@ -292,6 +304,7 @@ def as_source(array: Any, role: str = "array") -> Source:
     if isinstance(array, da.Array):
         shape = tuple(array.shape)
         _check_dims(role, shape)
+        _check_dtype(role, array.dtype)
         if any(math.isnan(size) for sizes in array.chunks for size in sizes):
             raise ArgumentValueError(
                 f"{role} has unknown chunk sizes {array.chunks}; "
@@ -311,6 +324,69 @@ def _check_dims(role: str, shape: tuple[int, ...]) -> None:
             f"{role} is a 0-d array (shape ()); streams need at least one "
             "dimension, with samples along axis 0"
         )
+
+
+# Kinds of fixed-size numbers: bool, signed and unsigned integers, floats,
+# complex, timedelta64, datetime64.  Structured dtypes ("V" with fields) are
+# checked field by field; raw fixed-size bytes ("V" without fields) are opaque
+# records and stream like numbers.
+_FIXED_SIZE_KINDS = frozenset("biufcmMV")
+_KIND_NAMES = {
+    "U": "fixed-width strings",
+    "S": "fixed-width byte strings",
+    "T": "variable-width strings",
+    "O": "Python objects",
+}
+
+
+def _check_dtype(role: str, dtype: np.dtype[Any]) -> None:
+    """Refuse dtypes whose elements are not fixed-size numbers.
+
+    Strings, byte strings and Python objects have no meaningful fixed row
+    size (window sizing and memory budgets rely on ``itemsize``), dask cannot
+    chunk object arrays, and they are not what a training batch holds; they
+    are refused for every stream and chunk job, from numpy, dask and Zarr
+    alike.
+    """
+    bad, where = _first_unsupported(dtype, "")
+    if bad is None:
+        return
+    what = _KIND_NAMES.get(bad.kind, f"kind {bad.kind!r}")
+    field_note = f" (field {where!r} has dtype {bad}: {what})" if where else f" ({what})"
+    raise ArgumentTypeError(
+        f"{role} has dtype {dtype}{field_note}, which cannot be streamed; use a fixed-size "
+        "numeric dtype (bool, integer, float, complex, datetime64, timedelta64) or a "
+        "structured dtype of those, e.g. encode strings as integer ids first"
+    )
+
+
+def _first_unsupported(dtype: np.dtype[Any], where: str) -> tuple[np.dtype[Any] | None, str]:
+    """The first (sub)dtype of ``dtype`` that is not fixed-size numbers, and its field path."""
+    if dtype.subdtype is not None:  # a sub-array field such as ("y", "i2", (3,))
+        return _first_unsupported(dtype.subdtype[0], where)
+    if dtype.names is not None:
+        for name in dtype.names:
+            inner = f"{where}.{name}" if where else name
+            found = _first_unsupported(dtype[name], inner)
+            if found[0] is not None:
+                return found
+        return None, ""
+    return (None, "") if dtype.kind in _FIXED_SIZE_KINDS else (dtype, where)
+
+
+def _check_not_masked(role: str, array: Any) -> None:
+    """Refuse masked arrays: slicing their data would drop the mask silently."""
+    if isinstance(array, np.ma.MaskedArray):
+        fill, mask = f"{role}.filled(value)", f"np.ma.getmaskarray({role})"
+    elif isinstance(array, da.Array) and isinstance(array._meta, np.ma.MaskedArray):
+        fill, mask = f"da.ma.filled({role}, value)", f"da.ma.getmaskarray({role})"
+    else:
+        return
+    raise ArgumentTypeError(
+        f"{role} is a masked array (shape {array.shape}, dtype {array.dtype}); streams "
+        f"would drop its mask. Pass {fill} instead and, if the mask matters, stream "
+        f"{mask} as a separate array of the same length"
+    )
 
 
 def _token(array: Any) -> str:

@@ -1,0 +1,168 @@
+"""Inputs that cannot work get a library error naming the value (issue 7's loose ends).
+
+Each case here used to stream wrong data, drop information silently or fail
+with a raw error from numpy, dask, zarr or zipfile.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+from zarr.core.dtype import VariableLengthBytes
+
+import daskzarr_batches as dzb
+
+pytestmark = pytest.mark.timeout(120)
+
+GOOD = np.arange(12.0).reshape(6, 2)
+
+
+def entry_points() -> dict[str, Callable[[Any], Any]]:
+    """Every public function that takes an array, as f(array)."""
+    return {
+        "batch_stream": lambda a: dzb.batch_stream(a, 2),
+        "shuffled_batch_stream": lambda a: dzb.shuffled_batch_stream(a, 2, seed=0),
+        "buffered": lambda a: dzb.shuffled_batch_stream(a, 2, seed=0, shuffle_buffer_size=3),
+        "paired features": lambda a: dzb.paired_batch_stream(a, GOOD[: a.shape[0]], 2),
+        "paired labels": lambda a: dzb.paired_batch_stream(GOOD[: a.shape[0]], a, 2),
+        "paired_shuffled labels": lambda a: dzb.paired_shuffled_batch_stream(
+            GOOD[: a.shape[0]], a, 2, seed=0
+        ),
+        "count_batches": lambda a: dzb.count_batches(a, 2),
+        "plan_epoch": lambda a: dzb.plan_epoch(a, 2),
+        "chunk_stream": dzb.chunk_stream,
+        "map_chunks": lambda a: dzb.map_chunks(len, a),
+        "reduce_chunks": lambda a: dzb.reduce_chunks(len, operator.add, a),
+        "feature_moments": dzb.feature_moments,
+    }
+
+
+ENTRY_POINTS = list(entry_points())
+
+
+def call(name: str, array: Any) -> None:
+    result = entry_points()[name](array)
+    if isinstance(result, dzb.Stream):
+        result.close()
+    raise AssertionError(f"{name} accepted {array!r}")
+
+
+def role(name: str) -> str:
+    return name.rsplit(" ", 1)[-1] if " " in name else "array"
+
+
+# --------------------------------------------------------------------------
+# dtypes that are not fixed-size numbers
+
+
+def zarr_of(values: np.ndarray, dtype: Any = None) -> zarr.Array:
+    with warnings.catch_warnings():  # U/S dtypes have no Zarr v3 spec: UnstableSpecificationWarning
+        warnings.simplefilter("ignore")
+        array = zarr.create_array(
+            store={},
+            shape=values.shape,
+            chunks=(2,),
+            dtype=values.dtype if dtype is None else dtype,
+        )
+        array[...] = values
+    return array
+
+
+STRINGS = np.array(["a", "bb", "c", "d"])
+BAD_DTYPES: dict[str, Callable[[], Any]] = {
+    "numpy str": lambda: STRINGS,
+    "numpy bytes": lambda: STRINGS.astype("S"),
+    "numpy object": lambda: np.array([1, "b", None, 2.0], dtype=object),
+    "numpy StringDType": lambda: STRINGS.astype(np.dtypes.StringDType()),
+    "numpy structured with a str field": lambda: np.zeros(4, dtype=[("x", "f4"), ("name", "U3")]),
+    "dask object": lambda: da.from_array(np.array([1, "b", None, 2.0], dtype=object), chunks=2),
+    "dask str": lambda: da.from_array(STRINGS, chunks=2),
+    "zarr variable-length str": lambda: zarr_of(STRINGS, str),
+    "zarr fixed-width str": lambda: zarr_of(STRINGS),
+    "zarr fixed-width bytes": lambda: zarr_of(STRINGS.astype("S")),
+    "zarr variable-length bytes": lambda: zarr_of(
+        STRINGS.astype("S").astype(object), VariableLengthBytes()
+    ),
+    "zarr via open_array": lambda: dzb.open_array(zarr_of(STRINGS, str)),
+}
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+@pytest.mark.parametrize("kind", list(BAD_DTYPES))
+def test_non_numeric_dtypes_are_refused_naming_role_and_dtype(name: str, kind: str) -> None:
+    array = BAD_DTYPES[kind]()
+    with pytest.raises(dzb.ArgumentTypeError) as info:
+        call(name, array)
+    message = str(info.value)
+    assert message.startswith(f"{role(name)} has dtype {array.dtype}")
+    assert "fixed-size numeric" in message and "structured" in message
+    if array.dtype.names:
+        assert "field 'name'" in message
+
+
+ACCEPTED = {
+    "bool": np.array([True, False, True, True]),
+    "int8": np.arange(4, dtype="i1"),
+    "complex64": np.arange(4).astype("c8"),
+    "datetime64": np.array(["2020-01-01", "2020-01-02", "2021-01-01", "2022-01-01"], "M8[D]"),
+    "timedelta64": np.arange(4).astype("m8[s]"),
+    "structured": np.zeros(4, dtype=[("x", "f4"), ("y", "i2")]),
+    "structured with a sub-array field": np.zeros(4, dtype=[("x", "f4"), ("y", "i2", (3,))]),
+    "raw void": np.zeros(4, dtype="V3"),
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "wrap"),
+    [
+        (kind, wrap)
+        for kind in ACCEPTED
+        for wrap in ("numpy", "dask", "zarr")
+        if not (wrap == "zarr" and "sub-array" in kind)  # zarr 3.1 cannot create those
+    ],
+)
+def test_fixed_size_dtypes_still_stream(kind: str, wrap: str) -> None:
+    values = ACCEPTED[kind]
+    array = {"numpy": values, "dask": da.from_array(values, chunks=2)}.get(wrap)
+    if array is None:
+        array = zarr_of(values)
+    with dzb.batch_stream(array, 3) as stream:
+        batches = list(stream)
+    np.testing.assert_array_equal(np.concatenate(batches), values)
+
+
+# --------------------------------------------------------------------------
+# masked arrays: the mask would be dropped
+
+
+MASKED = np.ma.masked_array(np.arange(8.0).reshape(4, 2), mask=[[0, 1], [0, 0], [1, 1], [0, 0]])
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+@pytest.mark.parametrize("kind", ["numpy", "numpy without masked values", "dask"])
+def test_masked_arrays_are_refused(name: str, kind: str) -> None:
+    array: Any = {
+        "numpy": MASKED,
+        "numpy without masked values": np.ma.masked_array(np.ones((4, 2))),
+        "dask": da.ma.masked_array(da.from_array(MASKED.data, chunks=2), mask=MASKED.mask),
+    }[kind]
+    with pytest.raises(dzb.ArgumentTypeError) as info:
+        call(name, array)
+    message = str(info.value)
+    assert message.startswith(f"{role(name)} is a masked array")
+    assert ".filled(" in message and "getmaskarray" in message
+
+
+def test_the_suggested_replacements_stream() -> None:
+    data, mask = MASKED.filled(-1.0), np.ma.getmaskarray(MASKED)
+    with dzb.paired_batch_stream(data, mask, 4) as stream:
+        ((x, m),) = list(stream)
+    np.testing.assert_array_equal(x, [[0, -1], [2, 3], [-1, -1], [6, 7]])
+    np.testing.assert_array_equal(m, MASKED.mask)
