@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,16 +68,20 @@ def open_array(
     Raises
     ------
     ArrayNotFoundError
-        No array at ``source``/``path``; the message lists the arrays that do
-        exist.
+        No array at ``source``/``path`` (or no such ``.zip`` file); the
+        message lists the arrays that do exist.
     ArgumentTypeError
-        ``source`` is not something Zarr can open.
+        ``source`` is not something Zarr can open, or ``path`` is not a str.
+    ArgumentValueError
+        ``path`` has a ``..`` or ``.`` segment (a Zarr path only goes down),
+        or a ``.zip`` path is not a zip file.
     """
     array = _open_zarr(source, path, storage_options)
     return da.from_zarr(array)
 
 
 def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | None) -> zarr.Array:
+    _check_path(path)
     if isinstance(source, zarr.Array):
         if path not in (None, ""):
             raise ArgumentValueError(
@@ -87,8 +92,9 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
         return _array_in_group(source, path, where=str(source.store_path))
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
-    if isinstance(source, str) and source.endswith(".zip"):
-        source = zarr.storage.ZipStore(source, mode="r")
+    named = source  # how messages refer to it (a zip path rather than its ZipStore)
+    if isinstance(source, str) and source.endswith(".zip") and not os.path.isdir(source):
+        source = _zip_store(source)
     if not isinstance(source, str | zarr.abc.store.Store | dict):
         raise ArgumentTypeError(
             "source must be a zarr.Array, zarr.Group, zarr store, path or URL, "
@@ -101,6 +107,8 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
         node = zarr.open(store=source, **kwargs)
     except (FileNotFoundError, KeyError) as exc:
         raise ArrayNotFoundError(f"no Zarr array or group at {source!r}") from exc
+    except zipfile.BadZipFile as exc:  # passed is_zipfile, but its directory is broken
+        raise ArgumentValueError(f"{named!r} is not a zip file Zarr can read: {exc}") from exc
     except TypeError as exc:  # e.g. storage_options for a local path
         raise ArgumentTypeError(f"cannot open {source!r} as Zarr: {exc}") from exc
     except ValueError as exc:  # e.g. an unknown URL protocol
@@ -112,6 +120,36 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
             )
         return node
     return _array_in_group(node, path, where=repr(source))
+
+
+def _check_path(path: object) -> None:
+    """A path inside a group or store: None, or a str whose segments only go down."""
+    if path is None:
+        return
+    if not isinstance(path, str):
+        raise ArgumentTypeError(
+            "path must be a str naming an array inside the group or store (such as "
+            f"'images' or 'train/images'), got {type(path).__name__} {path!r}"
+        )
+    for segment in path.strip("/").split("/"):
+        if segment in (".", ".."):
+            raise ArgumentValueError(
+                f"path {path!r} has a {segment!r} segment; a Zarr path names a node below "
+                "the group or store and cannot go up (or name the same node): open the "
+                "parent group or store and give the path from there"
+            )
+
+
+def _zip_store(path: str) -> zarr.storage.ZipStore:
+    """Open ``path`` as a read-only zip store, with library errors for non-zip files."""
+    if not os.path.exists(path):
+        raise ArrayNotFoundError(f"no Zarr array or group at {path!r}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise ArgumentValueError(
+            f"{path!r} is not a zip file; a path ending in .zip is opened as a zipped Zarr "
+            "store (zarr.storage.ZipStore)"
+        )
+    return zarr.storage.ZipStore(path, mode="r")
 
 
 def _array_in_group(group: zarr.Group, path: str | None, where: str) -> zarr.Array:

@@ -166,3 +166,85 @@ def test_the_suggested_replacements_stream() -> None:
         ((x, m),) = list(stream)
     np.testing.assert_array_equal(x, [[0, -1], [2, 3], [-1, -1], [6, 7]])
     np.testing.assert_array_equal(m, MASKED.mask)
+
+
+# --------------------------------------------------------------------------
+# open_array: paths that cannot name an array
+
+
+@pytest.fixture
+def group(tmp_path: Any) -> zarr.Group:
+    group = zarr.open_group(tmp_path / "data.zarr", mode="w")
+    group.create_array("x", data=GOOD, chunks=(4, 2))
+    group.create_group("sub").create_array("y", data=GOOD, chunks=(4, 2))
+    return group
+
+
+@pytest.mark.parametrize("bad", [123, b"x", ["x"], 1.5])
+@pytest.mark.parametrize("source", ["group", "store path", "array"])
+def test_path_that_is_not_a_string(group: zarr.Group, source: str, bad: Any) -> None:
+    where = {"group": group, "store path": str(group.store.root), "array": group["x"]}[source]
+    with pytest.raises(dzb.ArgumentTypeError, match="path must be a str") as info:
+        dzb.open_array(where, bad)
+    assert repr(bad) in str(info.value)
+
+
+@pytest.mark.parametrize("bad", ["../x", "sub/../x", "..", "sub/..", "./x", "sub/./y", "/../x"])
+@pytest.mark.parametrize("source", ["group", "subgroup", "store path"])
+def test_path_that_goes_up_or_stays(group: zarr.Group, source: str, bad: str) -> None:
+    where = {"group": group, "subgroup": group["sub"], "store path": str(group.store.root)}[source]
+    with pytest.raises(dzb.ArgumentValueError, match="cannot go up") as info:
+        dzb.open_array(where, bad)
+    assert repr(bad) in str(info.value)
+
+
+def test_good_paths_still_open(group: zarr.Group) -> None:
+    for path in ("x", "/x", "sub/y", "/sub/y/"):
+        np.testing.assert_array_equal(dzb.open_array(group, path).compute(), GOOD)
+    np.testing.assert_array_equal(dzb.open_array(group["sub"], "y").compute(), GOOD)
+
+
+# --------------------------------------------------------------------------
+# open_array: .zip paths that are not zip files
+
+
+def test_zip_path_that_is_not_a_zip_file(tmp_path: Any) -> None:
+    where = tmp_path / "notes.zip"
+    where.write_text("not a zip archive\n")
+    with pytest.raises(dzb.ArgumentValueError, match="not a zip file") as info:
+        dzb.open_array(where, "x")
+    assert str(where) in str(info.value)
+    with pytest.raises(dzb.ArgumentValueError, match="not a zip file"):
+        dzb.open_array(str(where))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "central directory"])
+def test_zip_path_that_is_a_broken_zip_file(tmp_path: Any, damage: str) -> None:
+    whole = tmp_path / "whole.zip"
+    store = zarr.storage.ZipStore(whole, mode="w")
+    zarr.create_array(store, data=GOOD, chunks=(4, 2))
+    store.close()
+    content = bytearray(whole.read_bytes())
+    if damage == "truncated":
+        content = content[: len(content) // 2]
+    else:  # zipfile.is_zipfile still says yes: zipfile.ZipFile raises BadZipFile
+        entry = content.rfind(b"PK\x01\x02")
+        content[entry : entry + 4] = b"XXXX"
+    where = tmp_path / "broken.zip"
+    where.write_bytes(bytes(content))
+    with pytest.raises(dzb.ArgumentValueError, match="not a zip file") as info:
+        dzb.open_array(where)
+    assert repr(str(where)) in str(info.value)
+
+
+def test_missing_zip_file_names_the_path(tmp_path: Any) -> None:
+    where = tmp_path / "missing.zip"
+    with pytest.raises(dzb.ArrayNotFoundError, match="no such file") as info:
+        dzb.open_array(where, "x")
+    assert repr(str(where)) in str(info.value)
+
+
+def test_directory_store_named_like_a_zip_file(tmp_path: Any) -> None:
+    where = tmp_path / "data.zip"
+    zarr.create_array(zarr.storage.LocalStore(where), data=GOOD, chunks=(4, 2))
+    np.testing.assert_array_equal(dzb.open_array(where).compute(), GOOD)
