@@ -6,6 +6,7 @@ with a raw error from numpy, dask, zarr or zipfile.
 
 from __future__ import annotations
 
+import json
 import operator
 import warnings
 from collections.abc import Callable
@@ -248,3 +249,116 @@ def test_directory_store_named_like_a_zip_file(tmp_path: Any) -> None:
     where = tmp_path / "data.zip"
     zarr.create_array(zarr.storage.LocalStore(where), data=GOOD, chunks=(4, 2))
     np.testing.assert_array_equal(dzb.open_array(where).compute(), GOOD)
+
+
+# --------------------------------------------------------------------------
+# open_array: metadata documents that are not valid Zarr metadata
+
+BROKEN_DOCUMENTS = {
+    "not JSON": b"{not json",
+    "not UTF-8": b"\xff\xfe\x00garbage",
+    "a JSON list": b"[1, 2]",
+    "no required fields": b'{"foo": 1}',
+}
+
+
+def array_key(zarr_format: int) -> str:
+    return "zarr.json" if zarr_format == 3 else ".zarray"
+
+
+def break_document(root: Any, key: str, broken: bytes | None) -> None:
+    """Overwrite ``key`` under ``root``; ``None`` drops the shape field instead."""
+    where = root / key
+    if broken is None:
+        document = json.loads(where.read_text())
+        del document["shape"]
+        broken = json.dumps(document).encode()
+    where.write_bytes(broken)
+
+
+DAMAGES = [*BROKEN_DOCUMENTS, "no shape"]
+
+
+def damage(name: str) -> bytes | None:
+    return BROKEN_DOCUMENTS.get(name)
+
+
+def check_invalid_metadata(info: pytest.ExceptionInfo[Any], where: Any, key: str) -> None:
+    error = info.value
+    assert isinstance(error, dzb.InvalidMetadataError)
+    assert isinstance(error, dzb.DaskZarrBatchesError) and isinstance(error, ValueError)
+    assert not isinstance(error, dzb.ArrayNotFoundError)
+    message = str(error)
+    assert message.startswith("invalid metadata")
+    assert "no Zarr array" not in message and "no array" not in message
+    assert str(where) in message and repr(key) in message
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("name", DAMAGES)
+def test_invalid_metadata_of_an_array_store(tmp_path: Any, zarr_format: int, name: str) -> None:
+    root = tmp_path / "data.zarr"
+    zarr.create_array(root, data=GOOD, chunks=(4, 2), zarr_format=zarr_format)
+    break_document(root, array_key(zarr_format), damage(name))
+    with pytest.raises(dzb.InvalidMetadataError) as info:
+        dzb.open_array(root)
+    check_invalid_metadata(info, root, array_key(zarr_format))
+
+
+def broken_group(tmp_path: Any, zarr_format: int, name: str) -> Any:
+    """A group with arrays 'x' (broken), 'y' and 'sub/z' (broken) and 'sub/w'."""
+    root = tmp_path / "data.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=zarr_format)
+    for path in ("x", "y", "sub/z", "sub/w"):
+        group.create_array(path, data=GOOD, chunks=(4, 2))
+    for path in ("x", "sub/z"):
+        break_document(root / path, array_key(zarr_format), damage(name))
+    return root
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("name", DAMAGES)
+@pytest.mark.parametrize("opened", [False, True])
+def test_invalid_metadata_of_a_group_member(
+    tmp_path: Any, zarr_format: int, name: str, opened: bool
+) -> None:
+    root = broken_group(tmp_path, zarr_format, name)
+    source: Any = zarr.open_group(root, mode="r") if opened else root
+    key = array_key(zarr_format)
+    for path in ("x", "sub/z", "/sub/z/"):
+        with pytest.raises(dzb.InvalidMetadataError) as info:
+            dzb.open_array(source, path)
+        check_invalid_metadata(info, root, f"{path.strip('/')}/{key}")
+    # the sound members still open: nothing else of the group is parsed
+    for path in ("y", "sub/w"):
+        np.testing.assert_array_equal(dzb.open_array(source, path).compute(), GOOD)
+    subgroup = zarr.open_group(root / "sub", mode="r") if opened else root / "sub"
+    with pytest.raises(dzb.InvalidMetadataError) as info:
+        dzb.open_array(subgroup, "z")
+    check_invalid_metadata(info, root, f"z/{key}")
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("name", ["not JSON", "no required fields"])
+def test_listing_a_group_with_an_invalid_member(tmp_path: Any, zarr_format: int, name: str) -> None:
+    root = broken_group(tmp_path, zarr_format, name)
+    key = array_key(zarr_format)
+    for path in (None, "missing"):
+        with pytest.raises(dzb.ArrayNotFoundError) as info:
+            dzb.open_array(root, path)
+        message = str(info.value)
+        assert "'y'" in message and "'sub/w'" in message
+        assert f"invalid metadata at 'x/{key}'" in message
+        assert f"invalid metadata at 'sub/z/{key}'" in message
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_invalid_metadata_of_the_root_group(tmp_path: Any, zarr_format: int) -> None:
+    root = tmp_path / "data.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=zarr_format)
+    group.create_array("x", data=GOOD, chunks=(4, 2))
+    key = "zarr.json" if zarr_format == 3 else ".zgroup"
+    break_document(root, key, b"{not json")
+    with pytest.raises(dzb.InvalidMetadataError) as info:
+        dzb.open_array(root, "x")
+    check_invalid_metadata(info, root, key)
