@@ -10,6 +10,9 @@ well as ``except dzb.DaskZarrBatchesError``::
     │   └── LengthMismatchError             paired arrays differ in length
     ├── ArrayNotFoundError(KeyError, FileNotFoundError)
     │                                       no Zarr array at that source/path
+    ├── InvalidMetadataError(ValueError)    a Zarr metadata document there is
+    │                                       not valid JSON or not valid Zarr
+    │                                       metadata; names the document
     ├── ChunkReadError(OSError)             a stored chunk could not be read
     │                                       or decoded; names array and chunk
     ├── WindowError(RuntimeError)           the scheduler failed a window of
@@ -26,6 +29,7 @@ __all__ = [
     "ArrayNotFoundError",
     "ChunkReadError",
     "DaskZarrBatchesError",
+    "InvalidMetadataError",
     "LengthMismatchError",
     "WindowError",
     "WindowTimeoutError",
@@ -53,6 +57,17 @@ class ArrayNotFoundError(DaskZarrBatchesError, KeyError, FileNotFoundError):
 
     def __str__(self) -> str:  # KeyError would otherwise quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class InvalidMetadataError(DaskZarrBatchesError, ValueError):
+    """A Zarr metadata document cannot be parsed.
+
+    Raised by :func:`open_array` when ``zarr.json`` (format 3) or ``.zarray``,
+    ``.zgroup``, ``.zattrs`` (format 2) on the way to the array is not JSON,
+    not a JSON object, or lacks fields Zarr requires.  The message names the
+    store and the document; Zarr's own error, if any, is chained as
+    ``__cause__``.
+    """
 
 
 class ChunkReadError(DaskZarrBatchesError, OSError):

@@ -229,16 +229,20 @@ class Moments:
     update (the parallel form of Welford's algorithm), so partial moments of
     chunks computed anywhere combine into those of the whole array without a
     second pass and without the cancellation of ``E[x**2] - E[x]**2``.
-    Statistics are accumulated in float64.
+    Statistics are accumulated in float64.  Complex data have a complex128
+    mean and a real ``m2``, the sum of ``|x - mean|**2``, so ``variance()``
+    is real and equals ``numpy.var``.
 
     Attributes
     ----------
     count : int
         Samples (rows of axis 0) seen.
     mean : numpy.ndarray
-        Per-feature mean, shape ``array.shape[1:]``.
+        Per-feature mean, shape ``array.shape[1:]``; float64, or complex128
+        for complex data.
     m2 : numpy.ndarray
-        Per-feature sum of squared deviations from the mean.
+        Per-feature sum of squared deviations from the mean (of their squared
+        moduli for complex data), float64.
 
     Examples
     --------
@@ -262,11 +266,12 @@ class Moments:
                 "Moments.from_chunk needs at least one dimension, got a 0-d array"
             )
         count = data.shape[0]
+        mean_dtype = _mean_dtype(data.dtype)
         if count == 0:
             zeros = np.zeros(data.shape[1:], dtype=np.float64)
-            return cls(0, zeros, zeros.copy())
-        mean = data.mean(axis=0, dtype=np.float64)
-        m2 = np.square(data - mean).sum(axis=0, dtype=np.float64)
+            return cls(0, zeros.astype(mean_dtype), zeros)
+        mean = data.mean(axis=0, dtype=mean_dtype)
+        m2 = _squared_modulus(data - mean).sum(axis=0, dtype=np.float64)
         return cls(count, mean, m2)
 
     def merge(self, other: Moments) -> Moments:
@@ -283,7 +288,7 @@ class Moments:
         count = self.count + other.count
         delta = other.mean - self.mean
         mean = self.mean + delta * (other.count / count)
-        m2 = self.m2 + other.m2 + np.square(delta) * (self.count * other.count / count)
+        m2 = self.m2 + other.m2 + _squared_modulus(delta) * (self.count * other.count / count)
         return Moments(count, mean, m2)
 
     def variance(self, ddof: int = 0) -> np.ndarray:
@@ -322,6 +327,8 @@ def feature_moments(
     -------
     Moments
         ``.mean`` and ``.variance()`` have shape ``array.shape[1:]``.
+        ``.count`` is ``array.shape[0]``, also when a feature axis has length
+        0 (then the statistics are empty arrays).
 
     Examples
     --------
@@ -339,17 +346,31 @@ def feature_moments(
         with_index=True,
     ) as results:
         layout = tuple(len(sizes) for sizes in results.source.chunks[1:])
-        shape = results.source.shape
+        shape, dtype = results.source.shape, results.source.dtype
         for block, moments in results:
             folds.setdefault(block[1:], _PairwiseFold(Moments.merge)).push(moments)
     if not folds:
+        # No non-empty chunk: either no samples, or samples without features
+        # (a zero-length feature axis), which still count.
         empty = np.zeros(shape[1:], dtype=np.float64)
-        return Moments(0, empty, empty.copy())
+        return Moments(shape[0], empty.astype(_mean_dtype(dtype)), empty)
     tiles = {where: fold.result() for where, fold in folds.items()}
     if len(tiles) == 1:
         return next(iter(tiles.values()))
     count = next(iter(tiles.values())).count
     return Moments(count, _join(layout, tiles, "mean"), _join(layout, tiles, "m2"))
+
+
+def _mean_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """float64, or complex128 for complex data (a float64 mean would drop the imaginary part)."""
+    return np.dtype(np.complex128 if np.issubdtype(dtype, np.complexfloating) else np.float64)
+
+
+def _squared_modulus(values: np.ndarray) -> np.ndarray:
+    """``|values|**2``, real: ``values**2``, or ``re**2 + im**2`` for complex values."""
+    if np.iscomplexobj(values):
+        return np.square(values.real) + np.square(values.imag)
+    return np.square(values)
 
 
 def _join(layout: tuple[int, ...], tiles: dict[tuple[int, ...], Moments], field: str) -> np.ndarray:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -52,9 +53,38 @@ __all__ = [
     "WindowSummary",
     "chunk_offsets",
     "pieces_for",
+    "read_amplification",
     "sample_units",
     "sorting_order",
 ]
+
+
+def read_amplification(bytes_read: int, bytes_yielded: int) -> float:
+    """How often the yielded data was decoded: ``bytes_read / bytes_yielded``.
+
+    The one rule for plans (:class:`PlanSummary`) and streams (``StreamStats``).
+
+    Parameters
+    ----------
+    bytes_read : int
+        Decoded bytes of the chunks read.
+    bytes_yielded : int
+        Bytes handed (or to be handed) to the caller.
+
+    Returns
+    -------
+    float
+        ``bytes_read / bytes_yielded``; ``0.0`` when nothing was yielded nor
+        read, ``inf`` when bytes were read but nothing yielded.
+
+    Examples
+    --------
+    >>> read_amplification(800, 400), read_amplification(0, 0), read_amplification(8, 0)
+    (2.0, 0.0, inf)
+    """
+    if bytes_yielded == 0:
+        return 0.0 if bytes_read == 0 else math.inf
+    return bytes_read / bytes_yielded
 
 
 def chunk_offsets(chunk_rows: Sequence[int]) -> IndexArray:
@@ -572,10 +602,12 @@ class PlanSummary:
 
     @property
     def read_amplification(self) -> float:
-        """``bytes_decoded / bytes_yielded``: how often the data is read."""
-        if self.bytes_yielded == 0:
-            return 0.0
-        return self.bytes_decoded / self.bytes_yielded
+        """``bytes_decoded / bytes_yielded``: how often the data is read.
+
+        ``0.0`` for an epoch that reads and yields nothing, ``inf`` for one
+        that reads chunks but yields nothing (see :func:`read_amplification`).
+        """
+        return read_amplification(self.bytes_decoded, self.bytes_yielded)
 
     @property
     def peak_window_bytes(self) -> int:

@@ -18,10 +18,14 @@ Two kinds exist:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import math
 import os
-from collections.abc import Iterator
+import warnings
+import zipfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +34,12 @@ import numpy as np
 import zarr
 import zarr.abc.store
 
-from ._errors import ArgumentTypeError, ArgumentValueError, ArrayNotFoundError
+from ._errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    ArrayNotFoundError,
+    InvalidMetadataError,
+)
 
 __all__ = ["DaskSource", "SliceSource", "Source", "as_source", "open_array"]
 
@@ -65,16 +74,20 @@ def open_array(
     Raises
     ------
     ArrayNotFoundError
-        No array at ``source``/``path``; the message lists the arrays that do
-        exist.
+        No array at ``source``/``path`` (or no such ``.zip`` file); the
+        message lists the arrays that do exist.
     ArgumentTypeError
-        ``source`` is not something Zarr can open.
+        ``source`` is not something Zarr can open, or ``path`` is not a str.
+    ArgumentValueError
+        ``path`` has a ``..`` or ``.`` segment (a Zarr path only goes down),
+        or a ``.zip`` path is not a zip file.
     """
     array = _open_zarr(source, path, storage_options)
     return da.from_zarr(array)
 
 
 def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | None) -> zarr.Array:
+    _check_path(path)
     if isinstance(source, zarr.Array):
         if path not in (None, ""):
             raise ArgumentValueError(
@@ -85,8 +98,9 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
         return _array_in_group(source, path, where=str(source.store_path))
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
-    if isinstance(source, str) and source.endswith(".zip"):
-        source = zarr.storage.ZipStore(source, mode="r")
+    named = source  # how messages refer to it (a zip path rather than its ZipStore)
+    if isinstance(source, str) and source.endswith(".zip") and not os.path.isdir(source):
+        source = _zip_store(source)
     if not isinstance(source, str | zarr.abc.store.Store | dict):
         raise ArgumentTypeError(
             "source must be a zarr.Array, zarr.Group, zarr store, path or URL, "
@@ -97,41 +111,266 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
         kwargs["storage_options"] = storage_options
     try:
         node = zarr.open(store=source, **kwargs)
-    except (FileNotFoundError, KeyError) as exc:
-        raise ArrayNotFoundError(f"no Zarr array or group at {source!r}") from exc
-    except TypeError as exc:  # e.g. storage_options for a local path
-        raise ArgumentTypeError(f"cannot open {source!r} as Zarr: {exc}") from exc
-    except ValueError as exc:  # e.g. an unknown URL protocol
-        raise ArgumentValueError(f"cannot open {source!r} as Zarr: {exc}") from exc
+    except Exception as exc:
+        # Zarr reports a broken metadata document as anything from "not found"
+        # to a JSONDecodeError: look at the documents before believing it.
+        root = _root_store_path(source, storage_options)
+        _raise_if_invalid_metadata(root, [""], repr(named), exc)
+        if isinstance(exc, FileNotFoundError | KeyError):
+            raise ArrayNotFoundError(f"no Zarr array or group at {source!r}") from exc
+        if isinstance(exc, zipfile.BadZipFile):  # passed is_zipfile, but its directory is broken
+            raise ArgumentValueError(f"{named!r} is not a zip file Zarr can read: {exc}") from exc
+        if isinstance(exc, TypeError):  # e.g. storage_options for a local path
+            raise ArgumentTypeError(f"cannot open {source!r} as Zarr: {exc}") from exc
+        if isinstance(exc, ValueError):  # e.g. an unknown URL protocol
+            raise ArgumentValueError(f"cannot open {source!r} as Zarr: {exc}") from exc
+        raise
     if isinstance(node, zarr.Array):
         if path not in (None, ""):
             raise ArrayNotFoundError(
                 f"{source!r} holds a single array, not a group; there is nothing at path {path!r}"
             )
         return node
-    return _array_in_group(node, path, where=repr(source))
+    return _array_in_group(node, path, where=repr(named))
+
+
+def _check_path(path: object) -> None:
+    """A path inside a group or store: None, or a str whose segments only go down."""
+    if path is None:
+        return
+    if not isinstance(path, str):
+        raise ArgumentTypeError(
+            "path must be a str naming an array inside the group or store (such as "
+            f"'images' or 'train/images'), got {type(path).__name__} {path!r}"
+        )
+    for segment in path.strip("/").split("/"):
+        if segment in (".", ".."):
+            raise ArgumentValueError(
+                f"path {path!r} has a {segment!r} segment; a Zarr path names a node below "
+                "the group or store and cannot go up (or name the same node): open the "
+                "parent group or store and give the path from there"
+            )
+
+
+def _zip_store(path: str) -> zarr.storage.ZipStore:
+    """Open ``path`` as a read-only zip store, with library errors for non-zip files."""
+    if not os.path.exists(path):
+        raise ArrayNotFoundError(f"no Zarr array or group at {path!r}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise ArgumentValueError(
+            f"{path!r} is not a zip file; a path ending in .zip is opened as a zipped Zarr "
+            "store (zarr.storage.ZipStore)"
+        )
+    return zarr.storage.ZipStore(path, mode="r")
 
 
 def _array_in_group(group: zarr.Group, path: str | None, where: str) -> zarr.Array:
-    arrays = sorted(
-        name for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)
-    )
-    listing = ", ".join(repr(a) for a in arrays) if arrays else "none"
-    if path in (None, ""):
+    inner = "" if path is None else path.strip("/")
+    node: Any = None
+    error: Exception | None = None
+    if inner:
+        try:
+            node = group[inner]
+        except Exception as exc:  # KeyError when missing; anything when metadata is broken
+            error = exc
+        if isinstance(node, zarr.Array):
+            return node
+    # Nothing usable: a broken document on the way explains it better than "not found".
+    parts = inner.split("/") if inner else []
+    on_the_way = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]
+    _raise_if_invalid_metadata(group.store_path, on_the_way, where, error)
+    if error is not None and not isinstance(error, KeyError):
+        raise error
+    listing = _list_arrays(group)
+    if not inner:
         raise ArrayNotFoundError(
             f"{where} is a group; pass path= to choose one of its arrays: {listing}"
         )
-    assert path is not None
+    what = "a group" if isinstance(node, zarr.Group) else "no array"
+    raise ArrayNotFoundError(f"{what} at path {path!r} in {where}; arrays that exist: {listing}")
+
+
+# Metadata documents of a node: Zarr format 3, then format 2.
+_METADATA_DOCUMENTS = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
+# Fields an array document must have (the format 3 and format 2 specifications;
+# zarr-python requires every one of them too).
+_ARRAY_FIELDS = {
+    "zarr.json": (
+        "shape",
+        "data_type",
+        "chunk_grid",
+        "chunk_key_encoding",
+        "fill_value",
+        "codecs",
+    ),
+    ".zarray": ("shape", "chunks", "dtype", "fill_value", "order"),
+}
+
+
+def _document_problem(key: str, raw: bytes) -> str | None:
+    """What is wrong with the metadata document ``key`` holding ``raw``, or None."""
     try:
-        node = group[path.strip("/")]
-    except KeyError:
-        node = None
-    if not isinstance(node, zarr.Array):
-        what = "a group" if isinstance(node, zarr.Group) else "no array"
-        raise ArrayNotFoundError(
-            f"{what} at path {path!r} in {where}; arrays that exist: {listing}"
+        document = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        return f"not valid JSON ({exc})"
+    if not isinstance(document, dict):
+        return f"not a JSON object but a JSON {type(document).__name__}"
+    if key == ".zattrs":
+        return None
+    expected_format = 3 if key == "zarr.json" else 2
+    required = ["zarr_format", "node_type"] if key == "zarr.json" else ["zarr_format"]
+    if key != ".zgroup" and document.get("node_type", "array") == "array":
+        required += _ARRAY_FIELDS[key]
+    missing = [name for name in required if name not in document]
+    if missing:
+        return (
+            "missing required field"
+            + ("s " if len(missing) > 1 else " ")
+            + ", ".join(repr(name) for name in missing)
         )
-    return node
+    if document["zarr_format"] != expected_format:
+        return f"zarr_format is {document['zarr_format']!r}, expected {expected_format}"
+    if key == ".zgroup" or document.get("node_type") == "group":
+        return None
+    if key == "zarr.json" and document["node_type"] != "array":
+        return f"node_type is {document['node_type']!r}, expected 'array' or 'group'"
+    from zarr.core.metadata.v2 import ArrayV2Metadata
+    from zarr.core.metadata.v3 import ArrayV3Metadata
+
+    parse = ArrayV3Metadata.from_dict if key == "zarr.json" else ArrayV2Metadata.from_dict
+    try:
+        with warnings.catch_warnings():  # e.g. dtypes without a stable specification
+            warnings.simplefilter("ignore")
+            parse(dict(document))
+    except Exception as exc:
+        return f"Zarr cannot parse it ({type(exc).__name__}: {exc})"
+    return None
+
+
+async def _node_documents(store_path: Any, path: str) -> dict[str, bytes]:
+    """The metadata documents stored for the node at ``path`` below ``store_path``."""
+    node = store_path / path if path else store_path
+    found = await asyncio.gather(*((node / key).get() for key in _METADATA_DOCUMENTS))
+    return {
+        key: buffer.to_bytes()
+        for key, buffer in zip(_METADATA_DOCUMENTS, found, strict=True)
+        if buffer is not None
+    }
+
+
+def _node_problem(path: str, documents: dict[str, bytes]) -> str | None:
+    """``'<path>/<key>': <problem>`` for the first invalid document, or None."""
+    for key, raw in documents.items():
+        problem = _document_problem(key, raw)
+        if problem is not None:
+            return f"{(path + '/' + key if path else key)!r}: {problem}"
+    return None
+
+
+def _metadata_problem(store_path: Any, paths: Sequence[str]) -> str | None:
+    """The first invalid metadata document of the nodes at ``paths``, or None.
+
+    Best effort: only called to explain a failure, so a store that cannot be
+    read here gives None and the original error stands.
+    """
+    from zarr.core.sync import sync
+
+    async def first() -> str | None:
+        for path in paths:
+            problem = _node_problem(path, await _node_documents(store_path, path))
+            if problem is not None:
+                return problem
+        return None
+
+    try:
+        return sync(first())
+    except Exception:
+        return None
+
+
+def _raise_if_invalid_metadata(
+    store_path: Any, paths: Sequence[str], where: str, error: Exception | None
+) -> None:
+    if store_path is None:
+        return
+    problem = _metadata_problem(store_path, paths)
+    if problem is not None:
+        raise InvalidMetadataError(f"invalid metadata in {where} at {problem}") from error
+
+
+def _root_store_path(source: Any, storage_options: dict[str, Any] | None) -> Any:
+    """The StorePath zarr.open made of ``source``, to look at its documents, or None."""
+    try:
+        from zarr.core.sync import sync
+        from zarr.storage._common import make_store_path
+
+        return sync(make_store_path(source, mode="r", storage_options=storage_options or None))
+    except Exception:
+        return None
+
+
+def _list_arrays(group: zarr.Group) -> str:
+    """The arrays below ``group`` for an error message, with members Zarr cannot parse."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            arrays = sorted(
+                name for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)
+            )
+            failure: Exception | None = None
+        except Exception as exc:  # a member's metadata is broken
+            arrays, failure = [], exc
+    if failure is not None or caught:  # zarr skips (with a warning) what it cannot parse
+        walked = _walk_arrays(group.store_path)
+        if walked is not None and (walked[1] or failure is not None):
+            arrays, problems = walked
+            listing = ", ".join(repr(a) for a in arrays) if arrays else "none"
+            return "; ".join([listing, *(f"invalid metadata at {p}" for p in problems)])
+    for warning in caught:
+        warnings.warn(warning.message, warning.category, stacklevel=3)
+    if failure is not None:
+        return f"none could be listed ({type(failure).__name__}: {failure})"
+    return ", ".join(repr(a) for a in arrays) if arrays else "none"
+
+
+def _walk_arrays(store_path: Any) -> tuple[list[str], list[str]] | None:
+    """Arrays and invalid metadata documents below a group, by listing its store.
+
+    Used only when ``Group.members`` fails or skips members; None if the store
+    cannot be listed.
+    """
+    from zarr.core.sync import sync
+
+    arrays: list[str] = []
+    problems: list[str] = []
+
+    async def walk(path: str) -> None:
+        prefix = (store_path / path).path if path else store_path.path
+        names = sorted([name async for name in store_path.store.list_dir(prefix)])
+        for name in names:
+            if name in _METADATA_DOCUMENTS:
+                continue
+            child = f"{path}/{name}" if path else name
+            documents = await _node_documents(store_path, child)
+            problem = _node_problem(child, documents)
+            if problem is not None:
+                problems.append(problem)
+            elif "zarr.json" in documents:
+                node_type = json.loads(documents["zarr.json"])["node_type"]
+                if node_type == "array":
+                    arrays.append(child)
+                else:
+                    await walk(child)
+            elif ".zarray" in documents:
+                arrays.append(child)
+            elif ".zgroup" in documents:
+                await walk(child)
+
+    try:
+        sync(walk(""))
+    except Exception:
+        return None
+    return arrays, problems
 
 
 # --------------------------------------------------------------------------
@@ -220,9 +459,19 @@ def as_source(array: Any, role: str = "array") -> Source:
     """Validate ``array`` and wrap it as a :class:`Source`.
 
     ``role`` ("array", "features", "labels") names it in error messages.
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``array`` is not an array, is a masked array (whose mask would be
+        dropped), or has a dtype that is not fixed-size numbers (strings,
+        bytes, Python objects; see :func:`_check_dtype`).
+    ArgumentValueError
+        ``array`` is 0-d, or a dask array with unknown chunk sizes.
     """
     if isinstance(array, Source):
         return array
+    _check_not_masked(role, array)
     if isinstance(array, da.Array):
         behind = _zarr_behind(array)
         if behind is not None:
@@ -231,12 +480,14 @@ def as_source(array: Any, role: str = "array") -> Source:
         shape = tuple(array.shape)
         _check_dims(role, shape)
         dtype = np.dtype(array.dtype)
+        _check_dtype(role, dtype)
         chunks = da.core.normalize_chunks(array.chunks, shape)
         name = str(array.store_path)
         return SliceSource(name, shape, dtype, chunks, array, _token(array))
     if isinstance(array, np.ndarray):
         shape = array.shape
         _check_dims(role, shape)
+        _check_dtype(role, array.dtype)
         if array.size == 0:  # dask's auto chunking divides by the row size
             chunks = tuple((size,) for size in shape)
         else:
@@ -247,6 +498,7 @@ def as_source(array: Any, role: str = "array") -> Source:
     if isinstance(array, da.Array):
         shape = tuple(array.shape)
         _check_dims(role, shape)
+        _check_dtype(role, array.dtype)
         if any(math.isnan(size) for sizes in array.chunks for size in sizes):
             raise ArgumentValueError(
                 f"{role} has unknown chunk sizes {array.chunks}; "
@@ -266,6 +518,69 @@ def _check_dims(role: str, shape: tuple[int, ...]) -> None:
             f"{role} is a 0-d array (shape ()); streams need at least one "
             "dimension, with samples along axis 0"
         )
+
+
+# Kinds of fixed-size numbers: bool, signed and unsigned integers, floats,
+# complex, timedelta64, datetime64.  Structured dtypes ("V" with fields) are
+# checked field by field; raw fixed-size bytes ("V" without fields) are opaque
+# records and stream like numbers.
+_FIXED_SIZE_KINDS = frozenset("biufcmMV")
+_KIND_NAMES = {
+    "U": "fixed-width strings",
+    "S": "fixed-width byte strings",
+    "T": "variable-width strings",
+    "O": "Python objects",
+}
+
+
+def _check_dtype(role: str, dtype: np.dtype[Any]) -> None:
+    """Refuse dtypes whose elements are not fixed-size numbers.
+
+    Strings, byte strings and Python objects have no meaningful fixed row
+    size (window sizing and memory budgets rely on ``itemsize``), dask cannot
+    chunk object arrays, and they are not what a training batch holds; they
+    are refused for every stream and chunk job, from numpy, dask and Zarr
+    alike.
+    """
+    bad, where = _first_unsupported(dtype, "")
+    if bad is None:
+        return
+    what = _KIND_NAMES.get(bad.kind, f"kind {bad.kind!r}")
+    field_note = f" (field {where!r} has dtype {bad}: {what})" if where else f" ({what})"
+    raise ArgumentTypeError(
+        f"{role} has dtype {dtype}{field_note}, which cannot be streamed; use a fixed-size "
+        "numeric dtype (bool, integer, float, complex, datetime64, timedelta64) or a "
+        "structured dtype of those, e.g. encode strings as integer ids first"
+    )
+
+
+def _first_unsupported(dtype: np.dtype[Any], where: str) -> tuple[np.dtype[Any] | None, str]:
+    """The first (sub)dtype of ``dtype`` that is not fixed-size numbers, and its field path."""
+    if dtype.subdtype is not None:  # a sub-array field such as ("y", "i2", (3,))
+        return _first_unsupported(dtype.subdtype[0], where)
+    if dtype.names is not None:
+        for name in dtype.names:
+            inner = f"{where}.{name}" if where else name
+            found = _first_unsupported(dtype[name], inner)
+            if found[0] is not None:
+                return found
+        return None, ""
+    return (None, "") if dtype.kind in _FIXED_SIZE_KINDS else (dtype, where)
+
+
+def _check_not_masked(role: str, array: Any) -> None:
+    """Refuse masked arrays: slicing their data would drop the mask silently."""
+    if isinstance(array, np.ma.MaskedArray):
+        fill, mask = f"{role}.filled(value)", f"np.ma.getmaskarray({role})"
+    elif isinstance(array, da.Array) and isinstance(array._meta, np.ma.MaskedArray):
+        fill, mask = f"da.ma.filled({role}, value)", f"da.ma.getmaskarray({role})"
+    else:
+        return
+    raise ArgumentTypeError(
+        f"{role} is a masked array (shape {array.shape}, dtype {array.dtype}); streams "
+        f"would drop its mask. Pass {fill} instead and, if the mask matters, stream "
+        f"{mask} as a separate array of the same length"
+    )
 
 
 def _token(array: Any) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 from ._batching import Batcher
 from ._batching import count_batches as _count
 from ._errors import ChunkReadError, WindowError, WindowTimeoutError
-from ._plan import PlanSummary, Window
+from ._plan import PlanSummary, Window, read_amplification
 from ._read import block_graph, count_tasks, read_threads, window_graph
 from ._runners import Runner, make_runner, resolve_client
 from ._sources import Source, as_source
@@ -487,10 +487,12 @@ class StreamStats:
 
     @property
     def read_amplification(self) -> float:
-        """``bytes_read / bytes_yielded`` (1.0 means every byte read once)."""
-        if self.bytes_yielded == 0:
-            return 0.0 if self.bytes_read == 0 else float("inf")
-        return self.bytes_read / self.bytes_yielded
+        """``bytes_read / bytes_yielded`` (1.0 means every byte read once).
+
+        0.0 when nothing was read or yielded, ``inf`` when bytes were read
+        but nothing yielded: the rule ``PlanSummary`` follows too.
+        """
+        return read_amplification(self.bytes_read, self.bytes_yielded)
 
 
 class Stream(Generic[T]):

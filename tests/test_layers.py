@@ -58,5 +58,5 @@ def test_layers_point_down() -> None:
 def test_planning_is_pure_numpy() -> None:
     for module in ("_batching", "_plan"):
         _, theirs = imports_of(PACKAGE / f"{module}.py")
-        assert theirs <= {"__future__", "numpy", "collections", "dataclasses", "functools",
+        assert theirs <= {"__future__", "numpy", "collections", "dataclasses", "functools", "math",
                           "itertools", "typing"}, (module, theirs)  # fmt: skip
