@@ -143,6 +143,8 @@ class Batcher:
 def _rows(outputs: Batch, order: npt.NDArray[np.int64] | None, start: int, stop: int) -> Batch:
     """Plan positions ``start:stop`` of every output, as owned copies."""
     if order is None:
+        if len(outputs) == 1:  # the common case, without a generator per batch
+            return (outputs[0][start:stop].copy(),)
         return tuple(part[start:stop].copy() for part in outputs)
     where = order[start:stop]
     # np.take copies whole rows of a 2-d+ array faster than fancy indexing

@@ -668,6 +668,7 @@ class BatchStream(Stream[Any]):
         in_flight: deque[tuple[Window, Any]] = deque()
         batcher = Batcher(spec.batch_size)
         sources: list[Source] = []
+        deliver = _Delivery(self.stats, spec.paired)
 
         def top_up(limit: int) -> None:
             while len(in_flight) < limit:
@@ -692,11 +693,11 @@ class BatchStream(Stream[Any]):
                 self._count_reads(window)
                 top_up(spec.prefetch)
                 for batch in batcher.feed(outputs, window.gather_index()):
-                    yield self._deliver(batch)
+                    yield deliver(batch)
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
             rest = batcher.finish()  # the plan leaves none with drop_remainder
             if rest is not None:
-                yield self._deliver(rest)
+                yield deliver(rest)
         finally:
             for _, future in in_flight:
                 self._runner.release(future)
@@ -738,12 +739,26 @@ class BatchStream(Stream[Any]):
             stats.chunks_read += len(pieces)
             stats.bytes_read += sum(piece.rows for piece in pieces) * source.row_bytes
 
-    def _deliver(self, batch: tuple[np.ndarray, ...]) -> Any:
+
+class _Delivery:
+    """Counts a batch in ``stats`` and hands it out (the per-batch hot path)."""
+
+    __slots__ = ("paired", "stats")
+
+    def __init__(self, stats: StreamStats, paired: bool) -> None:
+        self.stats = stats
+        self.paired = paired
+
+    def __call__(self, batch: tuple[np.ndarray, ...]) -> Any:
         stats = self.stats
+        first = batch[0]
         stats.items_yielded += 1
-        stats.samples_yielded += len(batch[0])
-        stats.bytes_yielded += sum(part.nbytes for part in batch)
-        return batch if self.spec.paired else batch[0]
+        stats.samples_yielded += len(first)
+        if self.paired:
+            stats.bytes_yielded += sum(part.nbytes for part in batch)
+            return batch
+        stats.bytes_yielded += first.nbytes
+        return first
 
 
 class ChunkStream(Stream[Any]):

@@ -1,0 +1,145 @@
+"""This checkout's library against an earlier commit's, side by side in one process.
+
+A refactor is done when speed is unchanged; on a noisy shared machine that can
+only be seen when both versions run in the same process, interleaved::
+
+    python benchmarks/compare.py 8b4206b              # 5 rounds, the benchmark's dataset
+    python benchmarks/compare.py HEAD~3 --rounds 9 --rows 250000
+
+The earlier commit's ``daskzarr_batches/`` is extracted with ``git archive``
+into a temporary directory under another package name (the package imports
+itself relatively, so it runs as is), and each round runs every case with both
+versions, alternating which goes first.  It prints, per case, the best and
+median throughput of each version as a ratio to the round's best L0 (zarr,
+chunk-aligned, one thread) and the new/old ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import daskzarr_batches as current  # noqa: E402
+from benchmarks.suite.dataset import Dataset, default_shape, make_dataset  # noqa: E402
+
+BASELINE = "dzb_baseline"
+
+
+def load_baseline(ref: str, into: Path) -> ModuleType:
+    """The package as of ``ref``, importable as :data:`BASELINE`."""
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", ref, "daskzarr_batches"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    (into / "daskzarr_batches").rename(into / BASELINE)
+    sys.path.insert(0, str(into))
+    return importlib.import_module(BASELINE)
+
+
+def drain(stream: Any) -> None:
+    with stream:
+        for _ in stream:
+            pass
+
+
+def cases(dzb: ModuleType, data: Dataset) -> dict[str, Callable[[], None]]:
+    """The library's main cases, as the benchmark suite runs them."""
+    x, y = data.features, data.labels
+    buffer = 8 * data.chunk_rows
+    budget = data.feature_bytes // 4
+    return {
+        "sequential, batch 256": lambda: drain(dzb.batch_stream(x, 256)),
+        "sequential, batch 32": lambda: drain(dzb.batch_stream(x, 32)),
+        "buffered (8 chunks), batch 256": lambda: drain(
+            dzb.shuffled_batch_stream(x, 256, seed=0, shuffle_buffer_size=buffer)
+        ),
+        "buffered (8 chunks), batch 32": lambda: drain(
+            dzb.shuffled_batch_stream(x, 32, seed=0, shuffle_buffer_size=buffer)
+        ),
+        "exact, budget 1/4, prefetch 0": lambda: drain(
+            dzb.shuffled_batch_stream(x, 256, seed=0, memory_budget=budget)
+        ),
+        "paired, sequential": lambda: drain(dzb.paired_batch_stream(x, y, 256)),
+        "paired, buffered (8 chunks)": lambda: drain(
+            dzb.paired_shuffled_batch_stream(x, y, 256, seed=0, shuffle_buffer_size=buffer)
+        ),
+    }
+
+
+def timed(function: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    function()
+    return time.perf_counter() - started
+
+
+def compare(baseline: ModuleType, data: Dataset, rounds: int) -> str:
+    x = data.features
+
+    def l0() -> None:
+        for lo in range(0, data.rows, data.chunk_rows):
+            np.asarray(x[lo : lo + data.chunk_rows])
+
+    old, new = cases(baseline, data), cases(current, data)
+    l0_seconds: list[float] = []
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for round_number in range(rounds):
+        l0_seconds.append(timed(l0))
+        for name in old:
+            pair = [("old", old[name]), ("new", new[name])]
+            for who, function in pair[:: -1 if round_number % 2 else 1]:
+                seconds.setdefault((name, who), []).append(timed(function))
+    best_l0 = min(l0_seconds)
+    lines = [
+        f"L0 {data.feature_bytes / best_l0 / 1e6:.0f} MB/s (best of {rounds}); "
+        "throughput as ratios to it",
+        "",
+        "| case | old best | new best | old median | new median | new/old (medians) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in old:
+        o, n = seconds[(name, "old")], seconds[(name, "new")]
+        lines.append(
+            f"| {name} | {best_l0 / min(o):.3f}x | {best_l0 / min(n):.3f}x "
+            f"| {best_l0 / statistics.median(o):.3f}x | {best_l0 / statistics.median(n):.3f}x "
+            f"| {statistics.median(o) / statistics.median(n):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ref", help="the earlier commit (anything git archive takes)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rows", type=int)
+    parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "data")
+    args = parser.parse_args(argv)
+    rows, cols, chunk_rows = default_shape(quick=False)
+    data = make_dataset(args.data, args.rows or rows, cols, chunk_rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        baseline = load_baseline(args.ref, Path(tmp))
+        print(f"old: {args.ref} ({baseline.__file__}); new: this checkout ({current.__file__})")
+        print(compare(baseline, data, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
