@@ -5,6 +5,7 @@ only be seen when both versions run in the same process, interleaved::
 
     python benchmarks/compare.py 8b4206b              # 5 rounds, the benchmark's dataset
     python benchmarks/compare.py HEAD~3 --rounds 9 --rows 250000
+    python benchmarks/compare.py 8b4206b --cluster    # the streams on a LocalCluster too
 
 The earlier commit's ``daskzarr_batches/`` is extracted with ``git archive``
 into a temporary directory under another package name (the package imports
@@ -62,11 +63,20 @@ def drain(stream: Any) -> None:
             pass
 
 
-def cases(dzb: ModuleType, data: Dataset) -> dict[str, Callable[[], None]]:
+def cases(dzb: ModuleType, data: Dataset, client: Any = None) -> dict[str, Callable[[], None]]:
     """The library's main cases, as the benchmark suite runs them."""
     x, y = data.features, data.labels
     buffer = 8 * data.chunk_rows
     budget = data.feature_bytes // 4
+    if client is not None:
+        return {
+            "LocalCluster: sequential, batch 256": lambda: drain(
+                dzb.batch_stream(x, 256, client=client)
+            ),
+            "LocalCluster: buffered (8 chunks)": lambda: drain(
+                dzb.shuffled_batch_stream(x, 256, seed=0, shuffle_buffer_size=buffer, client=client)
+            ),
+        }
     return {
         "sequential, batch 256": lambda: drain(dzb.batch_stream(x, 256)),
         "sequential, batch 32": lambda: drain(dzb.batch_stream(x, 32)),
@@ -92,14 +102,14 @@ def timed(function: Callable[[], None]) -> float:
     return time.perf_counter() - started
 
 
-def compare(baseline: ModuleType, data: Dataset, rounds: int) -> str:
+def compare(baseline: ModuleType, data: Dataset, rounds: int, client: Any = None) -> str:
     x = data.features
 
     def l0() -> None:
         for lo in range(0, data.rows, data.chunk_rows):
             np.asarray(x[lo : lo + data.chunk_rows])
 
-    old, new = cases(baseline, data), cases(current, data)
+    old, new = cases(baseline, data, client), cases(current, data, client)
     l0_seconds: list[float] = []
     seconds: dict[tuple[str, str], list[float]] = {}
     for round_number in range(rounds):
@@ -132,13 +142,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rows", type=int)
     parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "data")
+    parser.add_argument(
+        "--cluster", action="store_true", help="the streams on a LocalCluster (2 x 1 thread)"
+    )
     args = parser.parse_args(argv)
     rows, cols, chunk_rows = default_shape(quick=False)
     data = make_dataset(args.data, args.rows or rows, cols, chunk_rows)
     with tempfile.TemporaryDirectory() as tmp:
         baseline = load_baseline(args.ref, Path(tmp))
         print(f"old: {args.ref} ({baseline.__file__}); new: this checkout ({current.__file__})")
-        print(compare(baseline, data, args.rounds))
+        if not args.cluster:
+            print(compare(baseline, data, args.rounds))
+            return
+        import distributed
+
+        with (  # spawned workers inherit sys.path, so they import the baseline too
+            distributed.LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            ) as cluster,
+            distributed.Client(cluster) as client,
+        ):
+            print(compare(baseline, data, args.rounds, client))
 
 
 if __name__ == "__main__":
