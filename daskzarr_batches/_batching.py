@@ -8,9 +8,10 @@ batches a window touches or completes) and :class:`Batcher`, which cuts a
 sequence of window outputs into batches the caller owns, carrying a batch that
 straddles two windows.
 
-``drop_remainder`` is applied once, by :func:`samples_used`: the plan never
-reads the samples of a dropped short batch, so the batcher never sees them and
-needs no flag.  Pure numpy: no dask, no zarr, no I/O.
+``drop_remainder`` is applied by :func:`samples_used`: the plan never reads
+the samples of a dropped short batch.  The batcher drops a short last batch
+too, which it only meets when chunks that do not decode were skipped.  Pure
+numpy: no dask, no zarr, no I/O.
 """
 
 from __future__ import annotations
@@ -95,10 +96,15 @@ class Batcher:
     ----------
     batch_size : int
         Rows per batch (>= 1).
+    drop_remainder : bool, default False
+        Whether :meth:`finish` drops a short last batch.  The plan already
+        leaves out the samples of a short last batch (it never reads them);
+        the batcher sees one only when chunks were skipped.
     """
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, *, drop_remainder: bool = False) -> None:
         self.batch_size = batch_size
+        self.drop_remainder = drop_remainder
         self._carry: list[Batch] = []
         self._carried = 0
 
@@ -131,8 +137,11 @@ class Batcher:
             self._carried += size - position
 
     def finish(self) -> Batch | None:
-        """The short last batch, if rows are left over."""
-        return self._join() if self._carry else None
+        """The short last batch, if rows are left over (and not dropped)."""
+        if not self._carry:
+            return None
+        batch = self._join()
+        return None if self.drop_remainder else batch
 
     def _join(self) -> Batch:
         parts = list(zip(*self._carry, strict=True))

@@ -14,7 +14,12 @@ well as ``except dzb.DaskZarrBatchesError``::
     │                                       not valid JSON or not valid Zarr
     │                                       metadata; names the document
     ├── ChunkReadError(OSError)             a stored chunk could not be read
-    │                                       or decoded; names array and chunk
+    │   │                                   (after the retries); names array
+    │   │                                   and chunk
+    │   ├── MissingChunkError(KeyError)     missing="error" and a chunk is not
+    │   │                                   in the store; names array and key
+    │   └── CorruptChunkError               a chunk's bytes do not decode;
+    │                                       names array, key and samples
     ├── WindowError(RuntimeError)           the scheduler failed a window of
     │                                       work (e.g. all workers died)
     └── WindowTimeoutError(TimeoutError)    a window took longer than
@@ -28,9 +33,13 @@ __all__ = [
     "ArgumentValueError",
     "ArrayNotFoundError",
     "ChunkReadError",
+    "CorruptChunkError",
     "DaskZarrBatchesError",
     "InvalidMetadataError",
     "LengthMismatchError",
+    "MissingChunkError",
+    "MissingChunksWarning",
+    "SkippedChunksWarning",
     "WindowError",
     "WindowTimeoutError",
 ]
@@ -79,6 +88,43 @@ class ChunkReadError(DaskZarrBatchesError, OSError):
 
     def __str__(self) -> str:  # OSError would otherwise format errno fields
         return str(self.args[0]) if self.args else ""
+
+
+class MissingChunkError(ChunkReadError, KeyError):
+    """A chunk is not in the store and ``missing="error"`` was asked for.
+
+    Also a ``KeyError``: the store has no such key.  The message names the
+    array and the chunk's key.
+    """
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CorruptChunkError(ChunkReadError):
+    """A stored chunk's bytes do not decode (bad compression, failed checksum).
+
+    The message names the array, the chunk's key and its samples; the codec's
+    error is chained as ``__cause__``.  With ``on_error="skip"`` the chunk's
+    samples leave the epoch instead (see :class:`SkippedChunksWarning`).
+    """
+
+
+class MissingChunksWarning(UserWarning):
+    """Chunks were missing from the store and read as the fill value.
+
+    Emitted once per stream (``missing="warn"``, the default), naming how many
+    chunks were missing and the first key.  Arrays that leave empty chunks
+    unwritten on purpose pass ``missing="fill"``.
+    """
+
+
+class SkippedChunksWarning(UserWarning):
+    """Chunks that did not decode were skipped (``on_error="skip"``).
+
+    Names the array, the chunks and their samples, which left the epoch (from
+    every array of a paired stream).
+    """
 
 
 class WindowError(DaskZarrBatchesError, RuntimeError):

@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from ._errors import ArgumentTypeError, ArgumentValueError
+from ._policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
 from ._streams import ChunkStream, build_chunk_stream
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
@@ -58,6 +59,9 @@ def map_chunks(
     concurrency: int | None = None,
     with_index: bool = False,
     timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
 ) -> ChunkStream:
     """Stream ``func(chunk)`` for every stored chunk of ``array``.
 
@@ -87,6 +91,10 @@ def map_chunks(
     timeout : float, optional
         Seconds to wait for one result before raising
         :class:`WindowTimeoutError`.
+    missing, on_error, retries
+        The read policy, as for :func:`batch_stream`: chunks absent from the
+        store, chunks that do not decode (with ``"skip"``, ``func`` does not
+        see them), retries after transient faults.
 
     Returns
     -------
@@ -116,6 +124,7 @@ def map_chunks(
         with_index=with_index,
         client=client,
         timeout=timeout,
+        policy=ReadPolicy(missing, on_error, retries),
         transform=func,
     )
 
@@ -129,6 +138,9 @@ def reduce_chunks(
     client: Any = None,
     concurrency: int | None = None,
     timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
 ) -> R:
     """Reduce ``func(chunk)`` over every stored chunk with ``combine``.
 
@@ -149,7 +161,7 @@ def reduce_chunks(
     initial : optional
         Placed before the first result, as in :func:`functools.reduce`; it is
         also the result for an array without chunks.
-    client, concurrency, timeout
+    client, concurrency, timeout, missing, on_error, retries
         As for :func:`map_chunks`.
 
     Returns
@@ -180,7 +192,14 @@ def reduce_chunks(
         raise ArgumentTypeError(f"combine must be callable, got {combine!r}")
     fold: _PairwiseFold[R] = _PairwiseFold(combine)
     with map_chunks(
-        func, array, client=client, concurrency=concurrency, timeout=timeout
+        func,
+        array,
+        client=client,
+        concurrency=concurrency,
+        timeout=timeout,
+        missing=missing,
+        on_error=on_error,
+        retries=retries,
     ) as results:
         name = results.source.name
         for result in results:
@@ -308,6 +327,9 @@ def feature_moments(
     client: Any = None,
     concurrency: int | None = None,
     timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
 ) -> Moments:
     """Per-feature count, mean and variance of ``array``'s samples, in one pass.
 
@@ -320,7 +342,7 @@ def feature_moments(
     ----------
     array : zarr.Array, dask.array.Array or numpy.ndarray
         Samples along axis 0, features along the other axes.
-    client, concurrency, timeout
+    client, concurrency, timeout, missing, on_error, retries
         As for :func:`map_chunks`.
 
     Returns
@@ -344,6 +366,9 @@ def feature_moments(
         concurrency=concurrency,
         timeout=timeout,
         with_index=True,
+        missing=missing,
+        on_error=on_error,
+        retries=retries,
     ) as results:
         layout = tuple(len(sizes) for sizes in results.source.chunks[1:])
         shape, dtype = results.source.shape, results.source.dtype

@@ -35,17 +35,29 @@ axes) for chunk streams, optionally followed by a transform task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import zarr
 from dask.optimization import cull
 
 from ._batching import join_rows
-from ._errors import ChunkReadError
+from ._errors import ChunkReadError, CorruptChunkError, MissingChunkError
 from ._plan import ChunkPiece, Selector, Window
+from ._policy import (
+    DEFAULT_POLICY,
+    NO_REPORT,
+    Ledger,
+    ReadPolicy,
+    ReadReport,
+    is_transient,
+    policy_view,
+    storage_keys,
+)
 from ._sources import DaskSource, SliceSource, Source
 
 __all__ = [
@@ -68,18 +80,38 @@ DECODE_GROUP_BYTES = 64 * 2**20
 # Task functions (run on the scheduler's workers)
 
 
-def read_rows(
-    array: Any, name: str, chunk: int, start: int, stop: int, take: Selector
-) -> np.ndarray:
-    """Decode axis-0 chunk ``chunk`` (rows ``start:stop``) and keep ``take``."""
+def read_rows(array: Any, name: str, piece: ChunkPiece, ledger: Ledger) -> np.ndarray:
+    """Decode the axis-0 chunk of ``piece`` and keep its rows ``take``.
+
+    A failure becomes an error naming the array, the chunk, its key(s) and
+    samples: :class:`MissingChunkError` as raised by the policy store,
+    :class:`ChunkReadError` when the store failed (after its retries),
+    :class:`CorruptChunkError` when the bytes arrived and did not decode.
+    """
     try:
-        slab = np.asarray(array[start:stop])
+        slab = np.asarray(array[piece.start : piece.stop])
+    except MissingChunkError:
+        raise
     except Exception as exc:
-        raise ChunkReadError(
-            f"could not read axis-0 chunk {chunk} (samples {start}:{stop}) of "
-            f"array {name}: {type(exc).__name__}: {exc}"
-        ) from exc
-    return slab[take]
+        raise chunk_error(array, name, f"axis-0 chunk {piece.chunk}", piece, ledger, exc) from exc
+    return slab[piece.take]
+
+
+def chunk_error(
+    array: Any, name: str, what: str, piece: ChunkPiece | None, ledger: Ledger, exc: Exception
+) -> ChunkReadError:
+    """The library error for a chunk whose read raised ``exc``."""
+    keys = storage_keys(array, piece.start, piece.stop) if piece is not None else []
+    where = what
+    if piece is not None:
+        shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
+        where += f" (samples {piece.start}:{piece.stop}" + (f", key {shown})" if keys else ")")
+    where += f" of array {name}"
+    failed = [key for key in ledger.failed if not keys or key in keys]
+    if failed or is_transient(exc) or not isinstance(array, zarr.Array):
+        retried = f" after {ledger.retries} retries" if ledger.retries else ""
+        return ChunkReadError(f"could not read {where}{retried}: {type(exc).__name__}: {exc}")
+    return CorruptChunkError(f"{where} does not decode: {type(exc).__name__}: {exc}")
 
 
 def read_window(
@@ -88,11 +120,13 @@ def read_window(
     size: int,
     row_bytes: int,
     pieces: Sequence[ChunkPiece],
-) -> np.ndarray:
+    policy: ReadPolicy = DEFAULT_POLICY,
+) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
-    The result holds the window's samples in ascending sample order (see
-    :func:`window_graph`).
+    Returns the rows, in ascending sample order (see :func:`window_graph`),
+    and a :class:`ReadReport` of what the read policy saw: missing chunks,
+    retries, chunks skipped because they do not decode.
 
     A window that is one run of consecutive chunks in order (sequential) is
     read with one slice and returned as read.  Otherwise Zarr arrays read
@@ -105,8 +139,11 @@ def read_window(
     its own read on the event loop, so a failure cancels every other read of
     the window before the window is read again run by run (numpy arrays are
     read that way in the first place), chunk by chunk, so that the error
-    names the chunk that fails.
+    names the chunk that fails (or, with ``on_error="skip"``, the chunks that
+    do not decode are left out).
     """
+    ledger = Ledger()
+    array = policy_view(array, name, policy, ledger)
     largest = max(piece.rows for piece in pieces)
     limit_rows = DECODE_GROUP_BYTES // max(row_bytes, 1)
     partial = not all(_keeps_all(piece) for piece in pieces)
@@ -115,8 +152,9 @@ def read_window(
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
     if len(runs) == 1 and _is_whole(runs[0], size):
-        (run,) = runs
-        return _owned_slab(array, name, run, run[0].start, run[-1].stop)
+        with contextlib.suppress(Exception):  # read again below, chunk by chunk
+            rows = _owned(np.asarray(array[runs[0][0].start : runs[0][-1].stop]))
+            return rows, _report(array, pieces, ledger, ())
     out = np.empty((size, *array.shape[1:]), dtype=np.dtype(array.dtype))
 
     def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int) -> None:
@@ -134,12 +172,64 @@ def read_window(
             _read_runs_concurrently(
                 inner, chunks, _starts(chunks), place, limit_rows, streaming=partial
             )
-            return out
+            return out, _report(array, pieces, ledger, ())
         except Exception:  # the other reads were cancelled; read again run by run,
             pass  # so that the error names the chunk that fails
+    _raise_failed_read(array, name, pieces, ledger)  # retries spent: do not read it again
+    skipped: list[tuple[ChunkPiece, int, CorruptChunkError]] = []
     for run, at in zip(runs, _starts(runs), strict=True):
-        place(run, _owned_slab(array, name, run, run[0].start, run[-1].stop), at)
-    return out
+        try:
+            place(run, _owned(np.asarray(array[run[0].start : run[-1].stop])), at)
+            continue
+        except Exception:
+            pass  # chunk by chunk, so that the error names the chunk that fails
+        for piece, where in zip(run, _starts([[p] for p in run]), strict=True):
+            try:
+                rows = read_rows(array, name, piece, ledger)
+            except CorruptChunkError as exc:
+                if policy.on_error != "skip":
+                    raise
+                skipped.append((piece, at + where, exc))
+                continue
+            out[at + where : at + where + len(rows)] = rows
+    if skipped:
+        drop = np.concatenate([np.arange(w, w + _taken(p)) for p, w, _ in skipped])
+        out = np.delete(out, drop, axis=0)
+    return out, _report(array, pieces, ledger, [p for p, _, _ in skipped])
+
+
+def _raise_failed_read(array: Any, name: str, pieces: Sequence[ChunkPiece], ledger: Ledger) -> None:
+    """Raise the error of a key whose read failed for good, naming its chunk."""
+    for key, exc in ledger.failed.items():
+        for piece in pieces:
+            if key in storage_keys(array, piece.start, piece.stop):
+                what = f"axis-0 chunk {piece.chunk}"
+                raise chunk_error(array, name, what, piece, ledger, exc) from exc
+        raise ChunkReadError(
+            f"could not read {key!r} of array {name} after {ledger.retries} retries: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _report(
+    array: Any, pieces: Sequence[ChunkPiece], ledger: Ledger, skipped: Sequence[ChunkPiece]
+) -> ReadReport:
+    """What the policy saw while reading ``pieces`` (cheap when nothing happened)."""
+    missing_keys = tuple(dict.fromkeys(ledger.missing))
+    missing_chunks: tuple[int, ...] = ()
+    if missing_keys:
+        absent = set(missing_keys)
+        missing_chunks = tuple(
+            piece.chunk
+            for piece in pieces
+            if absent.intersection(storage_keys(array, piece.start, piece.stop))
+        )
+    return ReadReport(
+        missing_keys=missing_keys,
+        missing_chunks=missing_chunks,
+        retries=ledger.retries,
+        skipped=tuple((p.chunk, p.start, p.stop) for p in skipped),
+    )
 
 
 def _starts(runs: Sequence[Sequence[ChunkPiece]]) -> list[int]:
@@ -236,37 +326,54 @@ def _keeps_all(piece: ChunkPiece) -> bool:
     return isinstance(piece.take, slice) and piece.take == slice(0, piece.rows)
 
 
-def _owned_slab(array: Any, name: str, run: Sequence[ChunkPiece], lo: int, hi: int) -> np.ndarray:
-    """Rows ``lo:hi`` (a run of chunks) read in one slice; errors name the chunk."""
-    try:
-        return _owned(np.asarray(array[lo:hi]))
-    except Exception:
-        # Read chunk by chunk so the error names the chunk that fails.
-        parts = [read_rows(array, name, p.chunk, p.start, p.stop, slice(None)) for p in run]
-        return np.concatenate(parts, axis=0)
-
-
 def read_block(
-    array: Any, name: str, block: tuple[int, ...], slices: tuple[slice, ...]
-) -> np.ndarray:
-    """Decode one stored block, returned as an array the caller owns."""
+    array: Any,
+    name: str,
+    block: tuple[int, ...],
+    slices: tuple[slice, ...],
+    policy: ReadPolicy = DEFAULT_POLICY,
+) -> tuple[np.ndarray | None, ReadReport]:
+    """Decode one stored block, as an array the caller owns, and its report.
+
+    With ``on_error="skip"`` a block that does not decode is ``None``, and
+    the report lists it as skipped.
+    """
+    ledger = Ledger()
+    view = policy_view(array, name, policy, ledger)
+    piece = ChunkPiece(block[0], slices[0].start, slices[0].stop, slice(None), slice(None))
+    skipped: tuple[tuple[int, int, int], ...] = ()
     try:
-        result = np.asarray(array[slices])
+        result: np.ndarray | None = _owned(np.asarray(view[slices]))
+    except MissingChunkError:
+        raise
     except Exception as exc:
-        raise ChunkReadError(
-            f"could not read chunk {block} of array {name}: {type(exc).__name__}: {exc}"
-        ) from exc
-    return _owned(result)
+        error = chunk_error(view, name, f"chunk {block}", piece, ledger, exc)
+        if not isinstance(error, CorruptChunkError) or policy.on_error != "skip":
+            raise error from exc
+        result, skipped = None, ((block[0], piece.start, piece.stop),)
+    missing = tuple(dict.fromkeys(ledger.missing))
+    return result, ReadReport(
+        missing_keys=missing,
+        missing_chunks=(block[0],) if missing else (),
+        retries=ledger.retries,
+        skipped=skipped,
+    )
 
 
-def read_block_result(block: Any) -> np.ndarray:
+def apply_transform(transform: Callable[[np.ndarray], Any], read: tuple[Any, ReadReport]) -> Any:
+    """``transform`` applied to a block read by :func:`read_block` (not to a skipped one)."""
+    block, report = read
+    return (None if block is None else transform(block)), report
+
+
+def read_block_result(block: Any) -> tuple[np.ndarray, ReadReport]:
     """Copy a dask array's block result into an array the caller owns.
 
     Always a copy: the result may be an object held by the graph itself (a
     literal or delayed array) or shared between blocks, even when it owns its
-    data.
+    data.  Dask arrays are read through their own graph: no policy applies.
     """
-    return np.array(block, copy=True)
+    return np.array(block, copy=True), NO_REPORT
 
 
 def assemble_rows(
@@ -294,9 +401,9 @@ def assemble_rows(
     return slab[take]
 
 
-def join_pieces(pieces: Sequence[np.ndarray]) -> np.ndarray:
+def join_pieces(pieces: Sequence[np.ndarray]) -> tuple[np.ndarray, ReadReport]:
     """Join a window's pieces of one array, in ascending sample order."""
-    return join_rows(pieces)
+    return join_rows(pieces), NO_REPORT
 
 
 def _owned(array: np.ndarray) -> np.ndarray:
@@ -310,9 +417,9 @@ def _owned(array: np.ndarray) -> np.ndarray:
 
 
 def window_graph(
-    sources: Sequence[Source], window: Window, token: str
+    sources: Sequence[Source], window: Window, token: str, policy: ReadPolicy = DEFAULT_POLICY
 ) -> tuple[dict[Key, Any], Key]:
-    """The dask graph of one window; its result is one array per source.
+    """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
     Each array holds the window's samples in *ascending sample order* (chunk
     by chunk, ``take`` ascending), the same order for every source, so each
@@ -329,7 +436,8 @@ def window_graph(
         if isinstance(source, SliceSource):
             array_key = _place_array(dsk, source)
             dsk[out_key] = (
-                read_window, array_key, source.name, window.size, source.row_bytes, tuple(pieces)
+                read_window, array_key, source.name, window.size, source.row_bytes,
+                tuple(pieces), policy,
             )  # fmt: skip
             continue
         assert isinstance(source, DaskSource)
@@ -372,6 +480,7 @@ def block_graph(
     block: tuple[int, ...],
     token: str,
     transform: Callable[[np.ndarray], Any] | None = None,
+    policy: ReadPolicy = DEFAULT_POLICY,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph reading one stored block (all axes) of ``source``.
 
@@ -382,7 +491,9 @@ def block_graph(
     key = (f"dzb-block-{token}", *block)
     if isinstance(source, SliceSource):
         array_key = _place_array(dsk, source)
-        dsk[key] = (read_block, array_key, source.name, block, source.block_slices(block))
+        dsk[key] = (
+            read_block, array_key, source.name, block, source.block_slices(block), policy
+        )  # fmt: skip
     else:
         assert isinstance(source, DaskSource)
         block_key = (source.array.name, *block)
@@ -391,7 +502,7 @@ def block_graph(
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
-    dsk[mapped] = (transform, key)
+    dsk[mapped] = (apply_transform, transform, key)
     return dsk, mapped
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ._errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
 from ._plan import EpochPlan, ShuffleMode, chunk_offsets
+from ._policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
 from ._runners import resolve_client
 from ._sources import Source, as_source
 
@@ -160,6 +161,14 @@ class StreamSpec:
     roles : tuple of str, optional
         How errors name the arrays; default ``("array",)`` for one array and
         ``("features", "labels")`` for two.
+    missing : {"warn", "fill", "error"}, default "warn"
+        Chunks absent from the store: the fill value with one warning per
+        stream, the fill value silently, or :class:`MissingChunkError`.
+    on_error : {"raise", "skip"}, default "raise"
+        Chunks that do not decode: :class:`CorruptChunkError`, or their
+        samples leave the epoch (from every array), with a warning.
+    retries : int, default 3
+        Retries of one read after a transient fault (backoff with jitter).
 
     Raises
     ------
@@ -180,6 +189,9 @@ class StreamSpec:
     client: Any = field(default=None, compare=False)
     timeout: float | None = None
     roles: tuple[str, ...] = ()
+    missing: MissingMode = "warn"
+    on_error: OnError = "raise"
+    retries: int = DEFAULT_RETRIES
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -207,6 +219,8 @@ class StreamSpec:
         put("window_bytes", positive_int("window_bytes", self.window_bytes))
         put("drop_remainder", flag("drop_remainder", self.drop_remainder))
         put("timeout", timeout_seconds(self.timeout))
+        put("retries", non_negative_int("retries", self.retries))
+        ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
         put("client", resolve_client(self.client))
         buffer = self.shuffle_buffer_size
         seed = None if self.seed is None else non_negative_int("seed", self.seed)
@@ -229,6 +243,11 @@ class StreamSpec:
             put("prefetch", 0 if self.shuffle == "exact" else DEFAULT_PREFETCH)
         else:
             put("prefetch", non_negative_int("prefetch", self.prefetch))
+
+    @property
+    def policy(self) -> ReadPolicy:
+        """How reads treat missing chunks, undecodable chunks and transient faults."""
+        return ReadPolicy(self.missing, self.on_error, self.retries)
 
     @property
     def paired(self) -> bool:

@@ -19,18 +19,26 @@ import os
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 
 from ._batching import Batcher
 from ._batching import count_batches as _count
-from ._errors import ChunkReadError, WindowError, WindowTimeoutError
+from ._errors import (
+    ChunkReadError,
+    MissingChunksWarning,
+    SkippedChunksWarning,
+    WindowError,
+    WindowTimeoutError,
+)
 from ._plan import PlanSummary, Window, read_amplification
+from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy, ReadReport
 from ._read import block_graph, count_tasks, read_threads, window_graph
 from ._runners import Runner, make_runner, resolve_client
 from ._sources import Source, as_source
@@ -51,6 +59,7 @@ __all__ = [
     "DEFAULT_WINDOW_BYTES",
     "BatchStream",
     "ChunkStream",
+    "SkippedChunk",
     "Stream",
     "StreamStats",
     "batch_stream",
@@ -100,6 +109,9 @@ def chunk_stream(
     with_index: bool = False,
     client: Any = None,
     timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
 ) -> ChunkStream:
     """Stream one numpy array per stored chunk, over the whole chunk grid.
 
@@ -120,6 +132,9 @@ def chunk_stream(
     timeout : float, optional
         Seconds to wait for one chunk before raising
         :class:`WindowTimeoutError`.
+    missing, on_error, retries
+        The read policy, as for :func:`batch_stream`; a skipped chunk is not
+        yielded.
 
     Returns
     -------
@@ -135,6 +150,7 @@ def chunk_stream(
         with_index=with_index,
         client=client,
         timeout=timeout,
+        policy=ReadPolicy(missing, on_error, retries),
     )
 
 
@@ -146,6 +162,7 @@ def build_chunk_stream(
     with_index: object,
     client: Any,
     timeout: object,
+    policy: ReadPolicy,
     transform: Callable[[np.ndarray], Any] | None = None,
 ) -> ChunkStream:
     """Validate and build a :class:`ChunkStream` (shared with ``map_chunks``)."""
@@ -160,6 +177,7 @@ def build_chunk_stream(
         with_index=flag("with_index", with_index),
         client=client,
         timeout=timeout_seconds(timeout),
+        policy=policy,
         transform=transform,
     )
 
@@ -173,6 +191,9 @@ def batch_stream(
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     client: Any = None,
     timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
 ) -> BatchStream:
     """Stream minibatches along axis 0, in order.
 
@@ -203,6 +224,22 @@ def batch_stream(
         Seconds to wait for one window before raising
         :class:`WindowTimeoutError`; ``None`` or ``float("inf")`` wait
         forever.
+    missing : {"warn", "fill", "error"}, default "warn"
+        Chunks absent from the store are read as the fill value, as Zarr
+        does, with one :class:`MissingChunksWarning` per stream naming how
+        many and the first key (``"warn"``), silently (``"fill"``: for arrays
+        that leave empty chunks unwritten on purpose), or raise
+        :class:`MissingChunkError` (``"error"``).
+    on_error : {"raise", "skip"}, default "raise"
+        Chunks whose bytes do not decode raise :class:`CorruptChunkError`
+        from ``next()``; with ``"skip"`` their samples leave the epoch (from
+        every array of a paired stream), a :class:`SkippedChunksWarning`
+        names them and ``stats.skipped`` lists them; the stream then yields
+        fewer samples than ``len()`` promised.
+    retries : int, default 3
+        Retries of one read after a transient fault (connection errors,
+        timeouts, HTTP 5xx / 429 / throttling), with exponential backoff and
+        jitter; not-found, permission and decoding errors are never retried.
 
     Returns
     -------
@@ -222,6 +259,9 @@ def batch_stream(
             window_bytes=window_bytes,
             client=client,
             timeout=timeout,
+            missing=missing,
+            on_error=on_error,
+            retries=retries,
         )
     )
 
@@ -238,6 +278,9 @@ def shuffled_batch_stream(
     prefetch: int | None = None,
     client: Any = None,
     timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
 ) -> BatchStream:
     """Stream minibatches of shuffled samples.
 
@@ -279,7 +322,7 @@ def shuffled_batch_stream(
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would
         otherwise split ``memory_budget`` and multiply the reads.
-    client, timeout
+    client, timeout, missing, on_error, retries
         As for :func:`batch_stream`.
     """
     return BatchStream(
@@ -295,6 +338,9 @@ def shuffled_batch_stream(
             prefetch=prefetch,
             client=client,
             timeout=timeout,
+            missing=missing,
+            on_error=on_error,
+            retries=retries,
         )
     )
 
@@ -309,6 +355,9 @@ def paired_batch_stream(
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     client: Any = None,
     timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
 ) -> BatchStream:
     """Stream ``(features_batch, labels_batch)`` pairs in order.
 
@@ -327,6 +376,9 @@ def paired_batch_stream(
             window_bytes=window_bytes,
             client=client,
             timeout=timeout,
+            missing=missing,
+            on_error=on_error,
+            retries=retries,
         )
     )
 
@@ -344,6 +396,9 @@ def paired_shuffled_batch_stream(
     prefetch: int | None = None,
     client: Any = None,
     timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
 ) -> BatchStream:
     """Stream shuffled ``(features_batch, labels_batch)`` pairs.
 
@@ -364,6 +419,9 @@ def paired_shuffled_batch_stream(
             prefetch=prefetch,
             client=client,
             timeout=timeout,
+            missing=missing,
+            on_error=on_error,
+            retries=retries,
         )
     )
 
@@ -454,6 +512,25 @@ def _default_concurrency(client: Any) -> int:
 # Stream iterators
 
 
+@dataclass(frozen=True)
+class SkippedChunk:
+    """A chunk whose samples left the epoch because it does not decode.
+
+    Attributes
+    ----------
+    array : str
+        The array's name.
+    chunk : int or tuple of int
+        The axis-0 chunk (batch streams) or block index (chunk streams).
+    samples : range
+        The samples the chunk holds.
+    """
+
+    array: str
+    chunk: int | tuple[int, ...]
+    samples: range
+
+
 @dataclass
 class StreamStats:
     """Counters of one stream, updated as items are consumed.
@@ -475,6 +552,13 @@ class StreamStats:
         Dask graphs whose results were consumed.
     wait_seconds : float
         Time the consumer spent blocked in ``next()`` waiting for data.
+    chunks_missing : int
+        Chunks (batch streams: axis-0 chunks per array) with stored objects
+        absent from the store, read as the fill value; not in ``chunks_read``.
+    retries : int
+        Reads retried after a transient fault.
+    skipped : list of SkippedChunk
+        Chunks left out because they do not decode (``on_error="skip"``).
     """
 
     chunks_read: int = 0
@@ -484,6 +568,9 @@ class StreamStats:
     samples_yielded: int = 0
     windows_read: int = 0
     wait_seconds: float = 0.0
+    chunks_missing: int = 0
+    retries: int = 0
+    skipped: list[SkippedChunk] = field(default_factory=list)
 
     @property
     def read_amplification(self) -> float:
@@ -521,6 +608,8 @@ class Stream(Generic[T]):
         self._items: Iterator[T] | None = None
         self._closed = False
         self._lock = threading.Lock()
+        self._first_missing: str | None = None
+        self._warned = False
 
     def _produce(self) -> Iterator[T]:
         raise NotImplementedError
@@ -569,6 +658,32 @@ class Stream(Generic[T]):
                 items.close()  # type: ignore[attr-defined]
         finally:
             self._runner.close()  # releases anything the generator could not
+        self._warn_missing()
+
+    def _note(self, name: str, report: ReadReport) -> None:
+        """Count what the read policy saw in one task."""
+        self.stats.retries += report.retries
+        self.stats.chunks_missing += len(report.missing_chunks)
+        if report.missing_keys and self._first_missing is None:
+            self._first_missing = f"{report.missing_keys[0]!r} of array {name}"
+
+    def _warn_missing(self) -> None:
+        """One warning per stream for chunks read as the fill value (``missing="warn"``)."""
+        if self._first_missing is None or self._warned or self._missing_mode != "warn":
+            return
+        self._warned = True
+        warnings.warn(
+            MissingChunksWarning(
+                f"{self.stats.chunks_missing} chunk(s) were missing from the store and read as "
+                f"the fill value (first: {self._first_missing}); pass missing='fill' if the "
+                "array leaves empty chunks unwritten on purpose, or missing='error' to raise"
+            ),
+            stacklevel=4,
+        )
+
+    @property
+    def _missing_mode(self) -> str:
+        raise NotImplementedError
 
     def __enter__(self) -> Self:
         return self
@@ -666,16 +781,17 @@ class BatchStream(Stream[Any]):
         assert spec.prefetch is not None
         windows = self.plan.windows()
         in_flight: deque[tuple[Window, Any]] = deque()
-        batcher = Batcher(spec.batch_size)
+        batcher = Batcher(spec.batch_size, drop_remainder=spec.drop_remainder)
         sources: list[Source] = []
         deliver = _Delivery(self.stats, spec.paired)
+        policy = spec.policy
 
         def top_up(limit: int) -> None:
             while len(in_flight) < limit:
                 window = next(windows, None)
                 if window is None:
                     return
-                dsk, key = window_graph(sources, window, self._token)
+                dsk, key = window_graph(sources, window, self._token, policy)
                 future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
                 in_flight.append((window, future))
 
@@ -686,16 +802,22 @@ class BatchStream(Stream[Any]):
                 if not in_flight:
                     break
                 window, future = in_flight[0]  # stays in flight (released) if this fails
-                outputs = self._wait(future, lambda w=window: self._where(w))
+                results = self._wait(future, lambda w=window: self._where(w))
                 in_flight.popleft()
                 self._runner.release(future)  # a distributed result leaves the worker now
                 del future
-                self._count_reads(window)
+                outputs = tuple(rows for rows, _ in results)
+                reports = [report for _, report in results]
+                del results
+                self._count_reads(window, reports)
                 top_up(spec.prefetch)
-                for batch in batcher.feed(outputs, window.gather_index()):
+                order = window.gather_index()
+                if any(report.skipped for report in reports):
+                    outputs, order = self._skip(window, outputs, order, reports)
+                for batch in batcher.feed(outputs, order):
                     yield deliver(batch)
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
-            rest = batcher.finish()  # the plan leaves none with drop_remainder
+            rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
                 yield deliver(rest)
         finally:
@@ -732,12 +854,63 @@ class BatchStream(Stream[Any]):
             f"axis-0 chunks {chunks if self.spec.paired else chunks[0]} of {names})"
         )
 
-    def _count_reads(self, window: Window) -> None:
+    @property
+    def _missing_mode(self) -> str:
+        return self.spec.missing
+
+    def _count_reads(self, window: Window, reports: Sequence[ReadReport]) -> None:
         stats = self.stats
         stats.windows_read += 1
-        for source, pieces in zip(self.spec.sources, window.pieces, strict=True):
-            stats.chunks_read += len(pieces)
-            stats.bytes_read += sum(piece.rows for piece in pieces) * source.row_bytes
+        for source, pieces, report in zip(self.spec.sources, window.pieces, reports, strict=True):
+            self._note(source.name, report)
+            gone = set(report.missing_chunks) | {chunk for chunk, _, _ in report.skipped}
+            read = [piece for piece in pieces if piece.chunk not in gone]
+            stats.chunks_read += len(read)
+            stats.bytes_read += sum(piece.rows for piece in read) * source.row_bytes
+
+    def _skip(
+        self,
+        window: Window,
+        outputs: tuple[np.ndarray, ...],
+        order: np.ndarray | None,
+        reports: Sequence[ReadReport],
+    ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+        """Leave out the samples of undecodable chunks, from every array.
+
+        Each output holds the window's samples in ascending order less its own
+        skipped chunks; the samples skipped by any array are removed from all,
+        so pairs stay aligned, and the plan order is renumbered.
+        """
+        ascending = np.concatenate([p.start + np.arange(p.rows)[p.take] for p in window.pieces[0]])
+        dropped_by = [
+            np.concatenate(
+                [np.arange(lo, hi) for _, lo, hi in report.skipped] or [np.empty(0, np.int64)]
+            )
+            for report in reports
+        ]
+        keep = ~np.isin(ascending, np.concatenate(dropped_by))
+        kept = []
+        for rows, dropped in zip(outputs, dropped_by, strict=True):
+            kept.append(rows[keep[~np.isin(ascending, dropped)]])
+        positions = np.arange(window.size) if order is None else order
+        positions = positions[keep[positions]]
+        renumbered = (np.cumsum(keep) - 1)[positions]
+        names = []
+        for source, report in zip(self.spec.sources, reports, strict=True):
+            for chunk, lo, hi in report.skipped:
+                skipped = SkippedChunk(source.name, chunk, range(lo, hi))
+                if skipped not in self.stats.skipped:  # an exact shuffle reads it again
+                    self.stats.skipped.append(skipped)
+                    names.append(f"axis-0 chunk {chunk} (samples {lo}:{hi}) of {source.name}")
+        if names:
+            warnings.warn(
+                SkippedChunksWarning(
+                    f"skipped {len(names)} chunk(s) that do not decode, and their samples in "
+                    f"every array (on_error='skip'): {'; '.join(names)}"
+                ),
+                stacklevel=4,
+            )
+        return tuple(kept), renumbered.astype(np.int64)
 
 
 class _Delivery:
@@ -778,9 +951,11 @@ class ChunkStream(Stream[Any]):
         with_index: bool,
         client: Any,
         timeout: float | None,
+        policy: ReadPolicy = DEFAULT_POLICY,
         transform: Callable[[np.ndarray], Any] | None = None,
     ) -> None:
         self.source = source
+        self.policy = policy
         self._blocks = list(source.blocks())
         runner = make_runner(client, in_flight=concurrency)
         super().__init__(len(self._blocks), runner, timeout)
@@ -799,7 +974,7 @@ class ChunkStream(Stream[Any]):
                 ordinal, block = next(blocks, (0, None))
                 if block is None:
                     return
-                dsk, key = block_graph(source, block, self._token, self._transform)
+                dsk, key = block_graph(source, block, self._token, self._transform, self.policy)
                 future = self._submit(dsk, key, -ordinal, lambda b=block: self._where(b))
                 in_flight[future] = block
 
@@ -822,11 +997,15 @@ class ChunkStream(Stream[Any]):
                 while ready:
                     future = ready.pop(0)
                     block = in_flight[future]
-                    item = self._wait(future, lambda b=block: self._where(b))
+                    item, report = self._wait(future, lambda b=block: self._where(b))
                     del in_flight[future]
                     self._runner.release(future)
                     del future
-                    yield self._deliver(block, item)
+                    self._note(self.source.name, report)
+                    if report.skipped:
+                        self._skip(block)
+                        continue
+                    yield self._deliver(block, item, missing=bool(report.missing_chunks))
         finally:
             for future in in_flight:
                 self._runner.release(future)
@@ -849,12 +1028,30 @@ class ChunkStream(Stream[Any]):
         self.stats.wait_seconds += time.perf_counter() - started
         return [f for f in futures if f in done]  # block order; empty if timed out
 
-    def _deliver(self, block: tuple[int, ...], item: Any) -> Any:
+    @property
+    def _missing_mode(self) -> str:
+        return self.policy.missing
+
+    def _skip(self, block: tuple[int, ...]) -> None:
+        slices = self.source.block_slices(block)
+        samples = range(slices[0].start, slices[0].stop)
+        self.stats.skipped.append(SkippedChunk(self.source.name, block, samples))
+        self.stats.windows_read += 1
+        warnings.warn(
+            SkippedChunksWarning(
+                f"skipped chunk {block} (samples {samples.start}:{samples.stop}) of array "
+                f"{self.source.name}: it does not decode (on_error='skip')"
+            ),
+            stacklevel=4,
+        )
+
+    def _deliver(self, block: tuple[int, ...], item: Any, missing: bool = False) -> Any:
         stats = self.stats
         sizes = [axis[i] for axis, i in zip(self.source.chunks, block, strict=True)]
-        stats.chunks_read += 1
         stats.windows_read += 1
-        stats.bytes_read += math.prod(sizes) * self.source.dtype.itemsize
+        if not missing:
+            stats.chunks_read += 1
+            stats.bytes_read += math.prod(sizes) * self.source.dtype.itemsize
         stats.bytes_yielded += int(getattr(item, "nbytes", 0))
         stats.items_yielded += 1
         stats.samples_yielded += sizes[0]

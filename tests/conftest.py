@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import zarr
 from scheduler_state import our_tasks
 
 
@@ -27,3 +28,9 @@ def client(cluster: Any) -> Iterator[Any]:
     with distributed.Client(cluster, set_as_default=False) as client:
         yield client
         assert our_tasks(client) == []
+
+
+# Every chunk a test writes is stored, even one equal to the fill value (zarr 3 skips those
+# by default): otherwise the read policy's default missing="warn" would warn about chunks of
+# zeros the tests never meant to leave out.  Tests of missing chunks delete keys themselves.
+zarr.config.set({"array.write_empty_chunks": True})

@@ -17,7 +17,7 @@ import zarr.storage
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
-__all__ = ["CountingStore", "SlowStore", "chunk_keys", "is_chunk_key", "open_wrapped"]
+__all__ = ["CountingStore", "FaultStore", "SlowStore", "chunk_keys", "is_chunk_key", "open_wrapped"]
 
 METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 
@@ -103,3 +103,41 @@ def chunk_keys(store: Any) -> set[str]:
 def open_wrapped(wrapper: Any) -> zarr.Array:
     """Open the single array at the root of ``wrapper`` read-only."""
     return zarr.open_array(store=wrapper, mode="r")
+
+
+class FaultStore(zarr.storage.WrapperStore[Any]):
+    """Fails chunk ``get`` calls as told: ``faults[key] = [exception, ...]``.
+
+    Each ``get`` of ``key`` pops the next exception and raises it; once the
+    list is empty the key reads normally.  ``attempts`` counts every chunk
+    ``get`` per key.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        faults: dict[str, list[BaseException]] | None = None,
+        attempts: collections.Counter[str] | None = None,
+    ) -> None:
+        super().__init__(store)
+        self.faults = {} if faults is None else faults
+        self.attempts: collections.Counter[str] = (
+            collections.Counter() if attempts is None else attempts
+        )
+        self._lock = threading.Lock()
+
+    def _with_store(self, store: Any) -> FaultStore:
+        return type(self)(store, self.faults, self.attempts)
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        if is_chunk_key(key):
+            with self._lock:
+                self.attempts[key] += 1
+                pending = self.faults.get(key)
+                error = pending.pop(0) if pending else None
+            if error is not None:
+                await asyncio.sleep(0)
+                raise error
+        return await self._store.get(key, prototype, byte_range)

@@ -314,7 +314,9 @@ def test_corrupt_chunk_raises_chunk_read_error_from_the_worker(client: Any, tmp_
     (tmp_path / "x.zarr" / "c" / "2" / "0").write_bytes(b"not zstd")
     stream = dzb.batch_stream(array, 10, window_bytes=1, client=client)
     assert next(stream).shape == (10, 3)
-    with pytest.raises(dzb.ChunkReadError, match=r"axis-0 chunk 2 \(samples 20:30\)"):
+    with pytest.raises(
+        dzb.CorruptChunkError, match=r"axis-0 chunk 2 \(samples 20:30, key 'c/2/0'\)"
+    ):
         list(stream)
     assert our_tasks(client) == []
 

@@ -1,0 +1,342 @@
+"""Read policy: how every read of a stored object behaves when the store misbehaves.
+
+A :class:`ReadPolicy` says what happens when a chunk is missing (``missing``),
+when a chunk cannot be decoded (``on_error``) and how often a transient fault
+(a dropped connection, a timeout, HTTP 5xx or throttling) is retried
+(``retries``).  The read layer applies it inside every read task, locally and
+on workers, by reading through :func:`policy_view`: the same Zarr array over a
+:class:`PolicyStore`, which wraps the array's store for the duration of one
+task and writes what happened into a :class:`Ledger` (missing keys, retries,
+failed reads) that the task returns beside its data.
+
+Nothing here changes the bytes a read returns: a retried read returns what a
+first successful read would have; a missing chunk is filled with the array's
+fill value exactly as Zarr does (``missing="warn"`` or ``"fill"``), or is an
+error (``"error"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import zarr
+import zarr.storage
+from zarr.abc.store import ByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype
+
+from ._errors import ArgumentTypeError, ArgumentValueError, MissingChunkError
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "DEFAULT_RETRIES",
+    "NO_REPORT",
+    "Ledger",
+    "MissingMode",
+    "OnError",
+    "PolicyStore",
+    "ReadPolicy",
+    "ReadReport",
+    "is_transient",
+    "policy_view",
+    "storage_keys",
+]
+
+MissingMode = Literal["warn", "fill", "error"]
+OnError = Literal["raise", "skip"]
+
+#: Retries of one read after a transient fault (so up to 4 attempts).
+DEFAULT_RETRIES = 3
+#: First backoff before a retry; it doubles each attempt, with jitter, up to the cap.
+RETRY_BASE_SECONDS = 0.05
+RETRY_MAX_SECONDS = 2.0
+
+_METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """What a read does about missing chunks, undecodable chunks and transient faults.
+
+    Parameters
+    ----------
+    missing : {"warn", "fill", "error"}, default "warn"
+        A chunk the store does not hold: filled with the fill value as Zarr
+        does, with one warning per stream (``"warn"``) or silently
+        (``"fill"``, for arrays that leave empty chunks unwritten on
+        purpose), or :class:`MissingChunkError` (``"error"``).
+    on_error : {"raise", "skip"}, default "raise"
+        A chunk whose bytes do not decode: :class:`CorruptChunkError`
+        (``"raise"``), or its samples leave the epoch with a warning
+        (``"skip"``).
+    retries : int, default 3
+        Retries of one read after a transient fault, with exponential backoff
+        and jitter; not-found, permission and decoding errors are never
+        retried.
+    """
+
+    missing: MissingMode = "warn"
+    on_error: OnError = "raise"
+    retries: int = DEFAULT_RETRIES
+
+    def __post_init__(self) -> None:
+        if self.missing not in get_args(MissingMode):
+            raise ArgumentValueError(
+                f"missing must be one of {get_args(MissingMode)}, got {self.missing!r}"
+            )
+        if self.on_error not in get_args(OnError):
+            raise ArgumentValueError(
+                f"on_error must be one of {get_args(OnError)}, got {self.on_error!r}"
+            )
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int):
+            raise ArgumentTypeError(
+                f"retries must be a non-negative integer, got {self.retries!r} of type "
+                f"{type(self.retries).__name__}"
+            )
+        if self.retries < 0:
+            raise ArgumentValueError(f"retries must be >= 0, got {self.retries}")
+
+
+DEFAULT_POLICY = ReadPolicy()
+
+
+@dataclass(frozen=True)
+class ReadReport:
+    """What the policy saw in one read task; travels back with the task's data.
+
+    Attributes
+    ----------
+    missing_keys : tuple of str
+        Store keys that were absent (read as the fill value).
+    missing_chunks : tuple of int
+        Axis-0 chunks (of the array's chunk grid) with at least one absent key.
+    retries : int
+        Reads retried after a transient fault.
+    skipped : tuple of (chunk, start, stop)
+        Axis-0 chunks left out because they do not decode (``on_error="skip"``),
+        with the samples they hold.
+    """
+
+    missing_keys: tuple[str, ...] = ()
+    missing_chunks: tuple[int, ...] = ()
+    retries: int = 0
+    skipped: tuple[tuple[int, int, int], ...] = ()
+
+
+NO_REPORT = ReadReport()
+
+
+@dataclass
+class Ledger:
+    """What happened during one read task (returned beside its data).
+
+    Attributes
+    ----------
+    missing : list of str
+        Chunk keys the store did not hold, in the order they were asked for.
+    retries : int
+        Reads retried after a transient fault.
+    failed : dict of str to BaseException
+        Keys whose read failed for good (after the retries), with the error.
+    """
+
+    missing: list[str] = field(default_factory=list)
+    retries: int = 0
+    failed: dict[str, Exception] = field(default_factory=dict)
+
+
+class PolicyStore(zarr.storage.WrapperStore[Any]):
+    """A store that applies a :class:`ReadPolicy` to every ``get`` and records it."""
+
+    def __init__(self, store: Any, policy: ReadPolicy, ledger: Ledger, name: str) -> None:
+        super().__init__(store)
+        self.policy = policy
+        self.ledger = ledger
+        self.name = name
+
+    def _with_store(self, store: Any) -> PolicyStore:
+        return type(self)(store, self.policy, self.ledger, self.name)
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        result = await self._retrying(key, self._store.get, key, prototype, byte_range)
+        if result is None and _is_chunk_key(key):
+            self.ledger.missing.append(key)
+            if self.policy.missing == "error":
+                raise MissingChunkError(
+                    f"chunk {key!r} of array {self.name} is missing from the store "
+                    "(pass missing='fill' or 'warn' to read it as the fill value)"
+                )
+        return result
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Any
+    ) -> list[Buffer | None]:
+        ranges = list(key_ranges)
+        label = ranges[0][0] if ranges else "<no key>"
+        values: list[Buffer | None] = await self._retrying(
+            label, self._store.get_partial_values, prototype, ranges
+        )
+        return values
+
+    async def _retrying(self, key: str, call: Any, *args: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return await call(*args)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if attempt >= self.policy.retries or not is_transient(exc):
+                    self.ledger.failed.setdefault(key, exc)
+                    raise
+                self.ledger.retries += 1
+                delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**attempt)
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                attempt += 1
+
+
+def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> Any:
+    """``array`` read through a :class:`PolicyStore` (a Zarr array), else as is.
+
+    No I/O: the view reuses the array's metadata.
+    """
+    if not isinstance(array, zarr.Array):
+        return array
+    from zarr.core.array import AsyncArray
+    from zarr.storage import StorePath
+
+    inner = array._async_array
+    store = PolicyStore(inner.store_path.store, policy, ledger, name)
+    view = AsyncArray(inner.metadata, StorePath(store, inner.store_path.path), config=inner.config)
+    return zarr.Array(view)
+
+
+def storage_keys(array: Any, start: int, stop: int) -> list[str]:
+    """Store keys holding samples ``start:stop`` of a Zarr array (chunks or shards)."""
+    if not isinstance(array, zarr.Array) or stop <= start:
+        return []
+    grid = array.shards or array.chunks
+    counts = [-(-size // step) for size, step in zip(array.shape[1:], grid[1:], strict=True)]
+    rows = range(start // grid[0], (stop - 1) // grid[0] + 1)
+    prefix = f"{array.path}/" if array.path else ""
+    return [
+        prefix + array.metadata.encode_chunk_key((row, *rest))
+        for row in rows
+        for rest in itertools.product(*(range(n) for n in counts))
+    ]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a read that raised ``exc`` may succeed if tried again.
+
+    Walks the exception chain (causes, contexts, exception groups).  Never
+    transient: not found, permission, and anything that is not an I/O fault
+    (a decoding error).  Transient: connection errors, timeouts, resets, and
+    HTTP 5xx / 429 / throttling answers as s3fs, aiohttp and botocore report
+    them.
+    """
+    chain = list(_chain(exc))
+    if any(_never(error) for error in chain):
+        return False
+    return any(_transient(error) for error in chain)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        yield error
+        todo.extend(e for e in (error.__cause__, error.__context__) if e is not None)
+        if isinstance(error, BaseExceptionGroup):
+            todo.extend(error.exceptions)
+
+
+_TRANSIENT_NAMES = {
+    "ClientConnectionError",
+    "ClientConnectorError",
+    "ClientOSError",
+    "ClientPayloadError",
+    "ConnectTimeoutError",
+    "ConnectionClosedError",
+    "EndpointConnectionError",
+    "IncompleteReadError",
+    "ReadTimeoutError",
+    "ResponseStreamingError",
+    "ServerDisconnectedError",
+    "ServerTimeoutError",
+}
+_TRANSIENT_CODES = {
+    "InternalError",
+    "RequestLimitExceeded",
+    "RequestTimeout",
+    "ServiceUnavailable",
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "TooManyRequestsException",
+}
+_TRANSIENT_ERRNOS = {
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EPIPE,
+    errno.EAGAIN,
+    errno.EBUSY,
+}
+
+
+def _never(error: BaseException) -> bool:
+    if isinstance(error, FileNotFoundError | PermissionError | IsADirectoryError):
+        return True
+    status = _status(error)
+    return status is not None and status in (401, 403, 404)
+
+
+def _transient(error: BaseException) -> bool:
+    if isinstance(error, ConnectionError | TimeoutError):
+        return True
+    if type(error).__name__ in _TRANSIENT_NAMES:
+        return True
+    if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
+        return True
+    status = _status(error)
+    if status is not None and (status >= 500 or status == 429):
+        return True
+    return _error_code(error) in _TRANSIENT_CODES
+
+
+def _status(error: BaseException) -> int | None:
+    for name in ("status", "status_code"):
+        value = getattr(error, name, None)
+        if isinstance(value, int):
+            return value
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _error_code(error: BaseException) -> str | None:
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        return code if isinstance(code, str) else None
+    return None
+
+
+def _is_chunk_key(key: str) -> bool:
+    return not key.rsplit("/", 1)[-1].endswith(_METADATA)

@@ -1,0 +1,306 @@
+"""The read policy: missing chunks, chunks that do not decode, transient faults.
+
+Faults come from real stores: chunk files deleted or overwritten in a directory
+store, and :class:`stores.FaultStore`, a Zarr wrapper store that raises chosen
+exceptions; nothing of the library is mocked.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given
+from hypothesis import strategies as st
+from stores import FaultStore
+from strategies import property_settings
+
+import daskzarr_batches as dzb
+from daskzarr_batches._policy import is_transient
+
+ROWS, COLS, CHUNK = 60, 3, 10
+
+
+def write(path: Path, name: str = "x", chunk: int = CHUNK, dtype: str = "f4") -> zarr.Array:
+    data = (np.arange(ROWS * COLS, dtype=dtype).reshape(ROWS, COLS) + 1) if COLS else None
+    array = zarr.create_array(
+        path / f"{name}.zarr", shape=(ROWS, COLS), chunks=(chunk, COLS), dtype=dtype
+    )
+    array[:] = data
+    return array
+
+
+def labels(path: Path) -> zarr.Array:
+    array = zarr.create_array(path / "y.zarr", shape=(ROWS,), chunks=(7,), dtype="i8")
+    array[:] = np.arange(ROWS) + 1
+    return array
+
+
+def chunk_file(path: Path, chunk: int, name: str = "x") -> Path:
+    return path / f"{name}.zarr" / "c" / str(chunk) / "0"
+
+
+STREAMS: dict[str, Callable[..., Any]] = {
+    "sequential": lambda x, **kw: dzb.batch_stream(x, 8, window_bytes=24 * 12, **kw),
+    "buffered": lambda x, **kw: dzb.shuffled_batch_stream(
+        x, 8, seed=1, shuffle_buffer_size=25, **kw
+    ),
+    "exact": lambda x, **kw: dzb.shuffled_batch_stream(x, 8, seed=1, memory_budget=30 * 12, **kw),
+    "chunks": lambda x, **kw: dzb.chunk_stream(x, **kw),
+    "unordered chunks": lambda x, **kw: dzb.chunk_stream(x, ordered=False, **kw),
+    "map_chunks": lambda x, **kw: dzb.map_chunks(lambda c: c * 1, x, **kw),
+}
+
+
+def rows_of(items: list[Any]) -> np.ndarray:
+    return np.concatenate(items) if items else np.empty((0, COLS))
+
+
+# --------------------------------------------------------------------------
+# Missing chunks
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_missing_chunk_warns_once_by_default_and_reads_as_fill(tmp_path: Path, kind: str) -> None:
+    x = write(tmp_path)
+    chunk_file(tmp_path, 2).unlink()
+    stream = STREAMS[kind](x)
+    if isinstance(stream, dzb.BatchStream):  # an exact shuffle reads a chunk once per window
+        reads = [piece.chunk for window in stream.plan.windows() for piece in window.pieces[0]]
+    else:
+        reads = list(range(ROWS // CHUNK))
+    missing = reads.count(2)
+    with pytest.warns(dzb.MissingChunksWarning) as caught:
+        got = rows_of(list(stream))
+    assert len(caught) == 1
+    assert str(caught[0].message).startswith(f"{missing} chunk(s) were missing")
+    assert "'c/2/0'" in str(caught[0].message) and "missing='fill'" in str(caught[0].message)
+    assert stream.stats.chunks_missing == missing
+    assert stream.stats.chunks_read == len(reads) - missing
+    assert np.sort(got[:, 0]).tolist().count(0.0) == CHUNK  # the fill value, 10 rows of it
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_missing_fill_is_silent_and_missing_error_raises_naming_the_key(
+    tmp_path: Path, kind: str
+) -> None:
+    x = write(tmp_path)
+    chunk_file(tmp_path, 4).unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(rows_of(list(STREAMS[kind](x, missing="fill")))) == ROWS
+    with pytest.raises(dzb.MissingChunkError, match=r"'c/4/0' of array .*x\.zarr") as raised:
+        list(STREAMS[kind](x, missing="error"))
+    assert isinstance(raised.value, KeyError) and isinstance(raised.value, dzb.ChunkReadError)
+
+
+def test_reductions_take_the_policy_too(tmp_path: Path) -> None:
+    x = write(tmp_path)
+    chunk_file(tmp_path, 0).unlink()
+    with pytest.raises(dzb.MissingChunkError):
+        dzb.feature_moments(x, missing="error")
+    with pytest.raises(dzb.MissingChunkError):
+        dzb.reduce_chunks(np.sum, np.add, x, missing="error")
+    with pytest.warns(dzb.MissingChunksWarning):
+        assert dzb.feature_moments(x).count == ROWS
+
+
+def test_a_store_removed_mid_epoch_is_an_error_not_zeros(tmp_path: Path) -> None:
+    x = write(tmp_path)
+    stream = dzb.batch_stream(x, 8, window_bytes=24 * 12, prefetch=0, missing="error")
+    first = next(stream)
+    shutil.rmtree(tmp_path / "x.zarr")
+    with pytest.raises(dzb.MissingChunkError):
+        list(stream)
+    assert first[0, 0] == 1
+
+
+# --------------------------------------------------------------------------
+# Chunks that do not decode
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_corrupt_chunk_is_named_with_its_key_and_samples(tmp_path: Path, kind: str) -> None:
+    x = write(tmp_path)
+    chunk_file(tmp_path, 3).write_bytes(b"not zstd at all")
+    with pytest.raises(dzb.CorruptChunkError, match=r"samples 30:40, key 'c/3/0'"):
+        list(STREAMS[kind](x))
+
+
+@pytest.mark.parametrize("kind", ["sequential", "buffered", "exact"])
+def test_skip_leaves_the_corrupt_chunks_samples_out_of_every_paired_array(
+    tmp_path: Path, kind: str
+) -> None:
+    x, y = write(tmp_path), labels(tmp_path)
+    chunk_file(tmp_path, 1).write_bytes(b"garbage")
+    make = {
+        "sequential": lambda: dzb.paired_batch_stream(x, y, 8, on_error="skip"),
+        "buffered": lambda: dzb.paired_shuffled_batch_stream(
+            x, y, 8, seed=2, shuffle_buffer_size=25, on_error="skip"
+        ),
+        "exact": lambda: dzb.paired_shuffled_batch_stream(
+            x, y, 8, seed=2, memory_budget=20 * 20, on_error="skip"
+        ),
+    }[kind]
+    stream = make()
+    with pytest.warns(dzb.SkippedChunksWarning, match="samples 10:20"):
+        pairs = list(stream)
+    xs = np.concatenate([a for a, _ in pairs])
+    ys = np.concatenate([b for _, b in pairs])
+    assert sorted(ys.tolist()) == [i + 1 for i in range(ROWS) if not 10 <= i < 20]
+    np.testing.assert_array_equal(xs[:, 0], (ys - 1) * COLS + 1)  # pairs aligned, values true
+    assert [s.samples for s in stream.stats.skipped] == [range(10, 20)]
+    assert all(len(a) == 8 for a, _ in pairs[:-1])
+
+
+def test_skip_in_chunk_streams_and_reductions(tmp_path: Path) -> None:
+    x = write(tmp_path)
+    chunk_file(tmp_path, 5).write_bytes(b"garbage")
+    with pytest.warns(dzb.SkippedChunksWarning):
+        chunks = dzb.chunk_stream(x, on_error="skip", with_index=True)
+        blocks = [block for block, _ in chunks]
+    assert blocks == [(i, 0) for i in range(5)]
+    assert chunks.stats.skipped[0].chunk == (5, 0)
+    with pytest.warns(dzb.SkippedChunksWarning):
+        assert dzb.feature_moments(x, on_error="skip").count == ROWS - CHUNK
+
+
+# --------------------------------------------------------------------------
+# Transient faults
+
+
+def faulty(tmp_path: Path, faults: dict[str, list[BaseException]]) -> tuple[zarr.Array, FaultStore]:
+    write(tmp_path)
+    store = FaultStore(zarr.storage.LocalStore(tmp_path / "x.zarr", read_only=True), faults)
+    return zarr.open_array(store=store, mode="r"), store
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_transient_faults_are_retried_and_change_nothing(tmp_path: Path, kind: str) -> None:
+    reference = rows_of(list(STREAMS[kind](write(tmp_path / "ref"))))
+    faults: dict[str, list[BaseException]] = {
+        "c/0/0": [ConnectionResetError("reset"), TimeoutError("slow")],
+        "c/3/0": [OSError(104, "Connection reset by peer")],
+    }
+    x, store = faulty(tmp_path, faults)
+    stream = STREAMS[kind](x)
+    got = rows_of(list(stream))
+    if kind == "unordered chunks":  # completion order
+        got, reference = got[np.argsort(got[:, 0])], reference[np.argsort(reference[:, 0])]
+    np.testing.assert_array_equal(got, reference)
+    assert stream.stats.retries >= 3 and store.attempts["c/0/0"] >= 3
+
+
+def test_more_faults_than_retries_is_a_named_chunk_read_error(tmp_path: Path) -> None:
+    x, _ = faulty(tmp_path, {"c/2/0": [ConnectionError("down")] * 3})
+    with pytest.raises(dzb.ChunkReadError, match=r"axis-0 chunk 2 .*after 2 retries") as raised:
+        list(dzb.batch_stream(x, 8, retries=2))
+    assert not isinstance(raised.value, dzb.CorruptChunkError)
+
+
+def test_permanent_errors_are_never_retried(tmp_path: Path) -> None:
+    x, store = faulty(tmp_path, {"c/1/0": [PermissionError("denied")]})
+    with pytest.raises(dzb.ChunkReadError, match="PermissionError"):
+        list(dzb.chunk_stream(x, retries=5))
+    assert store.attempts["c/1/0"] == 1
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class BotoError(Exception):
+    def __init__(self, code: str, status: int) -> None:
+        super().__init__(code)
+        self.response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+def chained(outer: BaseException, inner: BaseException) -> BaseException:
+    outer.__cause__ = inner
+    return outer
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (ConnectionResetError(), True),
+        (TimeoutError(), True),
+        (HTTPError(503), True),
+        (HTTPError(429), True),
+        (BotoError("SlowDown", 503), True),
+        (BotoError("Throttling", 400), True),
+        (chained(OSError("read failed"), ConnectionError("reset")), True),
+        (ExceptionGroup("g", [ValueError("x"), TimeoutError()]), True),
+        (FileNotFoundError(), False),
+        (PermissionError(), False),
+        (HTTPError(404), False),
+        (HTTPError(403), False),
+        (BotoError("AccessDenied", 403), False),
+        (chained(ConnectionError("wrapped"), FileNotFoundError()), False),
+        (ValueError("bad zstd frame"), False),
+        (RuntimeError("checksum mismatch"), False),
+    ],
+)
+def test_what_counts_as_transient(error: BaseException, transient: bool) -> None:
+    assert is_transient(error) is transient
+
+
+def test_policy_arguments_are_validated() -> None:
+    x = np.zeros((4, 2))
+    with pytest.raises(dzb.ArgumentValueError, match="missing"):
+        dzb.batch_stream(x, 2, missing="ignore")  # type: ignore[arg-type]
+    with pytest.raises(dzb.ArgumentValueError, match="on_error"):
+        dzb.chunk_stream(x, on_error="omit")  # type: ignore[arg-type]
+    with pytest.raises(dzb.ArgumentValueError, match="retries"):
+        dzb.shuffled_batch_stream(x, 2, retries=-1)
+    with pytest.raises(dzb.ArgumentTypeError, match="retries"):
+        dzb.map_chunks(np.sum, x, retries=1.5)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------
+# Random faults: exactly the reference batches, or a library error, never other data
+
+ERRORS: list[Callable[[], BaseException]] = [
+    lambda: ConnectionResetError("reset"),
+    lambda: TimeoutError("timed out"),
+    lambda: HTTPError(503),
+    lambda: PermissionError("denied"),
+    lambda: ValueError("garbled"),
+]
+
+
+@property_settings(25)
+@given(
+    plan=st.dictionaries(
+        st.integers(0, ROWS // CHUNK - 1),
+        st.tuples(st.integers(0, len(ERRORS) - 1), st.integers(1, 4)),
+        max_size=3,
+    ),
+    kind=st.sampled_from(["sequential", "buffered", "exact", "chunks", "map_chunks"]),
+    retries=st.integers(0, 3),
+)
+def test_random_faults_give_the_reference_or_a_library_error(
+    tmp_path_factory: pytest.TempPathFactory,
+    plan: dict[int, tuple[int, int]],
+    kind: str,
+    retries: int,
+) -> None:
+    root = tmp_path_factory.mktemp("faults")
+    reference = rows_of(list(STREAMS[kind](write(root / "ref"))))
+    faults = {f"c/{chunk}/0": [ERRORS[e]() for _ in range(n)] for chunk, (e, n) in plan.items()}
+    x, _ = faulty(root, faults)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no warning either: nothing was missing
+            got = rows_of(list(STREAMS[kind](x, retries=retries)))
+    except dzb.DaskZarrBatchesError:
+        return
+    np.testing.assert_array_equal(got, reference)
