@@ -127,6 +127,10 @@ class SkippedChunksWarning(UserWarning):
     """
 
 
+class ReadCancelledError(ChunkReadError):
+    """A read was cancelled because its stream was closed (internal: never reaches ``next()``)."""
+
+
 class WindowError(DaskZarrBatchesError, RuntimeError):
     """The scheduler could not compute a window of work.
 

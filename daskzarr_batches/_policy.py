@@ -18,10 +18,12 @@ error (``"error"``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import itertools
 import random
-from collections.abc import Iterator
+import threading
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -30,12 +32,13 @@ import zarr.storage
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
-from ._errors import ArgumentTypeError, ArgumentValueError, MissingChunkError
+from ._errors import ArgumentTypeError, ArgumentValueError, MissingChunkError, ReadCancelledError
 
 __all__ = [
     "DEFAULT_POLICY",
     "DEFAULT_RETRIES",
     "NO_REPORT",
+    "CancelScope",
     "Ledger",
     "MissingMode",
     "OnError",
@@ -44,6 +47,7 @@ __all__ = [
     "ReadReport",
     "is_transient",
     "policy_view",
+    "read_array",
     "storage_keys",
 ]
 
@@ -200,6 +204,57 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
                 delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**attempt)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 attempt += 1
+
+
+class CancelScope:
+    """The reads in flight of one stream in this process, cancelled together.
+
+    Read tasks run their Zarr coroutines through :meth:`run` instead of
+    Zarr's blocking ``sync``; :meth:`cancel` (when the stream closes, times
+    out or is dropped) cancels every one of them on Zarr's event loop, so a
+    store that never answers holds no thread, and every read asked for
+    afterwards fails at once instead of being issued.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._futures: set[concurrent.futures.Future[Any]] = set()
+        self.cancelled = False
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on Zarr's event loop and wait for it, unless cancelled."""
+        from zarr.core.sync import _get_loop
+
+        with self._lock:
+            if self.cancelled:
+                coro.close()
+                raise ReadCancelledError("the stream was closed; no read is issued any more")
+            future = asyncio.run_coroutine_threadsafe(coro, _get_loop())
+            self._futures.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise ReadCancelledError(
+                "the stream was closed while this read was in flight"
+            ) from None
+        finally:
+            with self._lock:
+                self._futures.discard(future)
+
+    def cancel(self) -> None:
+        """Cancel every read in flight, and refuse the ones asked for later."""
+        with self._lock:
+            self.cancelled = True
+            futures = list(self._futures)
+        for future in futures:
+            future.cancel()
+
+
+def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | None) -> Any:
+    """``array[selection]``; for a Zarr array with a scope, cancellable."""
+    if scope is not None and isinstance(array, zarr.Array):
+        return scope.run(array._async_array.getitem(selection))
+    return array[selection]
 
 
 def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> Any:

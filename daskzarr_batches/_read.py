@@ -46,16 +46,18 @@ import zarr
 from dask.optimization import cull
 
 from ._batching import join_rows
-from ._errors import ChunkReadError, CorruptChunkError, MissingChunkError
+from ._errors import ChunkReadError, CorruptChunkError, MissingChunkError, ReadCancelledError
 from ._plan import ChunkPiece, Selector, Window
 from ._policy import (
     DEFAULT_POLICY,
     NO_REPORT,
+    CancelScope,
     Ledger,
     ReadPolicy,
     ReadReport,
     is_transient,
     policy_view,
+    read_array,
     storage_keys,
 )
 from ._sources import DaskSource, SliceSource, Source
@@ -80,7 +82,9 @@ DECODE_GROUP_BYTES = 64 * 2**20
 # Task functions (run on the scheduler's workers)
 
 
-def read_rows(array: Any, name: str, piece: ChunkPiece, ledger: Ledger) -> np.ndarray:
+def read_rows(
+    array: Any, name: str, piece: ChunkPiece, ledger: Ledger, scope: CancelScope | None = None
+) -> np.ndarray:
     """Decode the axis-0 chunk of ``piece`` and keep its rows ``take``.
 
     A failure becomes an error naming the array, the chunk, its key(s) and
@@ -89,8 +93,8 @@ def read_rows(array: Any, name: str, piece: ChunkPiece, ledger: Ledger) -> np.nd
     :class:`CorruptChunkError` when the bytes arrived and did not decode.
     """
     try:
-        slab = np.asarray(array[piece.start : piece.stop])
-    except MissingChunkError:
+        slab = np.asarray(read_array(array, (slice(piece.start, piece.stop),), scope))
+    except (MissingChunkError, ReadCancelledError):
         raise
     except Exception as exc:
         raise chunk_error(array, name, f"axis-0 chunk {piece.chunk}", piece, ledger, exc) from exc
@@ -121,6 +125,7 @@ def read_window(
     row_bytes: int,
     pieces: Sequence[ChunkPiece],
     policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
@@ -153,7 +158,8 @@ def read_window(
     runs = _runs(pieces, limit_rows)
     if len(runs) == 1 and _is_whole(runs[0], size):
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
-            rows = _owned(np.asarray(array[runs[0][0].start : runs[0][-1].stop]))
+            whole = (slice(runs[0][0].start, runs[0][-1].stop),)
+            rows = _owned(np.asarray(read_array(array, whole, scope)))
             return rows, _report(array, pieces, ledger, ())
     out = np.empty((size, *array.shape[1:]), dtype=np.dtype(array.dtype))
 
@@ -170,7 +176,7 @@ def read_window(
         chunks = [[piece] for run in runs for piece in run]
         try:
             _read_runs_concurrently(
-                inner, chunks, _starts(chunks), place, limit_rows, streaming=partial
+                inner, chunks, _starts(chunks), place, limit_rows, streaming=partial, scope=scope
             )
             return out, _report(array, pieces, ledger, ())
         except Exception:  # the other reads were cancelled; read again run by run,
@@ -179,13 +185,14 @@ def read_window(
     skipped: list[tuple[ChunkPiece, int, CorruptChunkError]] = []
     for run, at in zip(runs, _starts(runs), strict=True):
         try:
-            place(run, _owned(np.asarray(array[run[0].start : run[-1].stop])), at)
+            span = (slice(run[0].start, run[-1].stop),)
+            place(run, _owned(np.asarray(read_array(array, span, scope))), at)
             continue
         except Exception:
             pass  # chunk by chunk, so that the error names the chunk that fails
         for piece, where in zip(run, _starts([[p] for p in run]), strict=True):
             try:
-                rows = read_rows(array, name, piece, ledger)
+                rows = read_rows(array, name, piece, ledger, scope)
             except CorruptChunkError as exc:
                 if policy.on_error != "skip":
                     raise
@@ -249,6 +256,7 @@ def _read_runs_concurrently(
     place: Any,
     limit_rows: int,
     streaming: bool,
+    scope: CancelScope | None = None,
 ) -> None:
     """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
 
@@ -290,7 +298,10 @@ def _read_runs_concurrently(
             for run, at in zip(runs, starts, strict=True):
                 group.create_task(one(run, at))
 
-    sync(read_all())
+    if scope is None:
+        sync(read_all())
+    else:
+        scope.run(read_all())
     for run, slab, at in arrived:
         place(run, slab, at)
 
@@ -332,6 +343,7 @@ def read_block(
     block: tuple[int, ...],
     slices: tuple[slice, ...],
     policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
 ) -> tuple[np.ndarray | None, ReadReport]:
     """Decode one stored block, as an array the caller owns, and its report.
 
@@ -343,8 +355,8 @@ def read_block(
     piece = ChunkPiece(block[0], slices[0].start, slices[0].stop, slice(None), slice(None))
     skipped: tuple[tuple[int, int, int], ...] = ()
     try:
-        result: np.ndarray | None = _owned(np.asarray(view[slices]))
-    except MissingChunkError:
+        result: np.ndarray | None = _owned(np.asarray(read_array(view, slices, scope)))
+    except (MissingChunkError, ReadCancelledError):
         raise
     except Exception as exc:
         error = chunk_error(view, name, f"chunk {block}", piece, ledger, exc)
@@ -417,7 +429,11 @@ def _owned(array: np.ndarray) -> np.ndarray:
 
 
 def window_graph(
-    sources: Sequence[Source], window: Window, token: str, policy: ReadPolicy = DEFAULT_POLICY
+    sources: Sequence[Source],
+    window: Window,
+    token: str,
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -437,7 +453,7 @@ def window_graph(
             array_key = _place_array(dsk, source)
             dsk[out_key] = (
                 read_window, array_key, source.name, window.size, source.row_bytes,
-                tuple(pieces), policy,
+                tuple(pieces), policy, scope,
             )  # fmt: skip
             continue
         assert isinstance(source, DaskSource)
@@ -481,6 +497,7 @@ def block_graph(
     token: str,
     transform: Callable[[np.ndarray], Any] | None = None,
     policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph reading one stored block (all axes) of ``source``.
 
@@ -492,7 +509,7 @@ def block_graph(
     if isinstance(source, SliceSource):
         array_key = _place_array(dsk, source)
         dsk[key] = (
-            read_block, array_key, source.name, block, source.block_slices(block), policy
+            read_block, array_key, source.name, block, source.block_slices(block), policy, scope
         )  # fmt: skip
     else:
         assert isinstance(source, DaskSource)

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import dask.threaded
 
 from ._errors import ArgumentTypeError
+from ._policy import CancelScope
 from ._sources import SliceSource, Source
 
 __all__ = ["ClientRunner", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
@@ -35,7 +36,13 @@ Graph = dict[Any, Any]
 
 
 class Runner(Protocol):
-    """What a stream needs from whatever computes its graphs."""
+    """What a stream needs from whatever computes its graphs.
+
+    ``scope`` is the :class:`CancelScope` read tasks run their reads in
+    (``None`` where tasks run in other processes); :meth:`close` cancels it.
+    """
+
+    scope: CancelScope | None
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
         """``sources`` as graphs should refer to them (sent to workers once if needed)."""
@@ -70,6 +77,7 @@ class ThreadRunner:
         workers = read_workers or max(os.cpu_count() or 1, in_flight)
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, "dzb-read")
         self._drivers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-window")
+        self.scope: CancelScope | None = CancelScope()
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
         return list(sources)  # the threads share this process's memory
@@ -87,6 +95,9 @@ class ThreadRunner:
         future.cancel()  # no-op once it runs or ran
 
     def close(self) -> None:
+        """Cancel the reads in flight on Zarr's event loop and stop the threads."""
+        if self.scope is not None:
+            self.scope.cancel()
         self._drivers.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -108,6 +119,7 @@ class ClientRunner:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self.scope: CancelScope | None = None  # tasks run on the workers
         self._live: dict[int, Any] = {}  # id(future) -> future, submitted and not released
         self._scattered: dict[str, Any] = {}  # graph key -> future of a scattered array
         self.peak_in_flight = 0

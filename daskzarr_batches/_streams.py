@@ -630,7 +630,10 @@ class Stream(Generic[T]):
             try:
                 return next(self._items)
             except BaseException:  # StopIteration included: exhausted
-                self._close()
+                closed_elsewhere = self._closed  # close() from another thread stopped it
+                self._close(force=True)
+                if closed_elsewhere:
+                    raise StopIteration from None
                 raise
 
     def close(self) -> None:
@@ -648,8 +651,8 @@ class Stream(Generic[T]):
             self._closed = True
             self._runner.close()
 
-    def _close(self) -> None:
-        if self._items is None and self._closed:
+    def _close(self, force: bool = False) -> None:
+        if self._items is None and self._closed and not force:
             return
         self._closed = True
         items, self._items = self._items, None
@@ -791,7 +794,7 @@ class BatchStream(Stream[Any]):
                 window = next(windows, None)
                 if window is None:
                     return
-                dsk, key = window_graph(sources, window, self._token, policy)
+                dsk, key = window_graph(sources, window, self._token, policy, self._runner.scope)
                 future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
                 in_flight.append((window, future))
 
@@ -974,7 +977,9 @@ class ChunkStream(Stream[Any]):
                 ordinal, block = next(blocks, (0, None))
                 if block is None:
                     return
-                dsk, key = block_graph(source, block, self._token, self._transform, self.policy)
+                dsk, key = block_graph(
+                    source, block, self._token, self._transform, self.policy, self._runner.scope
+                )
                 future = self._submit(dsk, key, -ordinal, lambda b=block: self._where(b))
                 in_flight[future] = block
 

@@ -17,7 +17,15 @@ import zarr.storage
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
-__all__ = ["CountingStore", "FaultStore", "SlowStore", "chunk_keys", "is_chunk_key", "open_wrapped"]
+__all__ = [
+    "CountingStore",
+    "FaultStore",
+    "HangStore",
+    "SlowStore",
+    "chunk_keys",
+    "is_chunk_key",
+    "open_wrapped",
+]
 
 METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 
@@ -141,3 +149,34 @@ class FaultStore(zarr.storage.WrapperStore[Any]):
                 await asyncio.sleep(0)
                 raise error
         return await self._store.get(key, prototype, byte_range)
+
+
+class HangStore(zarr.storage.WrapperStore[Any]):
+    """Chunk ``get`` calls never answer (a store that hangs); they can only be cancelled.
+
+    ``state`` counts the gets asked for (``gets``), in flight (``now``) and
+    cancelled (``cancelled``).
+    """
+
+    def __init__(self, store: Any, state: dict[str, int] | None = None) -> None:
+        super().__init__(store)
+        self.state = {"gets": 0, "now": 0, "cancelled": 0} if state is None else state
+
+    def _with_store(self, store: Any) -> HangStore:
+        return type(self)(store, self.state)
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        if not is_chunk_key(key):
+            return await self._store.get(key, prototype, byte_range)
+        self.state["gets"] += 1
+        self.state["now"] += 1
+        try:
+            await asyncio.Event().wait()  # never set
+        except asyncio.CancelledError:
+            self.state["cancelled"] += 1
+            raise
+        finally:
+            self.state["now"] -= 1
+        return None  # pragma: no cover
