@@ -495,9 +495,9 @@ def format_bytes(n: int) -> str:
     value = float(n)
     for unit in ("KiB", "MiB", "GiB", "TiB"):
         value /= 1024
-        if value < 1024 or unit == "TiB":
+        if value < 1000 or unit == "TiB":  # 0.98 MiB rather than 1001.6 KiB
             break
-    return f"{value:.1f} {unit}"
+    return f"{value:.2f} {unit}" if value < 1 else f"{value:.1f} {unit}"
 
 
 def _shape(values: Sequence[int]) -> str:
