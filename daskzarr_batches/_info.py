@@ -11,11 +11,12 @@ chunk.
 Counting is by stored object: a chunk of an unsharded array, a shard of a
 sharded one (Zarr v3 ``sharding_indexed``).  The expected objects are every
 cell of that grid; an object is *stored* when the store lists its key and
-*missing* when it does not.  ``--check`` reads the region of every stored
-object with ``array[region]`` (a shard is read whole, so every inner chunk is
-decoded and the shard index's checksum verified) and records as *corrupt*
-each one whose read raises.  Missing objects are not read: Zarr would return
-the fill value for them.
+*missing* when it does not.  ``--check`` reads every stored object with
+``array[region]``, a block of neighbouring objects per call (a shard is read
+whole, so every inner chunk is decoded and the shard index's checksum
+verified); when a block's read raises, its objects are read one by one and
+each one whose read raises is recorded as *corrupt*.  Missing objects are
+not reported as corrupt: Zarr returns the fill value for them.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import json
 import math
 import os
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -55,8 +56,12 @@ __all__ = [
 METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
 #: Stored objects whose size is asked for at once (``getsize`` calls in flight).
 SIZE_CONCURRENCY = 64
-#: Chunks (or shards) read at once by ``--check``.
+#: Blocks of chunks (or shards) read at once by ``--check``.
 CHECK_THREADS = 4
+#: Decoded bytes ``--check`` reads in one call (a block of neighbouring chunks).
+CHECK_BYTES = 16 * 2**20
+#: Objects ``--check`` reads in one call at most, so that tiny chunks still spread over threads.
+CHECK_OBJECTS = 1024
 
 
 @dataclass
@@ -449,43 +454,95 @@ def check_arrays(
     reports: Sequence[ArrayReport],
     progress: Callable[..., Any] | None = None,
     threads: int = CHECK_THREADS,
+    block_bytes: int = CHECK_BYTES,
 ) -> None:
     """Read every stored chunk (or shard) of each array; record those that raise.
+
+    Objects are read a block at a time: the region of a rectangle of
+    neighbouring objects of about ``block_bytes`` decoded bytes (at most
+    ``CHECK_OBJECTS`` objects), in one ``array[region]`` call, so Zarr
+    decodes them concurrently and the overhead of a call (about a millisecond)
+    is paid per block, not per object.  Only when a block's read
+    raises is each of its stored objects read alone, to name the ones that
+    fail.  Missing objects inside a block read as the fill value and raise
+    nothing.  ``threads`` blocks are read at once.
 
     Fills ``report.corrupt`` (sorted by key) and sets ``report.checked``.
     """
     jobs = []
     for (_, array), report in zip(arrays, reports, strict=True):
         missing = set(report.missing)
-        jobs += [
-            (report, key, array, coords)
-            for key, coords in _object_keys(array).items()
-            if key not in missing
-        ]
+        for region, objects in _object_blocks(array, block_bytes):
+            stored = [(key, coords) for key, coords in objects if key not in missing]
+            if stored:
+                jobs.append((report, array, region, stored))
         report.checked = True
 
-    def read(array: zarr.Array, coords: tuple[int, ...]) -> str | None:
+    def read(array: zarr.Array, region: tuple[slice, ...]) -> str | None:
         try:
-            array[_object_region(array, coords)]
+            array[region]
         except Exception as exc:
             return _one_line(f"{type(exc).__name__}: {exc}")
         return None
 
+    def check(
+        report: ArrayReport,
+        array: zarr.Array,
+        region: tuple[slice, ...],
+        stored: list[tuple[str, tuple[int, ...]]],
+    ) -> int:
+        if read(array, region) is not None:  # find the objects that fail
+            for key, coords in stored:
+                error = read(array, _object_region(array, coords))
+                if error is not None:
+                    report.corrupt.append((key, error))  # list.append is atomic
+        return len(stored)
+
+    total = sum(len(stored) for *_, stored in jobs)
     with (
-        _bar(progress, total=len(jobs), desc="checking", unit="chunk") as bar,
+        _bar(progress, total=total, desc="checking", unit="chunk") as bar,
         ThreadPoolExecutor(max_workers=max(1, threads)) as pool,
     ):
-        futures = {
-            pool.submit(read, array, coords): (report, key) for report, key, array, coords in jobs
-        }
-        for future in as_completed(futures):
-            error = future.result()
-            if error is not None:
-                report, key = futures[future]
-                report.corrupt.append((key, error))
-            bar.update(1)
+        # Two blocks per thread in flight: memory stays bounded, whatever the store.
+        pending: set[Future[int]] = set()
+        for job in jobs:
+            pending.add(pool.submit(check, *job))
+            if len(pending) >= 2 * threads:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    bar.update(future.result())
+        for future in as_completed(pending):
+            bar.update(future.result())
     for report in reports:
         report.corrupt.sort()
+
+
+def _object_blocks(
+    array: zarr.Array, block_bytes: int
+) -> Iterator[tuple[tuple[slice, ...], list[tuple[str, tuple[int, ...]]]]]:
+    """Rectangles of neighbouring objects of about ``block_bytes``: (region, [(key, coords)]).
+
+    The rectangle spans whole trailing axes of the object grid while it fits
+    (C order), so a region is contiguous in the grid and, for the common
+    layout chunked along axis 0 only, a run of consecutive chunks.
+    """
+    grid = _object_grid(array)
+    outer = array.shards if array.shards is not None else array.chunks
+    object_bytes = math.prod(outer) * max(1, np.dtype(array.dtype).itemsize)
+    room = max(1, min(CHECK_OBJECTS, block_bytes // max(1, object_bytes)))
+    block: list[int] = []
+    for size in reversed(grid):
+        take = max(1, min(size, room))
+        block.insert(0, take)
+        room = room // take if take == size else 1
+    encode = array.metadata.encode_chunk_key
+    for first in itertools.product(*(range(0, g, b) for g, b in zip(grid, block, strict=True))):
+        ranges = [range(f, min(f + b, g)) for f, b, g in zip(first, block, grid, strict=True)]
+        region = tuple(
+            slice(r.start * o, min(r.stop * o, n))
+            for r, o, n in zip(ranges, outer, array.shape, strict=True)
+        )
+        yield region, [(encode(coords), coords) for coords in itertools.product(*ranges)]
 
 
 def format_bytes(n: int) -> str:

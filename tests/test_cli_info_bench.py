@@ -447,3 +447,42 @@ def test_options_reach_fsspec(monkeypatch: pytest.MonkeyPatch) -> None:
         "storage_options": {"anon": True, "n": 3},
         "read_only": True,
     }
+
+
+@pytest.mark.parametrize("block_bytes", [1, 100, 2**20])
+def test_check_by_blocks_names_the_same_chunks(tmp_path: Path, block_bytes: int) -> None:
+    from daskzarr_batches import _info
+
+    store_path = make_group(tmp_path / "g.zarr")
+    (store_path / "v2" / "2").write_bytes(b"\x00" * 7)
+    (store_path / "v3" / "c" / "0" / "0").write_bytes(b"\x00" * 7)
+    (store_path / "v3" / "c" / "1" / "0").unlink()
+    store = _info.open_store(str(store_path), None)
+    arrays = _info.find_arrays(store, str(store_path))
+    reports = [_info.describe_array(array, path, store) for path, array in arrays]
+    _info.check_arrays(arrays, reports, threads=1, block_bytes=block_bytes)
+    assert [(r.path, [key for key, _ in r.corrupt], r.missing) for r in reports] == [
+        ("sub/sharded", [], []),
+        ("v2", ["2"], []),
+        ("v3", ["c/0/0"], ["c/1/0"]),
+    ]
+    assert all(r.checked for r in reports)
+
+
+def test_blocks_tile_the_object_grid() -> None:
+    from daskzarr_batches import _info
+
+    array = zarr.create_array(zarr.storage.MemoryStore(), shape=(10, 6), chunks=(2, 3), dtype="f4")
+    # 5 x 2 chunks of 24 bytes
+    for block_bytes, regions in [
+        (24, 10),  # one chunk per block
+        (48, 5),  # a row of chunks
+        (120, 3),  # two rows: rows 0-1, 2-3, 4
+    ]:
+        blocks = list(_info._object_blocks(array, block_bytes))
+        assert len(blocks) == regions
+        keys = [key for _, objects in blocks for key, _ in objects]
+        assert sorted(keys) == sorted(_info._object_keys(array))
+    region, objects = blocks[-1]
+    assert region == (slice(8, 10), slice(0, 6))
+    assert [key for key, _ in objects] == ["c/4/0", "c/4/1"]
