@@ -204,7 +204,15 @@ def test_info_error_as_a_process_has_no_traceback(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     result = subprocess.run(
-        [sys.executable, "-m", "daskzarr_batches", "info", str(tmp_path / "missing.zarr")],
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-m",
+            "daskzarr_batches",
+            "info",
+            str(tmp_path / "missing.zarr"),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
