@@ -1,7 +1,15 @@
-"""The command line: ``daskzarr-batches demo`` (or ``python -m daskzarr_batches demo``).
+"""The command line: ``daskzarr-batches COMMAND`` (or ``python -m daskzarr_batches COMMAND``).
 
-An adapter on top of the public API: it imports only what
-``daskzarr_batches`` exports.  ``demo`` builds the example's data -- the
+Three commands: ``demo`` (here), ``info`` (``_info``: what a store holds,
+``--check`` reads every chunk) and ``bench`` (``_bench``: epochs of a stream,
+timed).  Adapters on top of the public API: they import only what
+``daskzarr_batches`` exports.  ``info`` and ``bench`` show tqdm progress bars
+on stderr when it is a terminal (never with ``--quiet``), and report a
+library error (``DaskZarrBatchesError``) as one line,
+``daskzarr-batches: error: <message>``, with exit status 2, the status of a
+usage error too.
+
+``demo`` builds the example's data -- the
 README's quick start and ``notebooks/streaming_minibatches.ipynb`` use the
 same: a 10 x 4 float32 feature matrix holding 0..39 and 10 float32 labels
 holding 0..9, chunked (4, 4) and (4,) in a Zarr ``MemoryStore`` -- and prints
@@ -23,13 +31,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import json
 import os
+import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 import numpy as np
 import zarr
+from tqdm import tqdm
 
 from . import (
     DaskZarrBatchesError,
@@ -39,8 +51,12 @@ from . import (
     count_batches,
     paired_shuffled_batch_stream,
 )
+from ._bench import CHUNK_ROWS, FEATURES, ROWS, BenchSettings, run_bench
+from ._info import run_info
 
 __all__ = ["build_parser", "demo_arrays", "format_stats", "main", "run_demo"]
+
+PROG = "daskzarr-batches"
 
 #: Seconds to wait for a scheduler given with ``--scheduler`` (and for a worker).
 CONNECT_TIMEOUT = 10.0
@@ -59,28 +75,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        0 on success, 1 when the demo could not run (for example the
-        scheduler is unreachable).  Invalid arguments exit with status 2
-        through ``argparse``.
+        0 on success.  ``demo``: 1 when it could not run (for example the
+        scheduler is unreachable).  ``info``: 1 when ``--check`` found a
+        missing or corrupt chunk.  ``bench``: 1 when the scheduler is
+        unreachable.  ``info`` and ``bench``: 2 for a library error
+        (``DaskZarrBatchesError``), printed as one line on stderr.  Invalid
+        arguments exit with status 2 through ``argparse``.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "demo":
+    out, err = sys.stdout, sys.stderr
+    try:
+        if args.command == "demo":
+            return _demo_command(args, out, err)
+        _check_combinations(args)
         try:
-            return _demo_command(args, sys.stdout, sys.stderr)
-        except BrokenPipeError:  # e.g. ``daskzarr-batches demo | head``: not an error
-            # Python would complain again when flushing stdout at exit.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            return 0
-    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards
-    return 2  # pragma: no cover
+            if args.command == "info":
+                return _info_command(args, out, err)
+            return _bench_command(args, out, err)
+        except DaskZarrBatchesError as exc:
+            _error(err, exc)
+            return 2
+        except _ConnectError as exc:
+            _error(err, exc)
+            return 1
+        except KeyboardInterrupt:
+            _error(err, "interrupted")
+            return 130
+    except BrokenPipeError:  # e.g. ``daskzarr-batches demo | head``: not an error
+        # Python would complain again when flushing stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _error(err: TextIO, message: object) -> None:
+    """``daskzarr-batches: error: <message>`` on one line."""
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    print(f"{PROG}: error: {text}", file=err)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``daskzarr-batches`` argument parser (one subcommand per job)."""
     parser = argparse.ArgumentParser(
-        prog="daskzarr-batches",
+        prog=PROG,
         description="Stream numpy minibatches and per-chunk blocks out of chunked Zarr arrays.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -95,7 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
             "with the stream statistics."
         ),
     )
-    where = demo.add_mutually_exclusive_group()
+    _add_cluster_options(demo)
+    _add_info_parser(commands)
+    _add_bench_parser(commands)
+    return parser
+
+
+def _add_cluster_options(command: argparse.ArgumentParser) -> None:
+    where = command.add_mutually_exclusive_group()
     where.add_argument(
         "--scheduler",
         metavar="ADDRESS",
@@ -108,7 +153,140 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         help="start a LocalCluster of N process workers on 127.0.0.1, compute on it, shut it down",
     )
-    return parser
+
+
+def _add_store_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--storage-option",
+        metavar="KEY=VALUE",
+        action="append",
+        type=_key_value,
+        default=[],
+        dest="storage_options",
+        help="an fsspec storage option for a URL store (repeatable); VALUE is parsed as "
+        "JSON when it can be (true, 3, null, {...}), else taken as a string",
+    )
+    command.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress bars (they are off anyway when stderr is not a terminal)",
+    )
+
+
+def _add_info_parser(commands: Any) -> None:
+    info = commands.add_parser(
+        "info",
+        help="list the arrays of a Zarr store: shapes, chunks, shards, codecs, bytes; "
+        "--check reads every chunk",
+        description=(
+            "For every array in STORE (a single array, or every array in a group, "
+            "recursively): path, Zarr format, shape, dtype, chunk shape, shards (shard shape "
+            "and chunks per shard), codecs, the chunks (or shards) stored against those the "
+            "chunk grid expects, the bytes stored and the decoded bytes. With --check, "
+            "read every stored chunk and report the missing and the undecodable ones; "
+            "the exit status is then 1 if there is any."
+        ),
+    )
+    info.add_argument("store", metavar="STORE", help="a directory, a .zip file or a URL")
+    info.add_argument(
+        "--check",
+        action="store_true",
+        help="read every chunk (every shard of a sharded array); report missing and corrupt "
+        "ones and exit with status 1 if any",
+    )
+    info.add_argument("--json", action="store_true", help="print a JSON list, one object per array")
+    _add_store_options(info)
+
+
+def _add_bench_parser(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="time epochs of a batch stream: samples/s, MB/s, read amplification, wait share",
+        description=(
+            "Run epochs of the stream the options choose (batch_stream, shuffled_batch_stream "
+            "or their paired_ versions with --labels; a new stream per epoch, epoch=e) over "
+            "an array of STORE, consuming the batches without work, and print the "
+            "throughput per epoch and in total, the read amplification, the share of time "
+            "spent waiting for data and the stream's error counters. Without STORE, a "
+            f"temporary dataset of {ROWS:,} x {FEATURES} float32 features and int64 labels "
+            f"in {CHUNK_ROWS}-row chunks is generated (and removed afterwards) and streamed "
+            "as pairs."
+        ),
+    )
+    bench.set_defaults(subparser=bench)
+    bench.add_argument(
+        "store", metavar="STORE", nargs="?", help="a directory, a .zip file or a URL (optional)"
+    )
+    data = bench.add_argument_group("data")
+    data.add_argument("--array", metavar="PATH", help="the features array in STORE")
+    data.add_argument(
+        "--labels", metavar="PATH", help="a labels array in STORE: stream (features, labels)"
+    )
+    data.add_argument(
+        "--rows", type=_positive_int, help=f"samples of the generated dataset (default {ROWS})"
+    )
+    data.add_argument(
+        "--features",
+        type=_positive_int,
+        help=f"features per sample of the generated dataset (default {FEATURES})",
+    )
+    data.add_argument(
+        "--chunk-rows",
+        type=_positive_int,
+        help=f"rows per chunk of the generated dataset (default {CHUNK_ROWS})",
+    )
+    stream = bench.add_argument_group("stream")
+    stream.add_argument(
+        "--batch-size", type=int, required=True, metavar="B", help="samples per batch (required)"
+    )
+    order = stream.add_mutually_exclusive_group()
+    order.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        metavar="S",
+        help="buffered shuffle through about S samples (shuffle_buffer_size)",
+    )
+    order.add_argument("--exact", action="store_true", help="exact shuffle")
+    stream.add_argument(
+        "--memory-budget",
+        type=_size,
+        metavar="M",
+        help="the exact shuffle's memory_budget in bytes; K, M, G suffixes are powers of "
+        "1024 (e.g. 256M)",
+    )
+    stream.add_argument(
+        "--seed", type=int, help="seed of a shuffle (default 0, so runs repeat the same order)"
+    )
+    stream.add_argument("--epochs", type=_positive_int, default=1, help="epochs to run (default 1)")
+    bench.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_cluster_options(bench)
+    _add_store_options(bench)
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
+    """Usage errors argparse cannot express (exit status 2 with the usage)."""
+    parser = getattr(args, "subparser", None)
+    if parser is None:
+        return
+    if args.store is None:
+        for flag, value in (("--array", args.array), ("--labels", args.labels)):
+            if value is not None:
+                parser.error(f"{flag} names an array in STORE; give STORE too")
+        if args.storage_options:
+            parser.error("--storage-option needs a STORE")
+    else:
+        for flag, value in (
+            ("--rows", args.rows),
+            ("--features", args.features),
+            ("--chunk-rows", args.chunk_rows),
+        ):
+            if value is not None:
+                parser.error(f"{flag} sizes the generated dataset; it cannot go with STORE")
+    if args.memory_budget is not None and not args.exact:
+        parser.error("--memory-budget is the exact shuffle's budget; it needs --exact")
+    if args.seed is not None and not (args.exact or args.shuffle_buffer is not None):
+        parser.error("--seed seeds a shuffle; it needs --shuffle-buffer or --exact")
 
 
 def _positive_int(text: str) -> int:
@@ -119,6 +297,85 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE parsed as JSON when it is JSON, else kept as a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def _size(text: str) -> int:
+    """Bytes: ``1048576``, ``512K``, ``256M``, ``1G``, ``2GiB`` (suffixes are powers of 1024)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected a size such as 268435456 or 256M, got {text!r}")
+    power = " KMGT".index(match[2].upper() or " ")
+    return int(match[1]) * 1024**power
+
+
+def _progress(err: TextIO, quiet: bool) -> Callable[..., Any] | None:
+    """A tqdm factory writing to ``err``, or None when bars are off.
+
+    Bars are off with ``--quiet`` and when ``err`` is not a terminal (a
+    pipe, a file, a CI log).
+    """
+    isatty = getattr(err, "isatty", None)
+    if quiet or not (callable(isatty) and isatty()):
+        return None
+    return functools.partial(tqdm, file=err, dynamic_ncols=True)
+
+
+def _info_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return run_info(
+        args.store,
+        out,
+        storage_options=dict(args.storage_options) or None,
+        check=args.check,
+        as_json=args.json,
+        progress=_progress(err, args.quiet),
+    )
+
+
+def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    generated = {
+        "rows": args.rows or ROWS,
+        "features": args.features or FEATURES,
+        "chunk_rows": args.chunk_rows or CHUNK_ROWS,
+    }
+    with _compute_target(args.scheduler, args.local_cluster) as (client, described):
+        settings = BenchSettings(
+            batch_size=args.batch_size,
+            shuffle_buffer_size=args.shuffle_buffer,
+            exact=args.exact,
+            memory_budget=args.memory_budget,
+            seed=0 if args.seed is None else args.seed,
+            epochs=args.epochs,
+            client=client,
+            timeout=None if client is None else WINDOW_TIMEOUT,
+        )
+        run_bench(
+            out,
+            settings,
+            store=args.store,
+            array=args.array,
+            labels=args.labels,
+            storage_options=dict(args.storage_options) or None,
+            where=described,
+            as_json=args.json,
+            progress=_progress(err, args.quiet),
+            **generated,
+        )
+    return 0
 
 
 def _demo_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -1,0 +1,487 @@
+"""``daskzarr-batches bench``: time epochs of a batch stream on your data (or made-up data).
+
+A command-line adapter like ``_cli``: it uses only the public API.  Each epoch
+is a new stream (``epoch=e`` for the shuffled ones), consumed with no work per
+batch, so the numbers are what the loader alone delivers: samples and MB (10^6
+bytes of samples handed out) per second, the read amplification
+(``stats.read_amplification``) and the share of the epoch spent waiting in
+``next()`` (``stats.wait_seconds / seconds``; close to 100 % when nothing
+else runs, since the consumer does nothing).  The timed epoch starts before
+the stream is made, so planning is included.
+
+``retries``, ``chunks_missing`` and ``skipped`` are read from ``stream.stats``
+with ``getattr`` (0, 0 and ``[]`` when a ``StreamStats`` has no such field), so
+the command reports them as soon as the streams count them.
+
+Without a store, a temporary dataset is generated (``ROWS`` x ``FEATURES``
+float32 features and int64 labels in ``CHUNK_ROWS``-row chunks, in a temporary
+directory store that is removed afterwards) and streamed as pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import zarr
+from tqdm import tqdm
+
+from . import (
+    ArgumentValueError,
+    ArrayNotFoundError,
+    BatchStream,
+    DaskZarrBatchesError,
+    batch_stream,
+    open_array,
+    paired_batch_stream,
+    paired_shuffled_batch_stream,
+    shuffled_batch_stream,
+)
+
+__all__ = [
+    "CHUNK_ROWS",
+    "FEATURES",
+    "ROWS",
+    "BenchSettings",
+    "EpochResult",
+    "format_summary",
+    "generate_dataset",
+    "run_bench",
+]
+
+#: Samples of the generated dataset.
+ROWS = 200_000
+#: float32 features per sample of the generated dataset.
+FEATURES = 32
+#: Rows per chunk of the generated dataset.
+CHUNK_ROWS = 4096
+#: Seconds between updates of the bar's MB/s and wait share.
+POSTFIX_INTERVAL = 0.2
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What to stream and how (the command's options).
+
+    Attributes
+    ----------
+    batch_size : int
+    shuffle_buffer_size : int or None
+        Buffered shuffle with this buffer (``--shuffle-buffer``).
+    exact : bool
+        Exact shuffle (``--exact``).
+    memory_budget : int or None
+        The exact shuffle's ``memory_budget``; ``None``: the library default.
+    seed : int
+        Seed of a shuffle (ignored for sequential streams).
+    epochs : int
+    client : distributed.Client or None
+    timeout : float or None
+        Seconds per window.
+    """
+
+    batch_size: int
+    shuffle_buffer_size: int | None = None
+    exact: bool = False
+    memory_budget: int | None = None
+    seed: int = 0
+    epochs: int = 1
+    client: Any = None
+    timeout: float | None = None
+
+    @property
+    def shuffle(self) -> str:
+        """``"none"``, ``"buffer"`` or ``"exact"``."""
+        if self.shuffle_buffer_size is not None:
+            return "buffer"
+        return "exact" if self.exact else "none"
+
+    def function_name(self, paired: bool) -> str:
+        """Name of the stream constructor these settings call."""
+        shuffled = "shuffled_" if self.shuffle != "none" else ""
+        return f"{'paired_' if paired else ''}{shuffled}batch_stream"
+
+    def make_stream(self, features: Any, labels: Any, epoch: int) -> BatchStream:
+        """A new stream over ``features`` (and ``labels``, if not None) for ``epoch``."""
+        common: dict[str, Any] = {"client": self.client, "timeout": self.timeout}
+        if self.shuffle == "none":
+            if labels is None:
+                return batch_stream(features, self.batch_size, **common)
+            return paired_batch_stream(features, labels, self.batch_size, **common)
+        common.update(seed=self.seed, epoch=epoch, shuffle_buffer_size=self.shuffle_buffer_size)
+        if self.memory_budget is not None:
+            common["memory_budget"] = self.memory_budget
+        if labels is None:
+            return shuffled_batch_stream(features, self.batch_size, **common)
+        return paired_shuffled_batch_stream(features, labels, self.batch_size, **common)
+
+    def describe(self, paired: bool) -> str:
+        """The call, e.g. ``shuffled_batch_stream(batch_size=256, seed=0)``."""
+        arguments = [f"batch_size={self.batch_size}"]
+        if self.shuffle == "buffer":
+            arguments.append(f"shuffle_buffer_size={self.shuffle_buffer_size}")
+        if self.shuffle == "exact" and self.memory_budget is not None:
+            arguments.append(f"memory_budget={self.memory_budget}")
+        if self.shuffle != "none":
+            arguments.append(f"seed={self.seed}")
+        return f"{self.function_name(paired)}({', '.join(arguments)})"
+
+
+@dataclass
+class EpochResult:
+    """What one epoch (or, summed, all of them) delivered and cost.
+
+    ``epoch`` is None for the total.
+    """
+
+    epoch: int | None
+    batches: int
+    samples: int
+    seconds: float
+    bytes_read: int
+    bytes_yielded: int
+    wait_seconds: float
+    retries: int = 0
+    chunks_missing: int = 0
+    skipped: list[Any] = field(default_factory=list)
+
+    @property
+    def samples_per_second(self) -> float:
+        """Samples handed out per second."""
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_second(self) -> float:
+        """MB (10^6 bytes) of samples handed out per second."""
+        return self.bytes_yielded / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def read_amplification(self) -> float:
+        """``bytes_read / bytes_yielded``: 0.0 with nothing read, inf with nothing yielded."""
+        if self.bytes_read == 0:
+            return 0.0
+        return self.bytes_read / self.bytes_yielded if self.bytes_yielded else math.inf
+
+    @property
+    def wait_share(self) -> float:
+        """Share of the time spent blocked in ``next()``."""
+        return self.wait_seconds / self.seconds if self.seconds > 0 else 0.0
+
+    @classmethod
+    def total(cls, epochs: Sequence[EpochResult]) -> EpochResult:
+        """The sums over ``epochs``."""
+        return cls(
+            epoch=None,
+            batches=sum(e.batches for e in epochs),
+            samples=sum(e.samples for e in epochs),
+            seconds=sum(e.seconds for e in epochs),
+            bytes_read=sum(e.bytes_read for e in epochs),
+            bytes_yielded=sum(e.bytes_yielded for e in epochs),
+            wait_seconds=sum(e.wait_seconds for e in epochs),
+            retries=sum(e.retries for e in epochs),
+            chunks_missing=sum(e.chunks_missing for e in epochs),
+            skipped=[item for e in epochs for item in e.skipped],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready values (non-finite numbers become null)."""
+        record: dict[str, Any] = {} if self.epoch is None else {"epoch": self.epoch}
+        record.update(
+            batches=self.batches,
+            samples=self.samples,
+            seconds=self.seconds,
+            samples_per_second=self.samples_per_second,
+            mb_per_second=self.mb_per_second,
+            bytes_read=self.bytes_read,
+            bytes_yielded=self.bytes_yielded,
+            read_amplification=_finite(self.read_amplification),
+            wait_seconds=self.wait_seconds,
+            wait_share=self.wait_share,
+            retries=self.retries,
+            chunks_missing=self.chunks_missing,
+            skipped=_jsonable(self.skipped),
+        )
+        return record
+
+
+def run_bench(
+    out: TextIO,
+    settings: BenchSettings,
+    *,
+    store: str | None = None,
+    array: str | None = None,
+    labels: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    rows: int = ROWS,
+    features: int = FEATURES,
+    chunk_rows: int = CHUNK_ROWS,
+    where: str = "local threaded scheduler",
+    as_json: bool = False,
+    progress: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
+    """Run ``settings.epochs`` epochs and print the summary (or JSON) to ``out``.
+
+    Parameters
+    ----------
+    out : text stream
+        Where the summary goes.
+    settings : BenchSettings
+        The stream's settings.
+    store : str, optional
+        Directory, ``.zip`` or URL of the data; ``None`` generates a
+        temporary dataset of ``rows`` x ``features`` float32 features and int64
+        labels in ``chunk_rows``-row chunks, streamed as pairs.
+    array, labels : str, optional
+        Paths of the features (optional if ``store`` is an array) and labels
+        in ``store``.
+    storage_options : dict, optional
+        fsspec options for a URL.
+    rows, features, chunk_rows : int
+        Size of the generated dataset.
+    where : str
+        How the summary names the scheduler.
+    as_json : bool
+        Print the summary as JSON.
+    progress : callable, optional
+        ``tqdm``-like factory for the live bar; ``None`` shows none.
+
+    Returns
+    -------
+    dict
+        The summary (what ``--json`` prints).
+
+    Raises
+    ------
+    DaskZarrBatchesError
+        Bad settings, no such array, or a failed read.
+    """
+    x: Any
+    y: Any
+    if store is None:
+        with tempfile.TemporaryDirectory(prefix="daskzarr-batches-bench-") as tmp:
+            path = Path(tmp) / "bench.zarr"
+            generate_dataset(path, rows=rows, features=features, chunk_rows=chunk_rows)
+            x = open_array(path, "features")
+            y = open_array(path, "labels")
+            data = {
+                "store": None,
+                "generated": (
+                    f"{rows:,} x {features} float32 features + int64 labels in "
+                    f"{chunk_rows}-row chunks (a temporary directory store, removed afterwards)"
+                ),
+                "features": _describe("features", x),
+                "labels": _describe("labels", y),
+            }
+            epochs = _run_epochs(x, y, settings, progress)
+    else:
+        x = _open(store, array, storage_options, "--array")
+        y = None if labels is None else _open(store, labels, storage_options, "--labels")
+        data = {
+            "store": store,
+            "generated": None,
+            "features": _describe(array or "", x),
+            "labels": None if y is None else _describe(labels or "", y),
+        }
+        epochs = _run_epochs(x, y, settings, progress)
+    summary = {
+        "data": data,
+        "stream": {
+            "function": settings.function_name(y is not None),
+            "call": settings.describe(y is not None),
+            "batch_size": settings.batch_size,
+            "shuffle": settings.shuffle,
+            "shuffle_buffer_size": settings.shuffle_buffer_size,
+            "memory_budget": settings.memory_budget,
+            "seed": None if settings.shuffle == "none" else settings.seed,
+            "batches_per_epoch": epochs[0].batches if epochs else 0,
+        },
+        "computing_on": where,
+        "epochs": [epoch.to_json() for epoch in epochs],
+        "total": EpochResult.total(epochs).to_json(),
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2), file=out)
+    else:
+        print(format_summary(summary, epochs), file=out)
+    return summary
+
+
+def generate_dataset(path: Path | str, *, rows: int, features: int, chunk_rows: int) -> None:
+    """Write ``features`` (rows x features float32, normal) and ``labels`` (int64, 0..9).
+
+    Both in ``chunk_rows``-row chunks, in a Zarr v3 group at ``path``, from a
+    fixed seed.
+    """
+    rng = np.random.default_rng(0)
+    root = zarr.open_group(str(path), mode="w")
+    x = root.create_array(
+        "features", shape=(rows, features), chunks=(chunk_rows, features), dtype="float32"
+    )
+    y = root.create_array("labels", shape=(rows,), chunks=(chunk_rows,), dtype="int64")
+    step = chunk_rows * max(1, (8 * 2**20) // max(1, chunk_rows * features * 4))
+    for start in range(0, rows, step):  # about 8 MiB at a time
+        stop = min(rows, start + step)
+        x[start:stop] = rng.standard_normal((stop - start, features), dtype=np.float32)
+        y[start:stop] = rng.integers(0, 10, stop - start, dtype=np.int64)
+
+
+def _open(store: str, path: str | None, storage_options: dict[str, Any] | None, flag: str) -> Any:
+    try:
+        return open_array(store, path, storage_options=storage_options or None)
+    except ArrayNotFoundError as exc:  # open_array speaks of path=, the command of --array
+        raise ArrayNotFoundError(str(exc).replace("pass path=", f"pass {flag}")) from exc
+    except DaskZarrBatchesError:
+        raise
+    except Exception as exc:  # the store itself: credentials, network, permissions, ...
+        raise ArgumentValueError(f"cannot open {store!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _describe(path: str, array: Any) -> dict[str, Any]:
+    return {
+        "path": path,
+        "shape": list(array.shape),
+        "dtype": str(array.dtype),
+        "chunks": list(array.chunksize),
+    }
+
+
+def _run_epochs(
+    x: Any, y: Any, settings: BenchSettings, progress: Callable[..., Any] | None
+) -> list[EpochResult]:
+    results = []
+    for epoch in range(settings.epochs):
+        results.append(_run_epoch(x, y, settings, epoch, progress))
+    return results
+
+
+def _run_epoch(
+    x: Any, y: Any, settings: BenchSettings, epoch: int, progress: Callable[..., Any] | None
+) -> EpochResult:
+    n = int(x.shape[0])
+    bar = (
+        tqdm(disable=True)
+        if progress is None
+        else progress(
+            total=n,
+            desc=f"epoch {epoch}",
+            unit=" samples",
+            unit_scale=True,
+            leave=False,
+        )
+    )
+    live = not getattr(bar, "disable", False)
+    paired = y is not None
+    start = time.perf_counter()
+    with bar, settings.make_stream(x, y, epoch) as stream:
+        shown = start
+        for item in stream:
+            if not live:
+                continue
+            bar.update(len(item[0]) if paired else len(item))
+            now = time.perf_counter()
+            if now - shown >= POSTFIX_INTERVAL:
+                shown = now
+                bar.set_postfix_str(_rates(stream.stats, now - start), refresh=False)
+        if live:  # the final numbers, also for an epoch shorter than the bar's refresh
+            bar.set_postfix_str(_rates(stream.stats, time.perf_counter() - start))
+        seconds = time.perf_counter() - start
+        stats = stream.stats
+    return EpochResult(
+        epoch=epoch,
+        batches=stats.items_yielded,
+        samples=stats.samples_yielded,
+        seconds=seconds,
+        bytes_read=stats.bytes_read,
+        bytes_yielded=stats.bytes_yielded,
+        wait_seconds=stats.wait_seconds,
+        retries=int(getattr(stats, "retries", 0)),
+        chunks_missing=int(getattr(stats, "chunks_missing", 0)),
+        skipped=list(getattr(stats, "skipped", [])),
+    )
+
+
+def _rates(stats: Any, elapsed: float) -> str:
+    """The bar's postfix: MB/s handed out and the share of time spent waiting."""
+    if elapsed <= 0:
+        return ""
+    return (
+        f"{stats.bytes_yielded / 1e6 / elapsed:.1f} MB/s, wait {stats.wait_seconds / elapsed:.0%}"
+    )
+
+
+def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> str:
+    """The summary as text: data, stream, then one line per epoch and the total."""
+    data = summary["data"]
+
+    def array_line(role: str, described: dict[str, Any]) -> str:
+        shape, chunks = _shape(described["shape"]), _shape(described["chunks"])
+        name = f" {described['path']!r}" if described["path"] else ""
+        return f"{role}{name} {shape} {described['dtype']}, chunks {chunks}"
+
+    arrays = [array_line("features", data["features"])]
+    if data["labels"] is not None:
+        arrays.append(array_line("labels", data["labels"]))
+    where = f"generated {data['generated']}" if data["store"] is None else data["store"]
+    stream = summary["stream"]
+    lines = [
+        f"data:         {where}",
+        f"arrays:       {'; '.join(arrays)}",
+        f"stream:       {stream['call']}, {stream['batches_per_epoch']} batches per epoch",
+        f"computing on: {summary['computing_on']}",
+        "",
+    ]
+    header = ["epoch", "batches", "samples", "seconds", "samples/s", "MB/s", "read amp", "wait"]
+    total = EpochResult.total(epochs)
+    rows = [
+        [
+            "total" if result.epoch is None else str(result.epoch),
+            f"{result.batches:,}",
+            f"{result.samples:,}",
+            f"{result.seconds:.2f}",
+            f"{result.samples_per_second:,.0f}",
+            f"{result.mb_per_second:.1f}",
+            f"{result.read_amplification:.2f}",
+            f"{result.wait_share:.0%}",
+        ]
+        for result in [*epochs, total]
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+    skipped = total.skipped
+    shown = "" if not skipped else " " + ", ".join(str(item) for item in skipped[:5])
+    more = f", ... ({len(skipped) - 5} more)" if len(skipped) > 5 else ""
+    lines.append("")
+    lines.append(
+        f"counters: retries={total.retries} chunks_missing={total.chunks_missing} "
+        f"skipped={len(skipped)}{shown}{more}"
+    )
+    return "\n".join(lines)
+
+
+def _shape(values: Sequence[int]) -> str:
+    return "(" + ", ".join(str(v) for v in values) + ("," if len(values) == 1 else "") + ")"
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with tuples as lists, numpy scalars as numbers, anything else as str."""
+    if isinstance(value, list | tuple):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)

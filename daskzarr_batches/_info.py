@@ -1,0 +1,649 @@
+"""``daskzarr-batches info``: what a Zarr store holds, and whether every chunk reads.
+
+A command-line adapter like ``_cli``: of this package it uses only the public
+API (``open_array`` and the error classes, to explain a store that cannot be
+opened).  Everything else is Zarr's own API: the store's listing
+(``list_dir``/``list_prefix``/``getsize`` through ``zarr.core.sync.sync``),
+each array's metadata (``shards``, ``filters``, ``serializer``,
+``compressors``, ``metadata.encode_chunk_key``) and plain slicing to read a
+chunk.
+
+Counting is by stored object: a chunk of an unsharded array, a shard of a
+sharded one (Zarr v3 ``sharding_indexed``).  The expected objects are every
+cell of that grid; an object is *stored* when the store lists its key and
+*missing* when it does not.  ``--check`` reads every stored object with
+``array[region]``, a block of neighbouring objects per call (a shard is read
+whole, so every inner chunk is decoded and the shard index's checksum
+verified); when a block's read raises, its objects are read one by one and
+each one whose read raises is recorded as *corrupt*.  Missing objects are
+not reported as corrupt: Zarr returns the fill value for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import os
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+import zarr
+import zarr.abc.store
+from tqdm import tqdm
+
+from . import ArgumentValueError, ArrayNotFoundError, DaskZarrBatchesError, InvalidMetadataError
+from . import open_array as _open_array
+
+__all__ = [
+    "ArrayReport",
+    "check_arrays",
+    "describe_array",
+    "find_arrays",
+    "format_bytes",
+    "format_check",
+    "format_table",
+    "open_store",
+    "run_info",
+]
+
+#: Metadata documents of a node (Zarr format 3, then format 2, then consolidated).
+METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+#: Stored objects whose size is asked for at once (``getsize`` calls in flight).
+SIZE_CONCURRENCY = 64
+#: Blocks of chunks (or shards) read at once by ``--check``.
+CHECK_THREADS = 4
+#: Decoded bytes ``--check`` reads in one call (a block of neighbouring chunks).
+CHECK_BYTES = 16 * 2**20
+#: Objects ``--check`` reads in one call at most, so that tiny chunks still spread over threads.
+CHECK_OBJECTS = 1024
+
+
+@dataclass
+class ArrayReport:
+    """One array of a store, as ``info`` reports it.
+
+    Attributes
+    ----------
+    path : str
+        Path of the array in the store (``""`` for an array at the root).
+    zarr_format : int
+        2 or 3.
+    shape, chunks : tuple of int
+        The array's shape and (inner) chunk shape.
+    dtype : str
+        The numpy dtype.
+    shards : tuple of int or None
+        The shard shape of a sharded array (Zarr v3 ``sharding_indexed``).
+    chunks_per_shard : int or None
+        Inner chunks per (whole) shard.
+    codecs : list of str
+        Codec names in encoding order: filters, serializer, compressors (for a
+        sharded array the codecs of its inner chunks).
+    expected : int
+        Objects (chunks, or shards) the chunk grid has.
+    stored : int
+        How many of them the store lists.
+    stored_bytes : int
+        Sum of the sizes of every object stored under the array (chunks or
+        shards and metadata documents), as ``zarr.Array.nbytes_stored()``.
+    nbytes : int
+        Decoded bytes of the whole array (``zarr.Array.nbytes``).
+    missing : list of str
+        Keys (relative to the array) of expected objects not stored.
+    corrupt : list of tuple of str
+        ``(key, error)`` of stored objects whose read raised (``--check``).
+    checked : bool
+        Whether ``corrupt`` was filled by reading every stored object.
+    """
+
+    path: str
+    zarr_format: int
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    shards: tuple[int, ...] | None
+    chunks_per_shard: int | None
+    codecs: list[str]
+    expected: int
+    stored: int
+    stored_bytes: int
+    nbytes: int
+    missing: list[str] = field(default_factory=list)
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    checked: bool = False
+
+    @property
+    def unit(self) -> str:
+        """What one stored object is: ``"chunk"`` or ``"shard"``."""
+        return "chunk" if self.shards is None else "shard"
+
+    @property
+    def label(self) -> str:
+        """How tables and messages name the array (``/`` for the root)."""
+        return self.path or "/"
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready values (``--json``)."""
+        record: dict[str, Any] = {
+            "path": self.path,
+            "zarr_format": self.zarr_format,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "chunks": list(self.chunks),
+            "shards": None
+            if self.shards is None
+            else {"shape": list(self.shards), "chunks_per_shard": self.chunks_per_shard},
+            "codecs": self.codecs,
+            "stored_objects": self.stored,
+            "expected_objects": self.expected,
+            "object": self.unit,
+            "stored_bytes": self.stored_bytes,
+            "nbytes": self.nbytes,
+            "missing": self.missing,
+        }
+        if self.checked:
+            record["corrupt"] = [{"key": key, "error": error} for key, error in self.corrupt]
+        return record
+
+
+def run_info(
+    source: str,
+    out: TextIO,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    check: bool = False,
+    as_json: bool = False,
+    progress: Callable[..., Any] | None = None,
+) -> int:
+    """Print what the store at ``source`` holds; with ``check``, read every chunk.
+
+    Parameters
+    ----------
+    source : str
+        A directory, a ``.zip`` file or an fsspec URL.
+    out : text stream
+        Where the table (or JSON) goes.
+    storage_options : dict, optional
+        fsspec options for a URL.
+    check : bool
+        Read every stored chunk (or shard) and report missing and corrupt ones.
+    as_json : bool
+        Print a JSON list with one object per array instead of the table.
+    progress : callable, optional
+        ``tqdm``-like factory for the progress bars (``progress(total=...,
+        desc=..., unit=...)``); ``None`` shows none.
+
+    Returns
+    -------
+    int
+        0, or 1 when ``check`` found a missing or corrupt chunk.
+
+    Raises
+    ------
+    DaskZarrBatchesError
+        The store cannot be opened, holds no array, or has invalid metadata.
+    """
+    store = open_store(source, storage_options)
+    try:
+        arrays = find_arrays(store, source, storage_options)
+        reports = []
+        with _bar(progress, total=len(arrays), desc="listing", unit="array", leave=False) as bar:
+            for path, array in arrays:
+                reports.append(describe_array(array, path, store))
+                bar.update(1)
+        if check:
+            check_arrays(arrays, reports, progress)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps([report.to_json() for report in reports], indent=2), file=out)
+    else:
+        kind = (
+            "a single Zarr array"
+            if len(arrays) == 1 and arrays[0][0] == ""
+            else f"a Zarr group with {len(arrays)} array{'' if len(arrays) == 1 else 's'}"
+        )
+        print(f"{source}: {kind}", file=out)
+        if reports:
+            print(format_table(reports), file=out)
+        if check:
+            print(format_check(reports), file=out)
+    problems = any(report.missing or report.corrupt for report in reports)
+    return 1 if check and problems else 0
+
+
+def open_store(source: str, storage_options: dict[str, Any] | None) -> zarr.abc.store.Store:
+    """A read-only Zarr store for a directory, ``.zip`` file or URL.
+
+    Raises
+    ------
+    ArrayNotFoundError
+        A local path that does not exist.
+    ArgumentValueError
+        ``storage_options`` for a local path, or a URL fsspec cannot open.
+    """
+    is_url = "://" in source
+    if storage_options and not is_url:
+        raise ArgumentValueError(
+            f"--storage-option applies to URLs (s3://, gs://, ...), not to the local path "
+            f"{source!r}"
+        )
+    if not is_url:
+        if not os.path.exists(source):
+            raise ArrayNotFoundError(f"no Zarr array or group at {source!r}: no such file")
+        if os.path.isfile(source):
+            if not zipfile.is_zipfile(source):
+                raise ArgumentValueError(
+                    f"{source!r} is a file but not a zip file; STORE is a directory store, "
+                    "a zipped store (.zip) or a URL"
+                )
+            return zarr.storage.ZipStore(source, mode="r")
+        return zarr.storage.LocalStore(source, read_only=True)
+    try:
+        return zarr.storage.FsspecStore.from_url(
+            source, storage_options=storage_options, read_only=True
+        )
+    except ImportError as exc:
+        raise ArgumentValueError(f"cannot open {source!r}: {exc}") from exc
+    except (ValueError, TypeError, OSError) as exc:
+        raise ArgumentValueError(f"cannot open {source!r} as a Zarr store: {exc}") from exc
+
+
+def find_arrays(
+    store: zarr.abc.store.Store,
+    source: str = "",
+    storage_options: dict[str, Any] | None = None,
+) -> list[tuple[str, zarr.Array]]:
+    """Every array in ``store``: the root array, or those below the root group.
+
+    Groups are walked by listing the store, so a group lists members of
+    either Zarr format (Zarr's own ``Group.members`` skips a format 2 array in
+    a format 3 group).  ``source`` and ``storage_options`` only serve to
+    explain a node that cannot be opened (through ``open_array``'s errors).
+
+    Returns
+    -------
+    list of (str, zarr.Array)
+        ``(path, array)`` sorted by path; the path of a root array is ``""``.
+
+    Raises
+    ------
+    ArrayNotFoundError
+        Nothing Zarr can open at the root.
+    InvalidMetadataError
+        A metadata document is broken (named).
+    """
+    from zarr.core.sync import sync
+
+    def explain(path: str, exc: Exception) -> DaskZarrBatchesError:
+        # open_array diagnoses broken documents; anything else is "not found".
+        try:
+            _open_array(source, path or None, storage_options=storage_options or None)
+        except DaskZarrBatchesError as error:
+            if isinstance(error, ArrayNotFoundError) and not path:
+                return ArrayNotFoundError(f"no Zarr array or group at {source!r}")
+            return error
+        except Exception:  # pragma: no cover - open_array wraps what it expects
+            pass
+        if not path:  # the store itself: credentials, network, permissions, ...
+            return ArgumentValueError(f"cannot open {source!r}: {type(exc).__name__}: {exc}")
+        return InvalidMetadataError(
+            f"cannot open the array {path!r} in {source!r}: {type(exc).__name__}: {exc}"
+        )
+
+    try:
+        root = zarr.open(store=store, mode="r")
+    except Exception as exc:
+        raise explain("", exc) from exc
+    if isinstance(root, zarr.Array):
+        return [("", root)]
+
+    async def kinds(paths: list[str]) -> list[str | None]:
+        return list(await asyncio.gather(*(_node_kind(store, path) for path in paths)))
+
+    async def children(path: str) -> list[str]:
+        prefix = f"{path}/" if path else ""
+        names = [name async for name in store.list_dir(prefix)]
+        return sorted(f"{prefix}{name}" for name in names if name not in METADATA_KEYS)
+
+    found: list[tuple[str, zarr.Array]] = []
+    pending = [""]
+    while pending:
+        group = pending.pop()
+        paths = sync(children(group))
+        for path, kind in zip(paths, sync(kinds(paths)), strict=True):
+            if kind == "group":
+                pending.append(path)
+            elif kind == "array":
+                try:
+                    found.append((path, zarr.open_array(store=store, path=path, mode="r")))
+                except Exception as exc:
+                    raise explain(path, exc) from exc
+            elif kind == "broken":
+                raise explain(path, ValueError("unreadable metadata"))
+    return sorted(found, key=lambda item: item[0])
+
+
+async def _node_kind(store: zarr.abc.store.Store, path: str) -> str | None:
+    """``"array"``, ``"group"``, ``"broken"`` (a document Zarr cannot read) or None."""
+    from zarr.core.buffer import default_buffer_prototype
+
+    document = await store.get(f"{path}/zarr.json", prototype=default_buffer_prototype())
+    if document is not None:
+        try:
+            node_type = json.loads(document.to_bytes())["node_type"]
+        except Exception:
+            return "broken"
+        return node_type if node_type in ("array", "group") else "broken"
+    if await store.exists(f"{path}/.zarray"):
+        return "array"
+    if await store.exists(f"{path}/.zgroup"):
+        return "group"
+    return None
+
+
+def describe_array(array: zarr.Array, path: str, store: zarr.abc.store.Store) -> ArrayReport:
+    """Describe ``array`` (stored at ``path`` in ``store``) from its metadata and the listing.
+
+    Lists the store's keys under the array once, and asks each object's size.
+    """
+    from zarr.core.sync import sync
+
+    shape = tuple(int(n) for n in array.shape)
+    chunks = tuple(int(n) for n in array.chunks)
+    shards = None if array.shards is None else tuple(int(n) for n in array.shards)
+    per_shard = (
+        None if shards is None else math.prod(s // c for s, c in zip(shards, chunks, strict=True))
+    )
+    expected = _object_keys(array)
+    prefix = f"{path}/" if path else ""
+    try:
+        sizes = sync(_listing(store, prefix))
+    except OSError as exc:
+        raise ArgumentValueError(
+            f"cannot list the objects of {path or '/'!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    listed = {key[len(prefix) :] for key in sizes}
+    stored = [key for key in expected if key in listed]
+    missing = [key for key in expected if key not in listed]
+    return ArrayReport(
+        path=path,
+        zarr_format=int(array.metadata.zarr_format),
+        shape=shape,
+        dtype=str(np.dtype(array.dtype)),
+        chunks=chunks,
+        shards=shards,
+        chunks_per_shard=per_shard,
+        codecs=codec_names(array),
+        expected=len(expected),
+        stored=len(stored),
+        stored_bytes=sum(sizes.values()),
+        nbytes=int(array.nbytes),
+        missing=missing,
+    )
+
+
+async def _listing(store: zarr.abc.store.Store, prefix: str) -> dict[str, int]:
+    """``{key: size}`` of every object below ``prefix``."""
+    keys = [key async for key in store.list_prefix(prefix)]
+    limit = asyncio.Semaphore(SIZE_CONCURRENCY)
+
+    async def size(key: str) -> int:
+        async with limit:
+            return await store.getsize(key)
+
+    return dict(zip(keys, await asyncio.gather(*(size(key) for key in keys)), strict=True))
+
+
+def _object_grid(array: zarr.Array) -> tuple[int, ...]:
+    """Objects (shards, else chunks) along each axis."""
+    outer = array.shards if array.shards is not None else array.chunks
+    return tuple(math.ceil(n / c) for n, c in zip(array.shape, outer, strict=True))
+
+
+def _object_coords(array: zarr.Array) -> Iterable[tuple[int, ...]]:
+    return itertools.product(*(range(n) for n in _object_grid(array)))
+
+
+def _object_keys(array: zarr.Array) -> dict[str, tuple[int, ...]]:
+    """``{key relative to the array: grid coordinates}`` of every expected object."""
+    encode = array.metadata.encode_chunk_key
+    return {encode(coords): coords for coords in _object_coords(array)}
+
+
+def _object_region(array: zarr.Array, coords: Sequence[int]) -> tuple[slice, ...]:
+    outer = array.shards if array.shards is not None else array.chunks
+    return tuple(
+        slice(i * c, min((i + 1) * c, n))
+        for i, c, n in zip(coords, outer, array.shape, strict=True)
+    )
+
+
+def codec_names(array: zarr.Array) -> list[str]:
+    """Names of the codecs a chunk goes through, in encoding order.
+
+    Format 3: filters, serializer, compressors (for a sharded array, those of
+    its inner chunks: Zarr reports them so).  Format 2: filters, compressor.
+    """
+    codecs = [*array.filters]
+    if array.serializer is not None:
+        codecs.append(array.serializer)
+    codecs += array.compressors
+    return [_codec_name(codec) for codec in codecs]
+
+
+def _codec_name(codec: Any) -> str:
+    codec_id = getattr(codec, "codec_id", None)  # numcodecs (format 2)
+    if isinstance(codec_id, str):
+        return codec_id
+    try:
+        name = codec.to_dict()["name"]
+    except Exception:
+        return type(codec).__name__
+    return str(name)
+
+
+def check_arrays(
+    arrays: Sequence[tuple[str, zarr.Array]],
+    reports: Sequence[ArrayReport],
+    progress: Callable[..., Any] | None = None,
+    threads: int = CHECK_THREADS,
+    block_bytes: int = CHECK_BYTES,
+) -> None:
+    """Read every stored chunk (or shard) of each array; record those that raise.
+
+    Objects are read a block at a time: the region of a rectangle of
+    neighbouring objects of about ``block_bytes`` decoded bytes (at most
+    ``CHECK_OBJECTS`` objects), in one ``array[region]`` call, so Zarr
+    decodes them concurrently and the overhead of a call (about a millisecond)
+    is paid per block, not per object.  Only when a block's read
+    raises is each of its stored objects read alone, to name the ones that
+    fail.  Missing objects inside a block read as the fill value and raise
+    nothing.  ``threads`` blocks are read at once.
+
+    Fills ``report.corrupt`` (sorted by key) and sets ``report.checked``.
+    """
+    jobs = []
+    for (_, array), report in zip(arrays, reports, strict=True):
+        missing = set(report.missing)
+        for region, objects in _object_blocks(array, block_bytes):
+            stored = [(key, coords) for key, coords in objects if key not in missing]
+            if stored:
+                jobs.append((report, array, region, stored))
+        report.checked = True
+
+    def read(array: zarr.Array, region: tuple[slice, ...]) -> str | None:
+        try:
+            array[region]
+        except Exception as exc:
+            return _one_line(f"{type(exc).__name__}: {exc}")
+        return None
+
+    def check(
+        report: ArrayReport,
+        array: zarr.Array,
+        region: tuple[slice, ...],
+        stored: list[tuple[str, tuple[int, ...]]],
+    ) -> int:
+        if read(array, region) is not None:  # find the objects that fail
+            for key, coords in stored:
+                error = read(array, _object_region(array, coords))
+                if error is not None:
+                    report.corrupt.append((key, error))  # list.append is atomic
+        return len(stored)
+
+    total = sum(len(stored) for *_, stored in jobs)
+    with (
+        _bar(progress, total=total, desc="checking", unit="chunk") as bar,
+        ThreadPoolExecutor(max_workers=max(1, threads)) as pool,
+    ):
+        # Two blocks per thread in flight: memory stays bounded, whatever the store.
+        pending: set[Future[int]] = set()
+        for job in jobs:
+            pending.add(pool.submit(check, *job))
+            if len(pending) >= 2 * threads:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    bar.update(future.result())
+        for future in as_completed(pending):
+            bar.update(future.result())
+    for report in reports:
+        report.corrupt.sort()
+
+
+def _object_blocks(
+    array: zarr.Array, block_bytes: int
+) -> Iterator[tuple[tuple[slice, ...], list[tuple[str, tuple[int, ...]]]]]:
+    """Rectangles of neighbouring objects of about ``block_bytes``: (region, [(key, coords)]).
+
+    The rectangle spans whole trailing axes of the object grid while it fits
+    (C order), so a region is contiguous in the grid and, for the common
+    layout chunked along axis 0 only, a run of consecutive chunks.
+    """
+    grid = _object_grid(array)
+    outer = array.shards if array.shards is not None else array.chunks
+    object_bytes = math.prod(outer) * max(1, np.dtype(array.dtype).itemsize)
+    room = max(1, min(CHECK_OBJECTS, block_bytes // max(1, object_bytes)))
+    block: list[int] = []
+    for size in reversed(grid):
+        take = max(1, min(size, room))
+        block.insert(0, take)
+        room = room // take if take == size else 1
+    encode = array.metadata.encode_chunk_key
+    for first in itertools.product(*(range(0, g, b) for g, b in zip(grid, block, strict=True))):
+        ranges = [range(f, min(f + b, g)) for f, b, g in zip(first, block, grid, strict=True)]
+        region = tuple(
+            slice(r.start * o, min(r.stop * o, n))
+            for r, o, n in zip(ranges, outer, array.shape, strict=True)
+        )
+        yield region, [(encode(coords), coords) for coords in itertools.product(*ranges)]
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for people: ``512 B``, ``1.5 KiB``, ``24.4 MiB``."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1000 or unit == "TiB":  # 0.98 MiB rather than 1001.6 KiB
+            break
+    return f"{value:.2f} {unit}" if value < 1 else f"{value:.1f} {unit}"
+
+
+def _shape(values: Sequence[int]) -> str:
+    return "(" + ", ".join(str(v) for v in values) + ("," if len(values) == 1 else "") + ")"
+
+
+def format_table(reports: Sequence[ArrayReport]) -> str:
+    """The arrays as an aligned text table, with a total line for several arrays."""
+    header = [
+        "path",
+        "zarr",
+        "shape",
+        "dtype",
+        "chunks",
+        "shards",
+        "codecs",
+        "stored/expected",
+        "stored",
+        "decoded",
+    ]
+    rows = [
+        [
+            report.label,
+            f"v{report.zarr_format}",
+            _shape(report.shape),
+            report.dtype,
+            _shape(report.chunks),
+            "-"
+            if report.shards is None
+            else f"{_shape(report.shards)}: {report.chunks_per_shard} chunks",
+            ", ".join(report.codecs) or "-",
+            f"{report.stored}/{report.expected} {report.unit}s",
+            format_bytes(report.stored_bytes),
+            format_bytes(report.nbytes),
+        ]
+        for report in reports
+    ]
+    if len(reports) > 1:
+        stored = sum(report.stored_bytes for report in reports)
+        decoded = sum(report.nbytes for report in reports)
+        total = ["total", *[""] * 7, format_bytes(stored), format_bytes(decoded)]
+        rows.append(total)
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    right = {8, 9}  # numbers align right
+    lines = [
+        "  ".join(
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def format_check(reports: Sequence[ArrayReport]) -> str:
+    """What ``--check`` found: one line per missing or corrupt object, then a verdict."""
+    lines = []
+    for report in reports:
+        lines += [f"missing  {report.label}  {report.unit} {key}" for key in report.missing]
+        lines += [
+            f"corrupt  {report.label}  {report.unit} {key}: {error}"
+            for key, error in report.corrupt
+        ]
+    chunks = sum(report.stored for report in reports if report.shards is None)
+    shards = sum(report.stored for report in reports if report.shards is not None)
+    missing = sum(len(report.missing) for report in reports)
+    corrupt = sum(len(report.corrupt) for report in reports)
+    read = [_count(chunks, "chunk")] + ([_count(shards, "shard")] if shards else [])
+    scope = f"{' and '.join(read)} of {_count(len(reports), 'array')}"
+    if not missing and not corrupt:
+        lines.append(f"check: read {scope}: all decode, none missing")
+    else:
+        lines.append(f"check: read {scope}: {missing} missing, {corrupt} corrupt")
+    if missing:
+        lines.append(
+            "note: Zarr skips writing chunks that hold only the fill value unless the array "
+            "was written with write_empty_chunks=True; such chunks read as the fill value"
+        )
+    return "\n".join(lines)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _bar(progress: Callable[..., Any] | None, **kwargs: Any) -> Any:
+    """A progress bar from ``progress``, or a disabled ``tqdm`` bar without one."""
+    return tqdm(disable=True) if progress is None else progress(**kwargs)
