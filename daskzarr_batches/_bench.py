@@ -95,6 +95,9 @@ class BenchSettings:
     epochs: int = 1
     client: Any = None
     timeout: float | None = None
+    missing: str = "warn"
+    on_error: str = "raise"
+    retries: int = 3
 
     @property
     def shuffle(self) -> str:
@@ -110,7 +113,13 @@ class BenchSettings:
 
     def make_stream(self, features: Any, labels: Any, epoch: int) -> BatchStream:
         """A new stream over ``features`` (and ``labels``, if not None) for ``epoch``."""
-        common: dict[str, Any] = {"client": self.client, "timeout": self.timeout}
+        common: dict[str, Any] = {
+            "client": self.client,
+            "timeout": self.timeout,
+            "missing": self.missing,
+            "on_error": self.on_error,
+            "retries": self.retries,
+        }
         if self.shuffle == "none":
             if labels is None:
                 return batch_stream(features, self.batch_size, **common)

@@ -259,6 +259,25 @@ def _add_bench_parser(commands: Any) -> None:
         "--seed", type=int, help="seed of a shuffle (default 0, so runs repeat the same order)"
     )
     stream.add_argument("--epochs", type=_positive_int, default=1, help="epochs to run (default 1)")
+    policy = bench.add_argument_group("read policy")
+    policy.add_argument(
+        "--missing",
+        choices=["warn", "fill", "error"],
+        default="warn",
+        help="chunks absent from the store: fill and warn once (default), fill, or fail",
+    )
+    policy.add_argument(
+        "--on-error",
+        choices=["raise", "skip"],
+        default="raise",
+        help="chunks that do not decode: fail (default) or skip their samples",
+    )
+    policy.add_argument(
+        "--retries",
+        type=int,
+        default=3,
+        help="retries of a read after a transient fault (default 3)",
+    )
     bench.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_cluster_options(bench)
     _add_store_options(bench)
@@ -362,6 +381,9 @@ def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             epochs=args.epochs,
             client=client,
             timeout=None if client is None else WINDOW_TIMEOUT,
+            missing=args.missing,
+            on_error=args.on_error,
+            retries=args.retries,
         )
         run_bench(
             out,

@@ -80,7 +80,11 @@ def open_array(
         ``source`` is not something Zarr can open, or ``path`` is not a str.
     ArgumentValueError
         ``path`` has a ``..`` or ``.`` segment (a Zarr path only goes down),
-        or a ``.zip`` path is not a zip file.
+        or a ``.zip`` path is not a zip file; a URL whose filesystem package
+        is not installed (the message says which extra to install, e.g.
+        ``pip install 'daskzarr-batches[s3]'``); a store that cannot be
+        reached or refuses the credentials (the message names the source,
+        the original error is the ``__cause__``).
     """
     array = _open_zarr(source, path, storage_options)
     return da.from_zarr(array)
@@ -112,6 +116,9 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
     try:
         node = zarr.open(store=source, **kwargs)
     except Exception as exc:
+        # A missing filesystem package, an unreachable store or refused credentials:
+        # looking at the documents would only repeat the failing request.
+        _raise_if_unreadable(exc, repr(named), _url_protocol(named))
         # Zarr reports a broken metadata document as anything from "not found"
         # to a JSONDecodeError: look at the documents before believing it.
         root = _root_store_path(source, storage_options)
@@ -132,6 +139,72 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
             )
         return node
     return _array_in_group(node, path, where=repr(named))
+
+
+# The extra of this package that installs the filesystem of a URL protocol.
+_PROTOCOL_EXTRAS = {"s3": "s3", "s3a": "s3"}
+# Packages whose exceptions say a remote store could not be reached or refused the
+# request (botocore's are not OSErrors).
+_NETWORK_PACKAGES = frozenset({"aiobotocore", "aiohttp", "botocore", "s3fs", "urllib3"})
+
+
+def _raise_if_unreadable(error: BaseException, where: str, protocol: str | None) -> None:
+    """Library errors for a store that cannot be read at all, naming it (``where``).
+
+    ``protocol`` is the URL protocol of a remote store (None for a local one).
+    A URL whose fsspec filesystem is not installed (fsspec raises a bare
+    ImportError), and a store that is unreachable or refuses the credentials
+    (PermissionError, timeouts, botocore's connection errors, ...) raise
+    :class:`ArgumentValueError`, with the original error as ``__cause__``;
+    anything else is left to the caller.
+    """
+    if protocol is not None and isinstance(error, ImportError):
+        extra = _PROTOCOL_EXTRAS.get(protocol)
+        hint = (
+            f"install it with pip install 'daskzarr-batches[{extra}]'"
+            if extra is not None
+            else "install the fsspec filesystem package for it"
+        )
+        raise ArgumentValueError(
+            f"cannot open {where}: {protocol}:// URLs need a package that is not installed "
+            f"({error}); {hint}"
+        ) from error
+    if not _is_access_failure(error, remote=protocol is not None):
+        return
+    raise ArgumentValueError(
+        f"cannot read {where}: {type(error).__name__}: {error}; check the credentials and "
+        "endpoint in storage_options and that this machine can reach the store"
+    ) from error
+
+
+def _url_protocol(source: Any) -> str | None:
+    """The protocol of an fsspec URL such as ``s3://bucket/data.zarr``, or None."""
+    if isinstance(source, str) and "://" in source:
+        return source.split("://", 1)[0].lower()
+    return None
+
+
+def _is_remote(group: zarr.Group) -> bool:
+    """Whether ``group`` lives in an fsspec (remote) store."""
+    return isinstance(group.store_path.store, zarr.storage.FsspecStore)
+
+
+def _is_access_failure(error: BaseException, *, remote: bool) -> bool:
+    """Whether ``error`` says the store could not be reached or refused access.
+
+    "Not found" is not one of them (it becomes ArrayNotFoundError).  For a URL
+    any other OSError counts (s3fs turns an unexpected S3 error into
+    ``OSError(EIO)``); for a local store only permissions, connections and
+    timeouts do, so that local errors keep their meaning.
+    """
+    if isinstance(error, FileNotFoundError):
+        return False
+    if isinstance(error, PermissionError | ConnectionError | TimeoutError):
+        return True
+    if remote and isinstance(error, OSError):
+        return True
+    packages = {cls.__module__.split(".")[0] for cls in type(error).__mro__}
+    return bool(packages & _NETWORK_PACKAGES)
 
 
 def _check_path(path: object) -> None:
@@ -178,6 +251,8 @@ def _array_in_group(group: zarr.Group, path: str | None, where: str) -> zarr.Arr
     # Nothing usable: a broken document on the way explains it better than "not found".
     parts = inner.split("/") if inner else []
     on_the_way = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]
+    if error is not None:  # e.g. the connection failed between two requests
+        _raise_if_unreadable(error, where, "remote" if _is_remote(group) else None)
     _raise_if_invalid_metadata(group.store_path, on_the_way, where, error)
     if error is not None and not isinstance(error, KeyError):
         raise error

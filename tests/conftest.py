@@ -34,3 +34,43 @@ def client(cluster: Any) -> Iterator[Any]:
 # by default): otherwise the read policy's default missing="warn" would warn about chunks of
 # zeros the tests never meant to leave out.  Tests of missing chunks delete keys themselves.
 zarr.config.set({"array.write_empty_chunks": True})
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[Any]:
+    """moto's S3 on 127.0.0.1 (a free port) for the module, stopped at its end.
+
+    Reach it with ``s3_server.storage_options()`` (fake credentials, its
+    endpoint, a region and fail-fast timeouts; no ``AWS_*`` environment
+    needed); ``s3_server.new_bucket()`` makes a bucket of one's own.  While it
+    runs, a connection or name lookup for anything but loopback fails and fails
+    the module (``loopback_only`` of tests/s3_server.py, asserted at teardown): no test
+    talks to AWS or to the EC2 metadata service.
+    """
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")  # moto[server]: flask and werkzeug
+    from s3_server import S3Server, loopback_only
+
+    with loopback_only() as outside:
+        server = S3Server().start()
+        try:
+            yield server
+        finally:
+            server.stop()
+    assert outside == [], f"tests tried to reach beyond loopback: {outside}"
+
+
+@pytest.fixture
+def s3_server_to_stop(s3_server: Any) -> Iterator[Any]:
+    """A second moto server of one's own, for a test that stops it (stopped at the end).
+
+    Needs ``s3_server`` for the loopback guard; moto's buckets are process-wide,
+    so make a bucket with ``new_bucket()`` on this one.
+    """
+    from s3_server import S3Server
+
+    server = S3Server().start()
+    try:
+        yield server
+    finally:
+        server.stop()

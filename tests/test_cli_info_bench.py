@@ -329,21 +329,21 @@ def test_bench_exact_shuffle_reports_the_planned_read_amplification(
     )
 
 
-def test_bench_reads_the_new_counters_when_stats_have_them(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_bench_counts_missing_and_skipped_chunks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Another change adds these fields to StreamStats; bench reads them with getattr.
-    monkeypatch.setattr(dzb.StreamStats, "retries", 2, raising=False)
-    monkeypatch.setattr(dzb.StreamStats, "chunks_missing", 1, raising=False)
-    monkeypatch.setattr(dzb.StreamStats, "skipped", [(3, "c/3/0")], raising=False)
-    assert main(["bench", "--batch-size", "500", "--epochs", "2", "--json", *SMALL]) == 0
+    store = make_training_store(tmp_path / "t.zarr", n=400)  # 4 chunks of features
+    keys = sorted(p for p in (store / "features" / "c").rglob("*") if p.is_file())
+    keys[0].unlink()  # one chunk missing
+    keys[1].write_bytes(b"garbage")  # one chunk that does not decode
+    argv = ["bench", str(store), "--array", "features", "--batch-size", "8", "--json"]
+    with pytest.warns(dzb.SkippedChunksWarning):
+        assert main([*argv, "--missing", "fill", "--on-error", "skip"]) == 0
     total = json.loads(capsys.readouterr().out)["total"]
-    assert (total["retries"], total["chunks_missing"]) == (4, 2)
-    assert total["skipped"] == [[3, "c/3/0"], [3, "c/3/0"]]
-    assert main(["bench", "--batch-size", "500", *SMALL]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        "counters: retries=2 chunks_missing=1 skipped=1 (3, 'c/3/0')"
-    )
+    assert total["chunks_missing"] == 1 and len(total["skipped"]) == 1
+    assert total["retries"] == 0
+    assert main([*argv, "--missing", "error"]) == 2
+    assert "is missing from the store" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
