@@ -304,3 +304,26 @@ def test_random_faults_give_the_reference_or_a_library_error(
     except dzb.DaskZarrBatchesError:
         return
     np.testing.assert_array_equal(got, reference)
+
+
+def test_a_failed_checksum_is_a_corrupt_chunk(tmp_path: Path) -> None:
+    from zarr.codecs import BytesCodec, Crc32cCodec
+
+    x = zarr.create_array(
+        tmp_path / "x.zarr",
+        shape=(ROWS, COLS),
+        chunks=(CHUNK, COLS),
+        dtype="f4",
+        serializer=BytesCodec(),
+        compressors=[Crc32cCodec()],
+    )
+    x[:] = np.ones((ROWS, COLS), dtype="f4")
+    path = chunk_file(tmp_path, 2)
+    raw = bytearray(path.read_bytes())
+    raw[0] ^= 0xFF  # one flipped bit pattern in the data: the stored checksum no longer matches
+    path.write_bytes(bytes(raw))
+    with pytest.raises(dzb.CorruptChunkError, match=r"samples 20:30, key 'c/2/0'"):
+        list(dzb.batch_stream(x, 8))
+    with pytest.warns(dzb.SkippedChunksWarning):
+        got = np.concatenate(list(dzb.batch_stream(x, 8, on_error="skip")))
+    assert len(got) == ROWS - CHUNK and np.all(got == 1)  # nothing replaced by garbage
