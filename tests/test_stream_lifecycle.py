@@ -174,3 +174,15 @@ def test_a_failed_read_cancels_the_other_reads_of_its_window() -> None:
     assert store.state["now"] == 0, "reads of the failed window were left running"
     assert store.state["cancelled"] > 0
     assert time.perf_counter() - started < 2.5  # nobody waited for the slow first reads
+
+
+def test_unaligned_results_are_copied_to_aligned_memory() -> None:
+    from daskzarr_batches._streams import _aligned
+
+    raw = np.frombuffer(bytearray(4 * 12 + 1), dtype="f4", offset=1, count=12).reshape(6, 2)
+    assert not raw.flags.aligned  # as a worker's result can arrive
+    fixed = _aligned(raw)
+    assert fixed.flags.aligned and fixed.dtype == raw.dtype
+    np.testing.assert_array_equal(fixed, raw)
+    aligned = np.zeros((6, 2), dtype="f4")
+    assert _aligned(aligned) is aligned and _aligned("not an array") == "not an array"
