@@ -102,10 +102,21 @@ def read_rows(
 
 
 def chunk_error(
-    array: Any, name: str, what: str, piece: ChunkPiece | None, ledger: Ledger, exc: Exception
+    array: Any,
+    name: str,
+    what: str,
+    piece: ChunkPiece | None,
+    ledger: Ledger,
+    exc: Exception,
+    keys: list[str] | None = None,
 ) -> ChunkReadError:
-    """The library error for a chunk whose read raised ``exc``."""
-    keys = storage_keys(array, piece.start, piece.stop) if piece is not None else []
+    """The library error for a chunk whose read raised ``exc``.
+
+    ``keys``: the chunk's store keys, if known (default: every key of its
+    axis-0 chunk row).
+    """
+    if keys is None:
+        keys = storage_keys(array, piece.start, piece.stop) if piece is not None else []
     where = what
     if piece is not None:
         shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
@@ -359,7 +370,9 @@ def read_block(
     except (MissingChunkError, ReadCancelledError):
         raise
     except Exception as exc:
-        error = chunk_error(view, name, f"chunk {block}", piece, ledger, exc)
+        error = chunk_error(
+            view, name, f"chunk {block}", piece, ledger, exc, _block_keys(view, block)
+        )
         if not isinstance(error, CorruptChunkError) or policy.on_error != "skip":
             raise error from exc
         result, skipped = None, ((block[0], piece.start, piece.stop),)
@@ -370,6 +383,14 @@ def read_block(
         retries=ledger.retries,
         skipped=skipped,
     )
+
+
+def _block_keys(array: Any, block: tuple[int, ...]) -> list[str] | None:
+    """The store key of a block of an unsharded Zarr array (``None``: not known)."""
+    if not isinstance(array, zarr.Array) or array.shards is not None:
+        return None
+    prefix = f"{array.path}/" if array.path else ""
+    return [prefix + array.metadata.encode_chunk_key(block)]
 
 
 def apply_transform(transform: Callable[[np.ndarray], Any], read: tuple[Any, ReadReport]) -> Any:

@@ -327,3 +327,13 @@ def test_a_failed_checksum_is_a_corrupt_chunk(tmp_path: Path) -> None:
     with pytest.warns(dzb.SkippedChunksWarning):
         got = np.concatenate(list(dzb.batch_stream(x, 8, on_error="skip")))
     assert len(got) == ROWS - CHUNK and np.all(got == 1)  # nothing replaced by garbage
+
+
+def test_a_corrupt_block_of_a_2d_chunked_array_names_its_own_key(tmp_path: Path) -> None:
+    x = zarr.create_array(tmp_path / "x.zarr", shape=(20, 4), chunks=(10, 2), dtype="f4")
+    x[:] = 1
+    (tmp_path / "x.zarr" / "c" / "1" / "1").write_bytes(b"garbage")
+    with pytest.raises(
+        dzb.CorruptChunkError, match=r"chunk \(1, 1\) \(samples 10:20, key 'c/1/1'\)"
+    ):
+        list(dzb.chunk_stream(x))
