@@ -599,7 +599,9 @@ class Stream(Generic[T]):
     released right away.
     """
 
-    def __init__(self, length: int, runner: Runner, timeout: float | None) -> None:
+    def __init__(
+        self, length: int, runner: Runner, timeout: float | None, missing: str = "warn"
+    ) -> None:
         self.stats = StreamStats()
         self._length = length
         self._runner = runner
@@ -608,6 +610,7 @@ class Stream(Generic[T]):
         self._items: Iterator[T] | None = None
         self._closed = False
         self._lock = threading.Lock()
+        self._missing = missing
         self._first_missing: str | None = None
         self._warned = False
 
@@ -672,7 +675,7 @@ class Stream(Generic[T]):
 
     def _warn_missing(self) -> None:
         """One warning per stream for chunks read as the fill value (``missing="warn"``)."""
-        if self._first_missing is None or self._warned or self._missing_mode != "warn":
+        if self._first_missing is None or self._warned or self._missing != "warn":
             return
         self._warned = True
         warnings.warn(
@@ -683,10 +686,6 @@ class Stream(Generic[T]):
             ),
             stacklevel=4,
         )
-
-    @property
-    def _missing_mode(self) -> str:
-        raise NotImplementedError
 
     def __enter__(self) -> Self:
         return self
@@ -772,7 +771,7 @@ class BatchStream(Stream[Any]):
         runner = make_runner(
             spec.client, in_flight=spec.prefetch + 1, read_workers=read_threads(spec.sources)
         )
-        super().__init__(self.plan.n_batches, runner, spec.timeout)
+        super().__init__(self.plan.n_batches, runner, spec.timeout, spec.missing)
 
     @property
     def seed(self) -> int | None:
@@ -856,10 +855,6 @@ class BatchStream(Stream[Any]):
             f"window {window.index} (batches {batches.start}..{batches.stop - 1}, "
             f"axis-0 chunks {chunks if self.spec.paired else chunks[0]} of {names})"
         )
-
-    @property
-    def _missing_mode(self) -> str:
-        return self.spec.missing
 
     def _count_reads(self, window: Window, reports: Sequence[ReadReport]) -> None:
         stats = self.stats
@@ -961,7 +956,7 @@ class ChunkStream(Stream[Any]):
         self.policy = policy
         self._blocks = list(source.blocks())
         runner = make_runner(client, in_flight=concurrency)
-        super().__init__(len(self._blocks), runner, timeout)
+        super().__init__(len(self._blocks), runner, timeout, policy.missing)
         self._concurrency = concurrency
         self._ordered = ordered
         self._with_index = with_index
@@ -1033,10 +1028,6 @@ class ChunkStream(Stream[Any]):
         done = self._runner.wait(futures, self._timeout)
         self.stats.wait_seconds += time.perf_counter() - started
         return [f for f in futures if f in done]  # block order; empty if timed out
-
-    @property
-    def _missing_mode(self) -> str:
-        return self.policy.missing
 
     def _skip(self, block: tuple[int, ...]) -> None:
         slices = self.source.block_slices(block)
