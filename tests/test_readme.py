@@ -1,6 +1,6 @@
-"""The README and docs/api.md stay true: their commands, their snippets and their API lists.
+"""README.md, docs/api.md and docs/cluster.md stay true: commands, snippets, API lists.
 
-Snippets: every ```python block of README.md and docs/api.md runs, in the order of the file,
+Snippets: every ```python block of those files runs, in the order of the file,
 each in a fresh namespace named ``__main__`` (so a block is complete on its own, as a reader
 copies it, and an ``if __name__ == "__main__":`` guard runs its body).  A ```text block
 that directly follows a ```python block is that block's exact output.  A block that cannot
@@ -28,7 +28,8 @@ import daskzarr_batches as dzb
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 API_MD = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
-DOCS = {"README.md": README, "docs/api.md": API_MD}
+CLUSTER_MD = (ROOT / "docs" / "cluster.md").read_text(encoding="utf-8")
+DOCS = {"README.md": README, "docs/api.md": API_MD, "docs/cluster.md": CLUSTER_MD}
 
 #: What a ```python no-run block must contain: something no test machine can reach.
 NEEDS_THE_OUTSIDE = re.compile(r"tcp://|s3://|gs://|SLURMCluster\(|KubeCluster\(")
