@@ -31,6 +31,7 @@ from ._errors import (
     WindowError,
     WindowTimeoutError,
 )
+from ._loader import Loader
 from ._mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from ._plan import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
 from ._sources import open_array
@@ -68,6 +69,7 @@ __all__ = [
     "EpochPlan",
     "InvalidMetadataError",
     "LengthMismatchError",
+    "Loader",
     "MissingChunkError",
     "MissingChunksWarning",
     "Moments",

@@ -25,9 +25,13 @@ __all__ = [
     "Batcher",
     "batches_completed",
     "batches_touching",
+    "complement",
     "count_batches",
     "join_rows",
+    "positions_between",
     "samples_used",
+    "share",
+    "skip",
 ]
 
 Batch = tuple[np.ndarray, ...]
@@ -118,9 +122,10 @@ class Batcher:
             same length.
         order : ndarray, optional
             Row ``order[i]`` of ``outputs`` is the window's ``i``-th sample in
-            plan order (``Window.gather_index()``); ``None``: already in order.
+            plan order (``Window.gather_index()``, or a part of it: only the
+            rows it names are cut); ``None``: every row, already in order.
         """
-        size = len(outputs[0])
+        size = len(outputs[0]) if order is None else len(order)
         position = 0
         if self._carry:
             position = min(self.batch_size - self._carried, size)
@@ -158,3 +163,60 @@ def _rows(outputs: Batch, order: npt.NDArray[np.int64] | None, start: int, stop:
     where = order[start:stop]
     # np.take copies whole rows of a 2-d+ array faster than fancy indexing
     return tuple(np.take(part, where, axis=0) if part.ndim > 1 else part[where] for part in outputs)
+
+
+Ranges = list[tuple[int, int]]
+
+
+def share(ranges: Ranges, rank: int, world_size: int, even: bool) -> Ranges:
+    """Rank ``rank``'s equal, contiguous share of the epoch positions in ``ranges``.
+
+    The positions of ``ranges`` (in order) are cut into ``world_size``
+    consecutive shares of ``m`` positions each: ``ceil(total / world_size)``
+    with ``even=True`` (the last shares wrap around to the first positions,
+    repeating samples so every rank has as many), ``total // world_size``
+    with ``even=False`` (the tail is dropped).  Consecutive positions keep
+    each rank on its own chunks.
+    """
+    total = sum(stop - start for start, stop in ranges)
+    if total == 0:
+        return []
+    per_rank = -(-total // world_size) if even else total // world_size
+    return positions_between(ranges, rank * per_rank, (rank + 1) * per_rank)
+
+
+def positions_between(ranges: Ranges, first: int, end: int) -> Ranges:
+    """Positions ``first:end`` of the concatenation of ``ranges``, wrapping around."""
+    total = sum(stop - start for start, stop in ranges)
+    out: Ranges = []
+    at = first
+    while at < end and total:
+        offset = at % total
+        for start, stop in ranges:
+            length = stop - start
+            if offset < length:
+                take = min(length - offset, end - at)
+                out.append((start + offset, start + offset + take))
+                at += take
+                break
+            offset -= length
+    return out
+
+
+def skip(ranges: Ranges, count: int) -> Ranges:
+    """``ranges`` without their first ``count`` positions."""
+    total = sum(stop - start for start, stop in ranges)
+    return positions_between(ranges, count, total) if count < total else []
+
+
+def complement(ranges: Ranges, n: int) -> Ranges:
+    """The positions of ``[0, n)`` in none of ``ranges``, in order."""
+    out: Ranges = []
+    at = 0
+    for start, stop in sorted(ranges):
+        if start > at:
+            out.append((at, start))
+        at = max(at, stop)
+    if at < n:
+        out.append((at, n))
+    return out

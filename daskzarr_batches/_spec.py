@@ -127,7 +127,7 @@ class StreamSpec:
     ----------
     sources : tuple
         The arrays (``zarr.Array``, ``dask.array.Array``, ``numpy.ndarray``),
-        all with the same length along axis 0.  Stored as sources.
+        one or more, all with the same length along axis 0.  Stored as sources.
     batch_size : int
         Samples per batch (>= 1).
     shuffle : {"none", "buffer", "exact"}, default "none"
@@ -198,11 +198,9 @@ class StreamSpec:
             object.__setattr__(self, name, value)
 
         arrays = tuple(self.sources) if isinstance(self.sources, tuple | list) else ()
-        if not 1 <= len(arrays) <= 2:
-            raise ArgumentTypeError(
-                f"sources must be a tuple of one or two arrays, got {self.sources!r}"
-            )
-        roles = self.roles or (("array",) if len(arrays) == 1 else ("features", "labels"))
+        if not arrays:
+            raise ArgumentTypeError(f"sources must be a tuple of arrays, got {self.sources!r}")
+        roles = self.roles or _default_roles(len(arrays))
         if len(roles) != len(arrays):
             raise ArgumentValueError(f"roles {roles!r} do not match {len(arrays)} arrays")
         sources = tuple(as_source(a, r) for a, r in zip(arrays, roles, strict=True))
@@ -297,6 +295,14 @@ class StreamSpec:
     def with_epoch(self, epoch: int) -> StreamSpec:
         """The same spec for another epoch (same seed: a new order)."""
         return dataclasses.replace(self, epoch=epoch)
+
+
+def _default_roles(count: int) -> tuple[str, ...]:
+    if count == 1:
+        return ("array",)
+    if count == 2:
+        return ("features", "labels")
+    return tuple(f"array {i}" for i in range(count))
 
 
 def _check_lengths(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:

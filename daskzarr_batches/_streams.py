@@ -28,7 +28,7 @@ from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 
-from ._batching import Batcher
+from ._batching import Batcher, Ranges
 from ._batching import count_batches as _count
 from ._errors import (
     ChunkReadError,
@@ -764,14 +764,26 @@ class BatchStream(Stream[Any]):
     stats : StreamStats
     """
 
-    def __init__(self, spec: StreamSpec) -> None:
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        positions: Ranges | None = None,
+        drop_remainder: bool | None = None,
+    ) -> None:
         self.spec = spec
         self.plan = spec.plan()
         assert spec.prefetch is not None  # resolved by the spec
+        #: epoch positions this stream yields, in order (a rank's share, the rest of an epoch)
+        self.positions: Ranges = (
+            [(0, self.plan.n_used)] if positions is None else [r for r in positions if r[1] > r[0]]
+        )
+        self._drop = spec.drop_remainder if drop_remainder is None else drop_remainder
         runner = make_runner(
             spec.client, in_flight=spec.prefetch + 1, read_workers=read_threads(spec.sources)
         )
-        super().__init__(self.plan.n_batches, runner, spec.timeout, spec.missing)
+        length = _count(sum(b - a for a, b in self.positions), spec.batch_size, self._drop)
+        super().__init__(length, runner, spec.timeout, spec.missing)
 
     @property
     def seed(self) -> int | None:
@@ -781,21 +793,21 @@ class BatchStream(Stream[Any]):
     def _produce(self) -> Iterator[Any]:
         spec = self.spec
         assert spec.prefetch is not None
-        windows = self.plan.windows()
-        in_flight: deque[tuple[Window, Any]] = deque()
-        batcher = Batcher(spec.batch_size, drop_remainder=spec.drop_remainder)
+        windows = self._windows()
+        in_flight: deque[tuple[Window, int, int, Any]] = deque()
+        batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
         sources: list[Source] = []
         deliver = _Delivery(self.stats, spec.paired)
         policy = spec.policy
 
         def top_up(limit: int) -> None:
             while len(in_flight) < limit:
-                window = next(windows, None)
+                window, lo, hi = next(windows, (None, 0, 0))
                 if window is None:
                     return
                 dsk, key = window_graph(sources, window, self._token, policy, self._runner.scope)
                 future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
-                in_flight.append((window, future))
+                in_flight.append((window, lo, hi, future))
 
         try:
             sources = self._place(spec.sources)
@@ -803,7 +815,7 @@ class BatchStream(Stream[Any]):
                 top_up(spec.prefetch + 1)
                 if not in_flight:
                     break
-                window, future = in_flight[0]  # stays in flight (released) if this fails
+                window, lo, hi, future = in_flight[0]  # stays in flight (released) if this fails
                 results = self._wait(future, lambda w=window: self._where(w))
                 in_flight.popleft()
                 self._runner.release(future)  # a distributed result leaves the worker now
@@ -815,7 +827,11 @@ class BatchStream(Stream[Any]):
                 top_up(spec.prefetch)
                 order = window.gather_index()
                 if any(report.skipped for report in reports):
-                    outputs, order = self._skip(window, outputs, order, reports)
+                    outputs, order = self._skip(window, outputs, order, reports, lo, hi)
+                elif order is not None:
+                    order = order[lo:hi]
+                elif (lo, hi) != (0, window.size):
+                    outputs = tuple(rows[lo:hi] for rows in outputs)
                 for batch in batcher.feed(outputs, order):
                     yield deliver(batch)
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
@@ -823,9 +839,19 @@ class BatchStream(Stream[Any]):
             if rest is not None:
                 yield deliver(rest)
         finally:
-            for _, future in in_flight:
+            for *_, future in in_flight:
                 self._runner.release(future)
             in_flight.clear()
+
+    def _windows(self) -> Iterator[tuple[Window, int, int]]:
+        """The windows holding this stream's positions, with the part of each it yields."""
+        for first, end in self.positions:
+            for window in self.plan.windows():
+                start = window.position
+                if start >= end:
+                    break
+                if start + window.size > first:
+                    yield window, max(first - start, 0), min(end - start, window.size)
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.
@@ -872,6 +898,8 @@ class BatchStream(Stream[Any]):
         outputs: tuple[np.ndarray, ...],
         order: np.ndarray | None,
         reports: Sequence[ReadReport],
+        lo: int,
+        hi: int,
     ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
         """Leave out the samples of undecodable chunks, from every array.
 
@@ -890,7 +918,7 @@ class BatchStream(Stream[Any]):
         kept = []
         for rows, dropped in zip(outputs, dropped_by, strict=True):
             kept.append(rows[keep[~np.isin(ascending, dropped)]])
-        positions = np.arange(window.size) if order is None else order
+        positions = (np.arange(window.size) if order is None else order)[lo:hi]
         positions = positions[keep[positions]]
         renumbered = (np.cumsum(keep) - 1)[positions]
         names = []
