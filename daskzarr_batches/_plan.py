@@ -436,6 +436,19 @@ class EpochPlan:
             dataset_bytes=self.n_samples * sum(row_bytes),
         )
 
+    def part(self, window: Window, first: int, end: int) -> Window:
+        """Plan positions ``first:end`` of ``window`` as a window of their own.
+
+        It reads only the chunks holding those samples (a rank whose share
+        ends inside a sequential window decodes just its own chunks).
+        """
+        if (first, end) == (0, window.size):
+            return window
+        samples = window.samples[first:end]
+        order = None if isinstance(samples, range) else sorting_order(samples)
+        pieces = tuple(tuple(pieces_for(samples, offsets, order)) for offsets in self.offsets)
+        return Window(window.index, window.position + first, samples, pieces)
+
     def rng(self) -> np.random.Generator:
         """The generator behind this epoch's shuffle."""
         return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(self.epoch,)))

@@ -794,7 +794,7 @@ class BatchStream(Stream[Any]):
         spec = self.spec
         assert spec.prefetch is not None
         windows = self._windows()
-        in_flight: deque[tuple[Window, int, int, Any]] = deque()
+        in_flight: deque[tuple[Window, Any]] = deque()
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
         sources: list[Source] = []
         deliver = _Delivery(self.stats, spec.paired)
@@ -802,12 +802,12 @@ class BatchStream(Stream[Any]):
 
         def top_up(limit: int) -> None:
             while len(in_flight) < limit:
-                window, lo, hi = next(windows, (None, 0, 0))
+                window = next(windows, None)
                 if window is None:
                     return
                 dsk, key = window_graph(sources, window, self._token, policy, self._runner.scope)
                 future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
-                in_flight.append((window, lo, hi, future))
+                in_flight.append((window, future))
 
         try:
             sources = self._place(spec.sources)
@@ -815,7 +815,7 @@ class BatchStream(Stream[Any]):
                 top_up(spec.prefetch + 1)
                 if not in_flight:
                     break
-                window, lo, hi, future = in_flight[0]  # stays in flight (released) if this fails
+                window, future = in_flight[0]  # stays in flight (released) if this fails
                 results = self._wait(future, lambda w=window: self._where(w))
                 in_flight.popleft()
                 self._runner.release(future)  # a distributed result leaves the worker now
@@ -827,11 +827,7 @@ class BatchStream(Stream[Any]):
                 top_up(spec.prefetch)
                 order = window.gather_index()
                 if any(report.skipped for report in reports):
-                    outputs, order = self._skip(window, outputs, order, reports, lo, hi)
-                elif order is not None:
-                    order = order[lo:hi]
-                elif (lo, hi) != (0, window.size):
-                    outputs = tuple(rows[lo:hi] for rows in outputs)
+                    outputs, order = self._skip(window, outputs, order, reports)
                 for batch in batcher.feed(outputs, order):
                     yield deliver(batch)
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
@@ -839,19 +835,20 @@ class BatchStream(Stream[Any]):
             if rest is not None:
                 yield deliver(rest)
         finally:
-            for *_, future in in_flight:
+            for _, future in in_flight:
                 self._runner.release(future)
             in_flight.clear()
 
-    def _windows(self) -> Iterator[tuple[Window, int, int]]:
-        """The windows holding this stream's positions, with the part of each it yields."""
+    def _windows(self) -> Iterator[Window]:
+        """The windows of this stream's positions (cut to them where a range ends inside)."""
         for first, end in self.positions:
             for window in self.plan.windows():
                 start = window.position
                 if start >= end:
                     break
                 if start + window.size > first:
-                    yield window, max(first - start, 0), min(end - start, window.size)
+                    lo, hi = max(first - start, 0), min(end - start, window.size)
+                    yield self.plan.part(window, lo, hi)
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.
@@ -898,8 +895,6 @@ class BatchStream(Stream[Any]):
         outputs: tuple[np.ndarray, ...],
         order: np.ndarray | None,
         reports: Sequence[ReadReport],
-        lo: int,
-        hi: int,
     ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
         """Leave out the samples of undecodable chunks, from every array.
 
@@ -918,7 +913,7 @@ class BatchStream(Stream[Any]):
         kept = []
         for rows, dropped in zip(outputs, dropped_by, strict=True):
             kept.append(rows[keep[~np.isin(ascending, dropped)]])
-        positions = (np.arange(window.size) if order is None else order)[lo:hi]
+        positions = np.arange(window.size) if order is None else order
         positions = positions[keep[positions]]
         renumbered = (np.cumsum(keep) - 1)[positions]
         names = []
