@@ -19,6 +19,7 @@ from typing import Any
 from ._batching import Ranges, complement, count_batches, positions_between, share, skip
 from ._errors import ArgumentTypeError, ArgumentValueError
 from ._policy import DEFAULT_RETRIES, MissingMode, OnError
+from ._sources import is_xarray
 from ._spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_WINDOW_BYTES,
@@ -39,11 +40,13 @@ class Loader:
 
     Parameters
     ----------
-    arrays : array, tuple of arrays or dict of named arrays
-        ``zarr.Array``, ``dask.array.Array`` or ``numpy.ndarray``, all with
-        the same length along axis 0 (else :class:`LengthMismatchError`
-        naming each).  Batches come back in the same structure: an array, a
-        tuple, or a dict with the same names.
+    arrays : array, tuple of arrays, dict of named arrays or xarray.Dataset
+        ``zarr.Array``, ``dask.array.Array``, ``numpy.ndarray`` or
+        ``xarray.DataArray`` (its data, samples along its first dimension),
+        all with the same length along axis 0 (else
+        :class:`LengthMismatchError` naming each).  Batches come back in the
+        same structure: an array, a tuple, or a dict with the same names.  An
+        ``xarray.Dataset`` is the dict of its data variables by name.
     batch_size : int
         Samples per batch.
     shuffle : bool, default False
@@ -293,6 +296,10 @@ def _intersect(ranges: Ranges, within: list[tuple[int, int]]) -> Ranges:
 
 def _structure(arrays: Any) -> tuple[tuple[str, ...] | None, bool, tuple[Any, ...]]:
     """(names or None, whether one batch array needs wrapping in a tuple, the arrays)."""
+    if is_xarray(arrays, "Dataset"):
+        if not arrays.data_vars:
+            raise ArgumentValueError("arrays is an xarray.Dataset without data variables")
+        arrays = {str(name): arrays[name] for name in arrays.data_vars}
     if isinstance(arrays, Mapping):
         if not arrays:
             raise ArgumentValueError("arrays is an empty dict")

@@ -23,10 +23,11 @@ import itertools
 import json
 import math
 import os
+import sys
 import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dask.array as da
@@ -535,6 +536,9 @@ def as_source(array: Any, role: str = "array") -> Source:
 
     ``role`` ("array", "features", "labels") names it in error messages.
 
+    An ``xarray.DataArray`` stands for its data (see :func:`_xarray_data`),
+    samples along its first dimension; errors name it after its ``.name``.
+
     Raises
     ------
     ArgumentTypeError
@@ -546,6 +550,41 @@ def as_source(array: Any, role: str = "array") -> Source:
     """
     if isinstance(array, Source):
         return array
+    if is_xarray(array, "DataArray"):
+        label = None if array.name is None else f"DataArray {str(array.name)!r}"
+        if label is not None and str(array.name) != role:
+            role = f"{role} ({label})"
+        source = _as_source(_xarray_data(array), role)
+        return source if label is None else replace(source, name=f"{label} ({source.name})")
+    return _as_source(array, role)
+
+
+def is_xarray(obj: Any, kind: str) -> bool:
+    """Whether ``obj`` is an ``xarray.<kind>`` (``"DataArray"``, ``"Dataset"``).
+
+    Never imports xarray: an object of it exists only if it is imported.
+    """
+    xarray = sys.modules.get("xarray")
+    cls = getattr(xarray, kind, None) if xarray is not None else None
+    return isinstance(cls, type) and isinstance(obj, cls)
+
+
+def _xarray_data(array: Any) -> Any:
+    """The array behind an ``xarray.DataArray``, keeping dask chunks.
+
+    A dask-backed DataArray (``xr.open_zarr``, ``open_dataset(chunks={})``,
+    ``.chunk()``) gives its dask array, whose chunks the streams read; one in
+    memory gives its numpy array.  One lazily backed without dask (e.g.
+    ``xr.open_zarr(..., chunks=None)``) gives ``.data``, which xarray loads
+    into memory.
+    """
+    inner = array.variable._data
+    if isinstance(inner, da.Array | np.ndarray):
+        return inner
+    return array.data
+
+
+def _as_source(array: Any, role: str) -> Source:
     _check_not_masked(role, array)
     if isinstance(array, da.Array):
         behind = _zarr_behind(array)
@@ -582,7 +621,7 @@ def as_source(array: Any, role: str = "array") -> Source:
         graph = dict(array.__dask_optimize__(array.__dask_graph__(), array.__dask_keys__()))
         return DaskSource(array.name, shape, array.dtype, array.chunks, array, graph)
     raise ArgumentTypeError(
-        f"{role} must be a zarr.Array, dask.array.Array or numpy.ndarray, "
+        f"{role} must be a zarr.Array, dask.array.Array, numpy.ndarray or xarray.DataArray, "
         f"got {type(array).__name__}"
     )
 
