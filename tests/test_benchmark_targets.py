@@ -51,6 +51,8 @@ SPEEDS = {
     cases.PAIRED_BUFFERED: 90.0,
     cases.DASK_SLICES: 5.0,
     cases.XBATCHER: 2.0,
+    cases.LOADER_SEQUENTIAL: 144.0,
+    cases.LOADER_BUFFERED: 100.0,
 }
 
 
@@ -65,6 +67,10 @@ def test_targets_pass_miss_and_skip() -> None:
     assert rows["exact, budget 1/4: >= 0.8x L0/4"] == ("1.20x L0/4", "PASS", "")
     assert rows[">= 50x xbatcher BatchGenerator"] == ("75x", "PASS", "")
     assert rows[">= 100x torch DataLoader"] == ("skipped", "SKIP", "not installed")
+    assert rows["Loader >= 0.9x batch_stream (sequential)"] == ("0.96x", "PASS", "")
+    assert rows["Loader >= 0.9x shuffled_batch_stream (buffered)"] == ("0.83x", "MISS", "")
+    torch_loader = "torch DataLoader, 0 workers >= 0.9x Loader (buffered)"
+    assert rows[torch_loader] == ("skipped", "SKIP", "not installed")
     assert rows[">= 20x dask: x[slice].compute() per batch"] == ("30x", "PASS", "")
     assert rows["prefetch: wait <= 5% of epoch (consumer 1.2x load)"] == ("4.0%", "PASS", "")
     assert rows["buffered peak RSS <= 1.5 x windows + 300 MB"][1] == "PASS"
@@ -83,12 +89,14 @@ def test_cluster_and_raw_decode_targets_when_measured() -> None:
         f"{cases.RAW_DECODE}, 2 threads (limit)": 400.0,
         cases.CLUSTER_SEQUENTIAL: 60.0,
         cases.CLUSTER_BUFFERED: 90.0,
+        cases.TORCH_LOADER_0: 95.0,
     }
     rows = {t.what: (t.measured, t.status) for t in targets.evaluate(fabricated(speeds, {}))}
     assert rows["sequential >= 0.5x raw-decode limit"] == ("0.38x", "MISS")
     assert rows["LocalCluster >= 0.6x local (sequential)"] == ("0.40x", "MISS")
     assert rows["LocalCluster >= 0.6x local (buffered)"] == ("0.75x", "PASS")
     assert "LocalCluster >= 0.6x local" not in rows
+    assert rows["torch DataLoader, 0 workers >= 0.9x Loader (buffered)"] == ("0.95x", "PASS")
 
 
 def test_report_has_every_target_row_and_section() -> None:
@@ -98,6 +106,13 @@ def test_report_has_every_target_row_and_section() -> None:
     assert "| sequential >= 1.3x L0 | 1.50x | PASS |" in text
     assert "| >= 100x torch DataLoader | skipped | SKIP (not installed) |" in text
     assert f"| {L0} | 100.0 | 1,000 | 1x | 1.00 | 0 |" in text
+    # the read amplification of reads in torch workers is not known: NaN, shown as -
+    run.results[cases.TORCH_LOADER_2] = Result(cases.TORCH_LOADER_2, "this", 1.0, 50_000_000,
+                                               1000, float("nan"))  # fmt: skip
+    text = report.markdown(run, evaluated, command="python benchmarks/run.py", now="now")
+    assert f"| {cases.TORCH_LOADER_2} | 50.0 | 1,000 | 0.5x | - | 0 |" in text
+    payload = report.payload(run, evaluated, command="", now="")
+    assert payload["results"][-1]["amplification"] is None
     for section in ("## Targets (issue 3)", "## Prefetch", "## Memory", "## Shuffle quality"):
         assert f"\n\n{section}" in text
     assert text.endswith("Skipped: torch: not installed.\n")

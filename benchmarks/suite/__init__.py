@@ -5,10 +5,11 @@ Modules, in the order a run uses them:
 - ``dataset``: the generated dataset (made once, opened read-only) and the default sizes;
 - ``measure``: peak-RSS sampling, ``Result``, ``Case`` and interleaved rounds;
 - ``cases``: the measured cases (L0, zarr threads, raw decode, this library's
-  streams, naive dask, xbatcher, torch, LocalCluster) and the prefetch case;
+  streams and ``Loader`` (alone and through a torch ``DataLoader``), naive dask,
+  xbatcher, torch, LocalCluster) and the prefetch case;
 - ``memory``: memory cases, each in a fresh subprocess (``python -m benchmarks.suite.memory``);
 - ``quality``: shuffle quality computed from plans (nothing read);
-- ``targets``: the targets of issue 3 as a table, evaluated on a ``SuiteRun``;
+- ``targets``: the targets of issues 3 and 9 as a table, evaluated on a ``SuiteRun``;
 - ``report``: ``results.md``, ``results.json``, ``throughput.png`` and the printed summary.
 
 Only the public API of ``daskzarr_batches`` is used.

@@ -30,6 +30,10 @@ PAIRED_BUFFERED = "paired features+labels, buffered (8 chunks)"
 DASK_SLICES = "dask: x[slice].compute() per batch"
 XBATCHER = "xbatcher BatchGenerator, sequential"
 TORCH = "torch DataLoader, per-sample zarr, shuffled, 2 workers"
+LOADER_SEQUENTIAL = "Loader, sequential"
+LOADER_BUFFERED = "Loader, buffered shuffle (8 chunks)"
+TORCH_LOADER_0 = "Loader via torch DataLoader, buffered, 0 workers"
+TORCH_LOADER_2 = "Loader via torch DataLoader, buffered, 2 workers"
 CLUSTER_SEQUENTIAL = "LocalCluster: sequential, batch 256"
 CLUSTER_BUFFERED = "LocalCluster: buffered shuffle (8 chunks)"
 
@@ -199,6 +203,38 @@ def torch_loader(path: str, batch: int, count: int) -> Callable[[], Measured]:
 
 
 # --------------------------------------------------------------------------
+# The training Loader, alone and through torch
+
+
+def loader(w: Workload, buffered: bool) -> dzb.Loader:
+    """A Loader over the features, batch 256, as the streams of the same name."""
+    if not buffered:
+        return dzb.Loader(w.x, 256)
+    return dzb.Loader(w.x, 256, shuffle=True, shuffle_buffer_size=w.buffer_rows, seed=0)
+
+
+def torch_batches(w: Workload, workers: int) -> Measured:
+    """One buffered epoch of ``ZarrIterableDataset`` through ``DataLoader(batch_size=None)``.
+
+    Worker start-up is timed (the workers are not persistent).  With workers the
+    reads happen in their processes, so the read amplification is not known here
+    (NaN, shown as -).
+    """
+    import torch.utils.data
+
+    from daskzarr_batches.torch import ZarrIterableDataset
+
+    dataset = ZarrIterableDataset(loader(w, buffered=True))
+    batches: Any = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
+    nbytes = samples = 0
+    for batch in batches:
+        nbytes += batch.numel() * batch.element_size()
+        samples += len(batch)
+    amplification = dataset.loader.stats.read_amplification if workers == 0 else math.nan
+    return nbytes, samples, amplification
+
+
+# --------------------------------------------------------------------------
 # Cluster
 
 
@@ -247,7 +283,15 @@ def local_cases(w: Workload, skipped: dict[str, str]) -> list[Case]:
         Case(PAIRED_BUFFERED, "this",
              lambda: drain(dzb.paired_shuffled_batch_stream(
                  x, y, 256, seed=0, shuffle_buffer_size=w.buffer_rows))),
+        # the training Loader over the same streams (compared with SEQUENTIAL, BUFFERED)
+        Case(LOADER_SEQUENTIAL, "this", lambda: drain(loader(w, buffered=False))),
+        Case(LOADER_BUFFERED, "this", lambda: drain(loader(w, buffered=True))),
     ]  # fmt: skip
+    if installed("torch", skipped):
+        cases += [
+            Case(TORCH_LOADER_0, "this", lambda: torch_batches(w, 0)),
+            Case(TORCH_LOADER_2, "this", lambda: torch_batches(w, 2)),
+        ]
     return cases
 
 

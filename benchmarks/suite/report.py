@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 from dataclasses import asdict
@@ -73,9 +74,14 @@ def cases_table(run: SuiteRun) -> list[str]:
         star = " *" if r.extrapolated else ""
         lines.append(
             f"| {r.name}{star} | {r.mb_s:,.1f} | {f'{r.samples_s:,.0f}' if r.samples else '-'} | "
-            f"{r.mb_s / run.ref.mb_s:.3g}x | {r.amplification:.2f} | {r.rss_growth / MiB:.0f} |"
+            f"{r.mb_s / run.ref.mb_s:.3g}x | {amplification(r)} | {r.rss_growth / MiB:.0f} |"
         )
     return lines
+
+
+def amplification(result: Result) -> str:
+    """The read amplification, or - when it was not measured (NaN: reads in torch workers)."""
+    return f"{result.amplification:.2f}" if math.isfinite(result.amplification) else "-"
 
 
 def targets_table(targets: list[Target]) -> list[str]:
@@ -165,7 +171,13 @@ def payload(run: SuiteRun, targets: list[Target], *, command: str, now: str) -> 
         "command": command,
         "date": now,
         "results": [
-            asdict(r) | {"mb_s": r.mb_s, "vs_l0": r.mb_s / ref.mb_s} for r in run.results.values()
+            asdict(r)
+            | {
+                "mb_s": r.mb_s,
+                "vs_l0": r.mb_s / ref.mb_s,
+                "amplification": r.amplification if math.isfinite(r.amplification) else None,
+            }
+            for r in run.results.values()
         ],
         "targets": [asdict(t) for t in targets],
         "memory": run.memory,

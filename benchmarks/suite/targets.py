@@ -1,4 +1,4 @@
-"""The targets of issue 3 as a table, and their evaluation on a :class:`SuiteRun`.
+"""The targets of issues 3 and 9 as a table, and their evaluation on a :class:`SuiteRun`.
 
 Each row of :data:`TARGETS` says how the measured value is computed from the run,
 the comparison and the threshold, and how the value is shown.  A row whose cases
@@ -17,11 +17,14 @@ from .cases import (
     CLUSTER_SEQUENTIAL,
     DASK_SLICES,
     EXACT,
+    LOADER_BUFFERED,
+    LOADER_SEQUENTIAL,
     PAIRED_BUFFERED,
     RAW_DECODE,
     SEQUENTIAL,
     SEQUENTIAL_32,
     TORCH,
+    TORCH_LOADER_0,
     XBATCHER,
 )
 from .measure import L0, MiB, MissingResult, SuiteRun
@@ -90,6 +93,12 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("paired buffered shuffle >= 1.0x L0", ratio(PAIRED_BUFFERED, L0), ">=", 1.0),
     TargetSpec("batch 32 >= 0.8x batch 256 (sequential)",
                ratio(SEQUENTIAL_32, SEQUENTIAL), ">=", 0.8),
+    TargetSpec("Loader >= 0.9x batch_stream (sequential)",
+               ratio(LOADER_SEQUENTIAL, SEQUENTIAL), ">=", 0.9),
+    TargetSpec("Loader >= 0.9x shuffled_batch_stream (buffered)",
+               ratio(LOADER_BUFFERED, BUFFERED), ">=", 0.9),
+    TargetSpec("torch DataLoader, 0 workers >= 0.9x Loader (buffered)",
+               ratio(TORCH_LOADER_0, LOADER_BUFFERED), ">=", 0.9, skip="torch"),
     TargetSpec("exact, budget 1/4: read amplification <= 4",
                lambda run: run.result(EXACT).amplification, "<=", 4.0 + 1e-9, "{value:.2f}"),
     TargetSpec("exact, budget 1/4: >= 0.8x L0/4",
