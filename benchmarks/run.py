@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.suite import cases, memory, quality, report, targets  # noqa: E402
+from benchmarks.suite import cases, memory, quality, report, stores_cases, targets  # noqa: E402
 from benchmarks.suite.dataset import default_shape, make_dataset  # noqa: E402
 from benchmarks.suite.measure import MB, Result, SuiteRun, rounds  # noqa: E402
 
@@ -107,6 +107,9 @@ def run_suite(args: argparse.Namespace) -> None:
     skipped: dict[str, str] = {}
     results = measure_throughput(
         w, quick=args.quick, repeats=args.repeats, cluster=not args.no_cluster, skipped=skipped
+    )
+    results |= stores_cases.measure_stores(
+        ds, data_dir, repeats=args.repeats, threads=w.threads, skipped=skipped
     )
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
     print("memory (fresh process per case)")

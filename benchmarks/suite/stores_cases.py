@@ -1,0 +1,292 @@
+"""Where the data really lives (issue 10): sharded arrays, per-request latency, S3, codecs.
+
+Every case here is compared with zarr's own ``x[:]`` on the same store (or with the
+raw decode limit), measured in the same interleaved rounds:
+
+- **sharding**: the full dataset and its sharded copy (8 inner chunks per Zarr v3
+  shard, same chunks and codec), no latency;
+- **latency**: a :class:`LatencyStore` sleeping 20 ms or 100 ms before each request
+  (as an object store answers), over a smaller dataset of :data:`SUBSET_CHUNKS` chunks
+  (the whole dataset when it is smaller), unsharded and (20 ms) sharded;
+- **S3**: that smaller dataset uploaded to moto's S3 server on ``127.0.0.1``
+  (``tests/s3_server.py``), read through s3fs; the server is stopped at the end;
+- **codec pipelines**: the full dataset read with zarr's default codec pipeline and
+  with zarrs' (Rust), beside the raw decode limit.
+
+The stream kinds take their defaults except the shuffle buffer (8 chunks, as in the
+main cases); the exact shuffle runs with the default ``memory_budget``, which holds
+these arrays in one window (read amplification 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zarr
+import zarr.storage
+from zarr.abc.store import ByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype
+
+import daskzarr_batches as dzb
+
+from . import ROOT
+from .cases import RAW_DECODE, installed, raw_decode, raw_decoder
+from .dataset import Dataset, make_dataset, make_sharded
+from .measure import Case, Measured, Result, drain, rounds
+
+#: the latencies per request of the latency cases, seconds
+LATENCIES = (0.020, 0.100)
+#: chunks of the smaller dataset the latency and S3 cases read
+SUBSET_CHUNKS = 24
+#: rounds of these cases at most (each keeps its best)
+STORE_REPEATS = 3
+
+# Stream kinds (the second part of a case name; the first names the store).
+ZARR_ALL = "zarr x[:]"
+SEQUENTIAL = "sequential, batch 256"
+BUFFERED = "buffered shuffle (8 chunks), batch 256"
+EXACT = "exact shuffle (default budget), batch 256"
+PAIRED = "paired features+labels, buffered (8 chunks)"
+CHUNKS = "chunk_stream"
+KINDS = (ZARR_ALL, SEQUENTIAL, BUFFERED, EXACT, PAIRED, CHUNKS)
+
+# Stores (the first part of a case name).
+UNSHARDED = "unsharded"
+SHARDED = "sharded (8 chunks/shard)"
+S3 = f"S3 loopback, {SUBSET_CHUNKS} chunks"
+ZARR_PIPELINE = "zarr codec pipeline"
+ZARRS_PIPELINE = "zarrs codec pipeline"
+#: the codec pipelines: label -> ``codec_pipeline.path`` of ``zarr.config``
+PIPELINES = {
+    ZARR_PIPELINE: "zarr.core.codec_pipeline.BatchedCodecPipeline",
+    ZARRS_PIPELINE: "zarrs.ZarrsCodecPipeline",
+}
+#: the raw decode limit measured beside the codec pipelines
+PIPELINE_LIMIT = f"[codec pipelines] {RAW_DECODE} (limit)"
+
+
+def latency_label(sharded: bool, delay: float) -> str:
+    """The store part of a latency case's name, e.g. ``unsharded, 20 ms, 24 chunks``."""
+    return f"{SHARDED if sharded else UNSHARDED}, {delay * 1000:.0f} ms, {SUBSET_CHUNKS} chunks"
+
+
+def name(store: str, kind: str) -> str:
+    """A case's name: ``[store] kind``."""
+    return f"[{store}] {kind}"
+
+
+class LatencyStore(zarr.storage.WrapperStore[Any]):
+    """Sleeps ``delay`` seconds (``asyncio.sleep``) before each request, as an object store.
+
+    ``get`` (a whole key or a byte range) and ``get_partial_values`` (one request per
+    range, answered concurrently: one delay) wait, then ask the wrapped store;
+    metadata reads wait too.  ``requests`` counts them.
+    """
+
+    def __init__(self, store: Any, delay: float, requests: list[int] | None = None) -> None:
+        super().__init__(store)
+        self.delay = delay
+        self._requests = [0] if requests is None else requests
+        self._lock = threading.Lock()
+
+    def _with_store(self, store: Any) -> LatencyStore:
+        return type(self)(store, self.delay, self._requests)
+
+    @property
+    def requests(self) -> int:
+        return self._requests[0]
+
+    def _count(self, n: int) -> None:
+        with self._lock:
+            self._requests[0] += n
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        self._count(1)
+        await asyncio.sleep(self.delay)
+        return await self._store.get(key, prototype, byte_range)
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Any
+    ) -> list[Buffer | None]:
+        key_ranges = list(key_ranges)
+        self._count(len(key_ranges))
+        await asyncio.sleep(self.delay)
+        values: list[Buffer | None] = await self._store.get_partial_values(prototype, key_ranges)
+        return values
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The features and labels of one store, as the cases read them."""
+
+    label: str
+    x: zarr.Array
+    y: zarr.Array
+    buffer_rows: int
+
+
+def open_group(label: str, store: Any, chunk_rows: int) -> Opened:
+    group = zarr.open_group(store=store, mode="r")
+    x, y = group["features"], group["labels"]
+    assert isinstance(x, zarr.Array) and isinstance(y, zarr.Array)
+    return Opened(label, x, y, 8 * chunk_rows)
+
+
+def open_local(label: str, ds: Dataset, delay: float = 0.0) -> Opened:
+    """``ds`` on a read-only local store, behind a :class:`LatencyStore` when ``delay``."""
+    store: Any = zarr.storage.LocalStore(ds.path, read_only=True)
+    if delay:
+        store = LatencyStore(store, delay)
+    return open_group(label, store, ds.chunk_rows)
+
+
+def zarr_all(x: zarr.Array) -> Measured:
+    """zarr's own read of the whole array (its concurrent chunk reads)."""
+    x[:]
+    return x.nbytes, x.shape[0], 1.0
+
+
+def kind_run(o: Opened, kind: str) -> Callable[[], Measured]:
+    """One epoch of stream kind ``kind`` over ``o``."""
+    x, y, buffer_rows = o.x, o.y, o.buffer_rows
+    runs: dict[str, Callable[[], Measured]] = {
+        ZARR_ALL: lambda: zarr_all(x),
+        SEQUENTIAL: lambda: drain(dzb.batch_stream(x, 256)),
+        BUFFERED: lambda: drain(
+            dzb.shuffled_batch_stream(x, 256, seed=0, shuffle_buffer_size=buffer_rows)
+        ),
+        EXACT: lambda: drain(dzb.shuffled_batch_stream(x, 256, seed=0)),
+        PAIRED: lambda: drain(
+            dzb.paired_shuffled_batch_stream(x, y, 256, seed=0, shuffle_buffer_size=buffer_rows)
+        ),
+        CHUNKS: lambda: drain(dzb.chunk_stream(x)),
+    }
+    return runs[kind]
+
+
+def kind_cases(o: Opened, kinds: tuple[str, ...] = KINDS) -> list[Case]:
+    group = {ZARR_ALL: "reference"}
+    return [Case(name(o.label, k), group.get(k, "this"), kind_run(o, k)) for k in kinds]
+
+
+def subset(ds: Dataset, data_dir: Path) -> Dataset:
+    """The smaller dataset of the latency and S3 cases: :data:`SUBSET_CHUNKS` chunks."""
+    rows = min(ds.rows, SUBSET_CHUNKS * ds.chunk_rows)
+    return ds if rows == ds.rows else make_dataset(data_dir, rows, ds.cols, ds.chunk_rows)
+
+
+# --------------------------------------------------------------------------
+# The groups
+
+
+def sharding_cases(ds: Dataset) -> list[Case]:
+    """Every kind on the full dataset and on its sharded copy, no latency."""
+    return kind_cases(open_local(UNSHARDED, ds)) + kind_cases(open_local(SHARDED, make_sharded(ds)))
+
+
+def latency_cases(small: Dataset) -> list[Case]:
+    """Every kind at each latency (unsharded), and sharded at the first one."""
+    cases: list[Case] = []
+    for delay in LATENCIES:
+        cases += kind_cases(open_local(latency_label(False, delay), small, delay))
+    sharded = make_sharded(small)
+    cases += kind_cases(open_local(latency_label(True, LATENCIES[0]), sharded, LATENCIES[0]))
+    return cases
+
+
+def s3_available(skipped: dict[str, str]) -> bool:
+    """Whether s3fs and moto import; if not, the reason goes to ``skipped["S3"]``."""
+    try:
+        import moto.server  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError as exc:
+        skipped["S3"] = f"not installed ({exc}); pip install .[s3] moto[server]"
+        print(f"  skipping S3: {skipped['S3']}")
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def s3_copy(small: Dataset) -> Iterator[Opened]:
+    """``small`` uploaded to moto's S3 on loopback; the server stops on exit.
+
+    Every connection or name lookup that is not loopback is refused and fails the run.
+    """
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
+    import s3fs
+
+    from tests.s3_server import S3Server, loopback_only
+
+    with loopback_only() as attempts:
+        server = S3Server().start()
+        try:
+            bucket = server.new_bucket("bench")
+            options = server.storage_options()
+            fs = s3fs.S3FileSystem(**options)
+            fs.put(str(small.path), f"{bucket}/data.zarr", recursive=True)
+            store = zarr.storage.FsspecStore.from_url(
+                f"s3://{bucket}/data.zarr", storage_options=options, read_only=True
+            )
+            yield open_group(S3, store, small.chunk_rows)
+        finally:
+            server.stop()
+    if attempts:
+        raise RuntimeError(f"S3 cases tried to reach beyond loopback: {attempts}")
+
+
+@contextlib.contextmanager
+def pipeline(path: str) -> Iterator[None]:
+    with zarr.config.set({"codec_pipeline.path": path}):
+        yield
+
+
+def open_with_pipeline(label: str, ds: Dataset) -> Opened:
+    """``ds`` opened with the codec pipeline ``PIPELINES[label]`` (fixed at open)."""
+    with pipeline(PIPELINES[label]):
+        o = open_local(label, ds)
+    expected = PIPELINES[label].rsplit(".", 1)[-1]
+    assert type(o.x._async_array.codec_pipeline).__name__ == expected
+    return o
+
+
+def pipeline_cases(ds: Dataset, threads: int, skipped: dict[str, str]) -> list[Case]:
+    """Sequential and ``x[:]`` with zarr's pipeline and zarrs', beside the raw decode limit."""
+    cases: list[Case] = []
+    x = ds.features
+    if raw_decoder(x) is not None:
+        root = ds.path / "features"
+        cases.append(Case(PIPELINE_LIMIT, "reference", lambda: raw_decode(x, root, threads)))
+    labels = [ZARR_PIPELINE] + ([ZARRS_PIPELINE] if installed("zarrs", skipped) else [])
+    for label in labels:
+        cases += kind_cases(open_with_pipeline(label, ds), (ZARR_ALL, SEQUENTIAL))
+    return cases
+
+
+def measure_stores(
+    ds: Dataset, data_dir: Path, *, repeats: int, threads: int, skipped: dict[str, str]
+) -> dict[str, Result]:
+    """Every group, each in its own interleaved rounds (at most :data:`STORE_REPEATS`)."""
+    repeats = min(repeats, STORE_REPEATS)
+    small = subset(ds, data_dir)
+    print(f"sharded vs unsharded, no latency, {repeats} interleaved rounds")
+    results = rounds(sharding_cases(ds), repeats)
+    delays = " and ".join(f"{d * 1000:.0f} ms" for d in LATENCIES)
+    print(f"{delays} per request, {small.rows:,} rows, {repeats} interleaved rounds")
+    results |= rounds(latency_cases(small), repeats)
+    if s3_available(skipped):
+        print(f"S3 on loopback (moto), {small.rows:,} rows")
+        with s3_copy(small) as s3:
+            results |= rounds(kind_cases(s3, (ZARR_ALL, SEQUENTIAL, BUFFERED, CHUNKS)), repeats)
+    print("codec pipelines: zarr's default and zarrs (Rust)")
+    results |= rounds(pipeline_cases(ds, threads, skipped), repeats)
+    return results
