@@ -108,9 +108,12 @@ def run_suite(args: argparse.Namespace) -> None:
     results = measure_throughput(
         w, quick=args.quick, repeats=args.repeats, cluster=not args.no_cluster, skipped=skipped
     )
-    results |= stores_cases.measure_stores(
-        ds, data_dir, repeats=args.repeats, threads=w.threads, skipped=skipped
-    )
+    if args.no_stores:
+        skipped |= dict.fromkeys(stores_cases.SKIP_KEYS, "--no-stores")
+    else:
+        results |= stores_cases.measure_stores(
+            ds, data_dir, repeats=args.repeats, threads=w.threads, skipped=skipped
+        )
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
     print("memory (fresh process per case)")
     memory_record = memory.memory_cases(ds, data_dir, w.buffer_rows, w.budget)
@@ -139,6 +142,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--data", default=str(ROOT / "benchmarks" / "data"))
     parser.add_argument("--no-cluster", action="store_true")
+    parser.add_argument(
+        "--no-stores",
+        action="store_true",
+        help="skip the sharded, latency, S3 and codec-pipeline cases (about a minute)",
+    )
     args = parser.parse_args(argv)
     rows, cols, chunk_rows = default_shape(args.quick)
     args.rows = args.rows or rows

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,8 @@ PIPELINES = {
     ZARR_PIPELINE: "zarr.core.codec_pipeline.BatchedCodecPipeline",
     ZARRS_PIPELINE: "zarrs.ZarrsCodecPipeline",
 }
+#: the keys of ``skipped`` that the targets of these cases read (skip all: ``--no-stores``)
+SKIP_KEYS = ("stores", "S3", "zarrs")
 #: the raw decode limit measured beside the codec pipelines
 PIPELINE_LIMIT = f"[codec pipelines] {RAW_DECODE} (limit)"
 
@@ -132,13 +135,16 @@ class Opened:
     x: zarr.Array
     y: zarr.Array
     buffer_rows: int
+    #: the latency store the arrays are read through, if any (it counts the requests)
+    latency: LatencyStore | None = None
 
 
 def open_group(label: str, store: Any, chunk_rows: int) -> Opened:
     group = zarr.open_group(store=store, mode="r")
     x, y = group["features"], group["labels"]
     assert isinstance(x, zarr.Array) and isinstance(y, zarr.Array)
-    return Opened(label, x, y, 8 * chunk_rows)
+    latency = store if isinstance(store, LatencyStore) else None
+    return Opened(label, x, y, 8 * chunk_rows, latency)
 
 
 def open_local(label: str, ds: Dataset, delay: float = 0.0) -> Opened:
@@ -173,9 +179,31 @@ def kind_run(o: Opened, kind: str) -> Callable[[], Measured]:
     return runs[kind]
 
 
+def counted(o: Opened, case: str, run: Callable[[], Measured]) -> Callable[[], Measured]:
+    """``run``, recording the requests one epoch made in ``REQUESTS[case]`` (latency stores)."""
+    store = o.latency
+    if store is None:
+        return run
+
+    def run_counted() -> Measured:
+        before = store.requests
+        measured = run()
+        REQUESTS[case] = store.requests - before
+        return measured
+
+    return run_counted
+
+
+#: requests per epoch of the cases read through a :class:`LatencyStore` (last round)
+REQUESTS: dict[str, int] = {}
+
+
 def kind_cases(o: Opened, kinds: tuple[str, ...] = KINDS) -> list[Case]:
     group = {ZARR_ALL: "reference"}
-    return [Case(name(o.label, k), group.get(k, "this"), kind_run(o, k)) for k in kinds]
+    return [
+        Case(name(o.label, k), group.get(k, "this"), counted(o, name(o.label, k), kind_run(o, k)))
+        for k in kinds
+    ]
 
 
 def subset(ds: Dataset, data_dir: Path) -> Dataset:
@@ -278,15 +306,22 @@ def measure_stores(
     """Every group, each in its own interleaved rounds (at most :data:`STORE_REPEATS`)."""
     repeats = min(repeats, STORE_REPEATS)
     small = subset(ds, data_dir)
+    started = time.perf_counter()
     print(f"sharded vs unsharded, no latency, {repeats} interleaved rounds")
     results = rounds(sharding_cases(ds), repeats)
     delays = " and ".join(f"{d * 1000:.0f} ms" for d in LATENCIES)
     print(f"{delays} per request, {small.rows:,} rows, {repeats} interleaved rounds")
+    REQUESTS.clear()
     results |= rounds(latency_cases(small), repeats)
+    print("  requests per epoch (the wrapper store counts them; metadata read at open excluded):")
+    for case, requests in REQUESTS.items():
+        results[case].extra["requests"] = requests
+        print(f"  {case:56s} {requests:5d}")
     if s3_available(skipped):
         print(f"S3 on loopback (moto), {small.rows:,} rows")
         with s3_copy(small) as s3:
             results |= rounds(kind_cases(s3, (ZARR_ALL, SEQUENTIAL, BUFFERED, CHUNKS)), repeats)
     print("codec pipelines: zarr's default and zarrs (Rust)")
     results |= rounds(pipeline_cases(ds, threads, skipped), repeats)
+    print(f"  store cases took {time.perf_counter() - started:.0f} s")
     return results
