@@ -123,6 +123,10 @@ def test_store_targets_against_x_all_on_the_same_store() -> None:
     assert rows["100 ms: chunk_stream >= 0.9x x[:]"] == ("0.40x", "MISS", "")
     assert rows["S3 loopback >= 0.9x x[:]"] == ("skipped", "SKIP", "not installed")
     assert rows["zarrs pipeline: sequential >= 0.6x raw-decode limit"] == ("0.65x", "PASS", "")
+    text = report.markdown(run, targets.evaluate(run), command="", now="now")
+    row = f"| {sc.latency_label(False, 0.1)} | 50.0 | 0.96x | 0.96x | 0.96x | 0.96x | 0.40x |"
+    assert "\n\n## Stores: sharded" in text and row in text
+    assert "\nRaw decode limit 400.0 MB/s: zarrs codec pipeline sequential 0.65x." in text
     # targets only for the kinds the issue names: no paired / exact rows at 100 ms
     assert f"100 ms: {sc.PAIRED} >= 0.9x x[:]" not in rows
     # --no-stores: one SKIP row for the sharded and latency targets, one for S3, one for zarrs
@@ -150,5 +154,6 @@ def test_report_has_every_target_row_and_section() -> None:
     assert payload["results"][-1]["amplification"] is None
     for section in ("## Targets (issue 3)", "## Prefetch", "## Memory", "## Shuffle quality"):
         assert f"\n\n{section}" in text
+    assert "## Stores" not in text  # no store case measured: no section
     assert text.endswith("Skipped: torch: not installed.\n")
     assert report.command_line(run) == "python benchmarks/run.py"

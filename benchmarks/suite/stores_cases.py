@@ -85,6 +85,11 @@ def name(store: str, kind: str) -> str:
     return f"[{store}] {kind}"
 
 
+def is_store_case(case: str) -> bool:
+    """Whether ``case`` names one of these cases (the chart leaves them to their table)."""
+    return case.startswith("[")
+
+
 class LatencyStore(zarr.storage.WrapperStore[Any]):
     """Sleeps ``delay`` seconds (``asyncio.sleep``) before each request, as an object store.
 
@@ -325,3 +330,58 @@ def measure_stores(
     results |= rounds(pipeline_cases(ds, threads, skipped), repeats)
     print(f"  store cases took {time.perf_counter() - started:.0f} s")
     return results
+
+
+# --------------------------------------------------------------------------
+# The report's table
+
+
+def store_labels() -> list[str]:
+    """Every store of these cases, in table order."""
+    latency = [latency_label(False, d) for d in LATENCIES] + [latency_label(True, LATENCIES[0])]
+    return [UNSHARDED, SHARDED, *latency, S3, ZARR_PIPELINE, ZARRS_PIPELINE]
+
+
+def stores_section(results: dict[str, Result]) -> list[str]:
+    """One row per store: ``x[:]`` MB/s, and each kind's throughput over it (requests).
+
+    Empty when none of these cases ran.
+    """
+    rows = [label for label in store_labels() if name(label, ZARR_ALL) in results]
+    if not rows:
+        return []
+    lines = [
+        "## Stores: sharded, per-request latency, S3, codec pipelines (issue 10)",
+        "",
+        "Each kind's throughput over zarr's own `x[:]` on the same store, in the same "
+        "interleaved rounds; in brackets the requests one epoch made (counted by the "
+        f"latency store).  The latency and S3 cases read {SUBSET_CHUNKS} chunks (the whole "
+        "array when smaller); the others the whole dataset.  The exact shuffle has the "
+        "default `memory_budget` (one window here).",
+        "",
+        "| store | x[:] MB/s | " + " | ".join(KINDS[1:]) + " |",
+        "|---|" + "---:|" * len(KINDS),
+    ]
+    for label in rows:
+        reference = results[name(label, ZARR_ALL)]
+        cells = [f"{reference.mb_s:,.1f}{requests(reference)}"]
+        for kind in KINDS[1:]:
+            result = results.get(name(label, kind))
+            cells.append(
+                "-" if result is None else f"{result.mb_s / reference.mb_s:.2f}x{requests(result)}"
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    limit = results.get(PIPELINE_LIMIT)
+    if limit is not None:
+        pipelines = [
+            f"{label} sequential {result.mb_s / limit.mb_s:.2f}x"
+            for label in (ZARR_PIPELINE, ZARRS_PIPELINE)
+            if (result := results.get(name(label, SEQUENTIAL))) is not None
+        ]
+        lines += ["", f"Raw decode limit {limit.mb_s:,.1f} MB/s: " + ", ".join(pipelines) + "."]
+    return lines
+
+
+def requests(result: Result) -> str:
+    count = result.extra.get("requests")
+    return "" if count is None else f" ({count})"
