@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -385,3 +386,39 @@ def stores_section(results: dict[str, Result]) -> list[str]:
 def requests(result: Result) -> str:
     count = result.extra.get("requests")
     return "" if count is None else f" ({count})"
+
+
+# --------------------------------------------------------------------------
+# Alone: python -m benchmarks.suite.stores_cases
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run only these cases on the suite's dataset; print their table and targets."""
+    import argparse
+
+    from . import targets
+    from .dataset import default_shape
+    from .measure import SuiteRun
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    rows, cols, chunk_rows = default_shape(False)
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--cols", type=int, default=cols)
+    parser.add_argument("--chunk-rows", type=int, default=chunk_rows)
+    parser.add_argument("--repeats", type=int, default=STORE_REPEATS)
+    parser.add_argument("--data", default=str(ROOT / "benchmarks" / "data"))
+    args = parser.parse_args(argv)
+    data_dir = Path(args.data)
+    ds = make_dataset(data_dir, args.rows, args.cols, args.chunk_rows)
+    skipped: dict[str, str] = {}
+    threads = os.cpu_count() or 1  # as cases.Workload
+    results = measure_stores(ds, data_dir, repeats=args.repeats, threads=threads, skipped=skipped)
+    print("\n" + "\n".join(stores_section(results)) + "\n")
+    run = SuiteRun(ds, False, args.repeats, results, skipped, {}, {}, [])
+    for target in targets.evaluate(run, targets.STORE_TARGETS):
+        why = f" ({target.why})" if target.why else ""
+        print(f"  {target.status}  {target.what}: {target.measured}{why}")
+
+
+if __name__ == "__main__":
+    main()
