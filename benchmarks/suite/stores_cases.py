@@ -104,41 +104,56 @@ class LatencyStore(zarr.storage.WrapperStore[Any]):
 
     ``get`` (a whole key or a byte range) and ``get_partial_values`` (one request per
     range, answered concurrently: one delay) wait, then ask the wrapped store;
-    metadata reads wait too.  ``requests`` counts them.
+    metadata reads wait too.  ``state`` counts the requests (``requests``), those in
+    flight (``now``) and the most in flight at once (``peak``; reset it to measure a span).
     """
 
-    def __init__(self, store: Any, delay: float, requests: list[int] | None = None) -> None:
+    def __init__(self, store: Any, delay: float, state: dict[str, int] | None = None) -> None:
         super().__init__(store)
         self.delay = delay
-        self._requests = [0] if requests is None else requests
+        self.state = {"requests": 0, "now": 0, "peak": 0} if state is None else state
         self._lock = threading.Lock()
 
     def _with_store(self, store: Any) -> LatencyStore:
-        return type(self)(store, self.delay, self._requests)
+        return type(self)(store, self.delay, self.state)
 
     @property
     def requests(self) -> int:
-        return self._requests[0]
+        return self.state["requests"]
 
-    def _count(self, n: int) -> None:
+    def _start(self, n: int) -> None:
         with self._lock:
-            self._requests[0] += n
+            self.state["requests"] += n
+            self.state["now"] += n
+            self.state["peak"] = max(self.state["peak"], self.state["now"])
+
+    def _end(self, n: int) -> None:
+        with self._lock:
+            self.state["now"] -= n
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        self._count(1)
-        await asyncio.sleep(self.delay)
-        return await self._store.get(key, prototype, byte_range)
+        self._start(1)
+        try:
+            await asyncio.sleep(self.delay)
+            return await self._store.get(key, prototype, byte_range)
+        finally:
+            self._end(1)
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Any
     ) -> list[Buffer | None]:
         key_ranges = list(key_ranges)
-        self._count(len(key_ranges))
-        await asyncio.sleep(self.delay)
-        values: list[Buffer | None] = await self._store.get_partial_values(prototype, key_ranges)
-        return values
+        self._start(len(key_ranges))
+        try:
+            await asyncio.sleep(self.delay)
+            values: list[Buffer | None] = await self._store.get_partial_values(
+                prototype, key_ranges
+            )
+            return values
+        finally:
+            self._end(len(key_ranges))
 
 
 @dataclass(frozen=True)
@@ -203,22 +218,24 @@ def kind_run(o: Opened, kind: str) -> Callable[[], Measured]:
 
 
 def counted(o: Opened, case: str, run: Callable[[], Measured]) -> Callable[[], Measured]:
-    """``run``, recording the requests one epoch made in ``REQUESTS[case]`` (latency stores)."""
+    """``run``, recording its requests in ``REQUESTS[case]`` (cases on a latency store)."""
     store = o.latency
     if store is None:
         return run
 
     def run_counted() -> Measured:
         before = store.requests
+        store.state["peak"] = store.state["now"]
         measured = run()
-        REQUESTS[case] = store.requests - before
+        REQUESTS[case] = (store.requests - before, store.state["peak"])
         return measured
 
     return run_counted
 
 
-#: requests per epoch of the cases read through a :class:`LatencyStore` (last round)
-REQUESTS: dict[str, int] = {}
+#: (requests, most in flight at once) of one epoch of each case read through a
+#: :class:`LatencyStore` (its last round)
+REQUESTS: dict[str, tuple[int, int]] = {}
 
 
 def kind_cases(o: Opened, kinds: tuple[str, ...] = KINDS) -> list[Case]:
@@ -324,10 +341,10 @@ def measure_stores(
     print(f"{delays} per request, {small.rows:,} rows, {repeats} interleaved rounds")
     REQUESTS.clear()
     results |= rounds(latency_cases(small), repeats)
-    print("  requests per epoch (the wrapper store counts them; metadata read at open excluded):")
-    for case, requests in REQUESTS.items():
-        results[case].extra["requests"] = requests
-        print(f"  {case:56s} {requests:5d}")
+    print("  requests per epoch / most in flight at once (metadata read at open excluded):")
+    for case, (count, peak) in REQUESTS.items():
+        results[case].extra |= {"requests": count, "in_flight": peak}
+        print(f"  {case:56s} {count:5d} / {peak}")
     if s3_available(skipped):
         print(f"S3 on loopback (moto), {small.rows:,} rows")
         with s3_copy(small) as s3:
@@ -358,8 +375,8 @@ def stores_section(results: dict[str, Result]) -> list[str]:
         "## Stores: sharded, per-request latency, S3, codec pipelines (issue 10)",
         "",
         "Each kind's throughput over zarr's own `x[:]` on the same store, in the same "
-        "interleaved rounds; in brackets the requests one epoch made (counted by the "
-        f"latency store).  The latency and S3 cases read {SUBSET_CHUNKS} chunks (the whole "
+        "interleaved rounds; in brackets (latency stores) the requests of one epoch / the "
+        f"most in flight at once.  The latency and S3 cases read {SUBSET_CHUNKS} chunks (the whole "
         "array when smaller); the others the whole dataset.  The exact shuffle has the "
         "default `memory_budget` (one window here).",
         "",
@@ -391,8 +408,10 @@ def stores_section(results: dict[str, Result]) -> list[str]:
 
 
 def requests(result: Result) -> str:
-    count = result.extra.get("requests")
-    return "" if count is None else f" ({count})"
+    """`` (requests/most in flight)`` of an epoch on a latency store, else nothing."""
+    if "requests" not in result.extra:
+        return ""
+    return f" ({result.extra['requests']}/{result.extra['in_flight']})"
 
 
 # --------------------------------------------------------------------------
