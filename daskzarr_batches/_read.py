@@ -60,6 +60,7 @@ from ._policy import (
     read_array,
     storage_keys,
 )
+from ._shards import ShardPrefetch, sharding_codec
 from ._sources import DaskSource, SliceSource, Source
 
 __all__ = [
@@ -167,7 +168,7 @@ def read_window(
         limit_rows = min(limit_rows, max(size // 16, largest * (os.cpu_count() or 1)))
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
-    if len(runs) == 1 and _is_whole(runs[0], size):
+    if len(runs) == 1 and _is_whole(runs[0], size) and sharding_codec(array) is None:
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
             rows = _owned(np.asarray(read_array(array, whole, scope)))
@@ -182,8 +183,19 @@ def read_window(
             out[at : at + len(rows)] = rows
             at += len(rows)
 
+    if sharding_codec(array) is not None:
+        shards = ShardPrefetch(array._async_array.store_path.store, array, pieces)
+        chunks = [[piece] for run in runs for piece in run]
+        try:
+            _read_runs_concurrently(
+                shards.view(), chunks, _starts(chunks), place, limit_rows,
+                streaming=partial, scope=scope, shards=shards,
+            )  # fmt: skip
+            return out, _report(array, pieces, ledger, ())
+        except Exception:  # the other reads were cancelled; read again run by run,
+            pass  # so that the error names the chunk that fails
     inner = getattr(array, "_async_array", None)
-    if inner is not None and len(runs) > 1:
+    if inner is not None and len(runs) > 1 and sharding_codec(array) is None:
         chunks = [[piece] for run in runs for piece in run]
         try:
             _read_runs_concurrently(
@@ -268,6 +280,7 @@ def _read_runs_concurrently(
     limit_rows: int,
     streaming: bool,
     scope: CancelScope | None = None,
+    shards: ShardPrefetch | None = None,
 ) -> None:
     """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
 
@@ -279,6 +292,9 @@ def _read_runs_concurrently(
     free its decoded chunks at once; else place them all afterwards on this
     thread, which measured faster when every row is kept (a full copy per run
     would otherwise hold up the loop).
+    ``shards``: the window's shard prefetch (sharded arrays, runs of one
+    chunk): each chunk's shard is fetched once before its read, and dropped
+    when its last chunk of the window is decoded.
     """
     from zarr.core.sync import sync
 
@@ -295,12 +311,16 @@ def _read_runs_concurrently(
                 await ready.wait_for(lambda: in_flight == 0 or in_flight + rows <= limit_rows)
                 in_flight += rows
             try:
+                if shards is not None:
+                    await shards.acquire(run[0].chunk)
                 slab = await inner.getitem((slice(run[0].start, run[-1].stop),))
                 if streaming:
                     place(run, np.asarray(slab), at)
                 else:
                     arrived.append((run, np.asarray(slab), at))
             finally:
+                if shards is not None:
+                    shards.release(run[0].chunk)
                 async with ready:
                     in_flight -= rows
                     ready.notify_all()
