@@ -60,7 +60,7 @@ from ._policy import (
     read_array,
     storage_keys,
 )
-from ._shards import ShardPrefetch, sharding_codec
+from ._shards import read_sharded, sharding_codec
 from ._sources import DaskSource, SliceSource, Source
 
 __all__ = [
@@ -184,14 +184,17 @@ def read_window(
             at += len(rows)
 
     if sharding_codec(array) is not None:
-        shards = ShardPrefetch(array._async_array.store_path.store, array, pieces)
-        chunks = [[piece] for run in runs for piece in run]
+        ordered = [piece for run in runs for piece in run]
+        shard_rows = max(array.shards[0], 1)
         try:
-            _read_runs_concurrently(
-                shards.view(), chunks, _starts(chunks), place, limit_rows,
-                streaming=partial, scope=scope, shards=shards,
+            coro = read_sharded(
+                array, ordered, _starts([[p] for p in ordered]), out, _keeps_all,
+                shards_in_flight=max(2, limit_rows // shard_rows),
             )  # fmt: skip
+            _run(coro, scope)
             return out, _report(array, pieces, ledger, ())
+        except ReadCancelledError:
+            raise
         except Exception:  # the other reads were cancelled; read again run by run,
             pass  # so that the error names the chunk that fails
     inner = getattr(array, "_async_array", None)
@@ -280,7 +283,6 @@ def _read_runs_concurrently(
     limit_rows: int,
     streaming: bool,
     scope: CancelScope | None = None,
-    shards: ShardPrefetch | None = None,
 ) -> None:
     """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
 
@@ -292,11 +294,7 @@ def _read_runs_concurrently(
     free its decoded chunks at once; else place them all afterwards on this
     thread, which measured faster when every row is kept (a full copy per run
     would otherwise hold up the loop).
-    ``shards``: the window's shard prefetch (sharded arrays, runs of one
-    chunk): each chunk's shard is fetched once before its read, and dropped
-    when its last chunk of the window is decoded.
     """
-    from zarr.core.sync import sync
 
     arrived: list[tuple[Sequence[ChunkPiece], np.ndarray, int]] = []
 
@@ -311,16 +309,12 @@ def _read_runs_concurrently(
                 await ready.wait_for(lambda: in_flight == 0 or in_flight + rows <= limit_rows)
                 in_flight += rows
             try:
-                if shards is not None:
-                    await shards.acquire(run[0].chunk)
                 slab = await inner.getitem((slice(run[0].start, run[-1].stop),))
                 if streaming:
                     place(run, np.asarray(slab), at)
                 else:
                     arrived.append((run, np.asarray(slab), at))
             finally:
-                if shards is not None:
-                    shards.release(run[0].chunk)
                 async with ready:
                     in_flight -= rows
                     ready.notify_all()
@@ -329,12 +323,16 @@ def _read_runs_concurrently(
             for run, at in zip(runs, starts, strict=True):
                 group.create_task(one(run, at))
 
-    if scope is None:
-        sync(read_all())
-    else:
-        scope.run(read_all())
+    _run(read_all(), scope)
     for run, slab, at in arrived:
         place(run, slab, at)
+
+
+def _run(coro: Any, scope: CancelScope | None) -> Any:
+    """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
+    from zarr.core.sync import sync
+
+    return sync(coro) if scope is None else scope.run(coro)
 
 
 def _runs(pieces: Sequence[ChunkPiece], max_rows: int) -> list[list[ChunkPiece]]:

@@ -231,3 +231,20 @@ def test_transient_faults_and_missing_shards_keep_the_read_policy() -> None:
     assert stream.stats.chunks_missing == 4
     with pytest.raises(dzb.MissingChunkError, match="c/2/0"):
         drain(dzb.batch_stream(open_wrapped(base.store), 16, missing="error"))
+
+
+@pytest.mark.parametrize("kind", ["none", "buffer", "exact"])
+def test_arrays_sharded_along_other_axes(kind: str) -> None:
+    data = np.random.default_rng(0).standard_normal((397, 5, 3)).astype("f4")
+    x = zarr.create_array(
+        zarr.storage.MemoryStore(),
+        shape=data.shape,
+        chunks=(7, 2, 3),
+        shards=(21, 4, 3),
+        dtype="f4",
+    )
+    x[:] = data
+    stream = make(kind, x, None, 16, 42, 100 * 60)
+    out = np.concatenate(drain(stream))
+    np.testing.assert_array_equal(out, data[plan_order(stream)])
+    assert stream.spec.plan().shards == (ShardLayout(3, 2, 2),)
