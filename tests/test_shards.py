@@ -10,6 +10,7 @@ window touches once, with the requests the plan's summary predicts.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import zarr
 import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
-from stores import CountingStore, FaultStore, is_chunk_key, open_wrapped
+from stores import CountingStore, FaultStore, HangStore, is_chunk_key, open_wrapped
 from strategies import property_settings
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
@@ -248,3 +249,26 @@ def test_arrays_sharded_along_other_axes(kind: str) -> None:
     out = np.concatenate(drain(stream))
     np.testing.assert_array_equal(out, data[plan_order(stream)])
     assert stream.spec.plan().shards == (ShardLayout(3, 2, 2),)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_timeout_cancels_shard_reads_in_flight(tmp_path: Any, shuffle: bool) -> None:
+    z = zarr.create_array(
+        tmp_path / "x.zarr", shape=(64, 2), chunks=(4, 2), shards=(16, 2), dtype="f4"
+    )
+    z[:] = 1
+    store = HangStore(zarr.storage.LocalStore(tmp_path / "x.zarr", read_only=True))
+    x = zarr.open_array(store=store, mode="r")
+    if shuffle:
+        stream = dzb.shuffled_batch_stream(x, 4, seed=0, memory_budget=200, timeout=0.5)
+    else:
+        stream = dzb.batch_stream(x, 4, timeout=0.5)
+    with pytest.raises(dzb.WindowTimeoutError):
+        next(stream)
+    deadline = time.monotonic() + 2
+    while store.state["now"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gets = store.state["gets"]
+    assert store.state["now"] == 0 and store.state["cancelled"] >= 1
+    time.sleep(0.3)
+    assert store.state["gets"] == gets, "a read was issued after the stream stopped"
