@@ -112,19 +112,25 @@ def test_sharded_streams_are_exact(
 ) -> None:
     ids = np.arange(n, dtype=np.int64)
     data = np.stack([ids * 2, ids * 2 + 1], axis=1).astype(np.int32)
-    x = stored(data, chunk, chunk * per_shard)
-    y = stored(ids, label_chunk, label_chunk * label_shards or None) if paired else None
+    log = RequestLog(stored(data, chunk, chunk * per_shard).store)
+    x = open_wrapped(log)
+    y = None
+    if paired:  # labels ids + 1: no chunk equals the fill value, so every chunk is stored
+        labels_store = stored(ids + 1, label_chunk, label_chunk * label_shards or None).store
+        y = open_wrapped(RequestLog(labels_store, log.log))
     row_bytes = 8 + (8 if paired else 0)
     budget = budget_rows * row_bytes
     stream = make(kind, x, y, batch, buffer, budget)
+    requests = stream.summary().requests
     batches = drain(stream)
+    assert len(log.log) == requests  # the shard-aware read made exactly the planned requests
     feats = np.concatenate([b[0] if paired else b for b in batches])
     order = plan_order(stream)
     np.testing.assert_array_equal(feats, data[order])  # the plan's order, read exactly
     assert sorted(feats[:, 0] // 2) == list(range(n))  # every sample exactly once
     if paired:
         labels = np.concatenate([b[1] for b in batches])
-        np.testing.assert_array_equal(labels, feats[:, 0] // 2)  # pairs aligned
+        np.testing.assert_array_equal(labels - 1, feats[:, 0] // 2)  # pairs aligned
     assert [len(b[0] if paired else b) for b in batches][:-1] == [batch] * (len(batches) - 1)
     if kind != "buffer":  # the plan does not depend on shards: same batches as unsharded
         plain = make(kind, stored(data, chunk, None), y, batch, buffer, budget)
