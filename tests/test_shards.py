@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from stores import CountingStore, FaultStore, HangStore, is_chunk_key, open_wrapped
 from strategies import property_settings
 from zarr.abc.store import ByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.buffer import Buffer, BufferPrototype, cpu, default_buffer_prototype
 
 import daskzarr_batches as dzb
 from daskzarr_batches._plan import ShardLayout
@@ -278,3 +278,27 @@ def test_a_timeout_cancels_shard_reads_in_flight(tmp_path: Any, shuffle: bool) -
     assert store.state["now"] == 0 and store.state["cancelled"] >= 1
     time.sleep(0.3)
     assert store.state["gets"] == gets, "a read was issued after the stream stopped"
+
+
+def test_a_corrupt_chunk_inside_a_shard_is_named_or_skipped() -> None:
+    data = np.arange(160 * 2, dtype="f4").reshape(160, 2) + 1
+    base = stored(data, 10, 40)  # shards of 4 chunks; corrupt chunk 5 (shard 1, inner 1)
+    raw = bytearray(
+        zarr.core.sync.sync(base.store.get("c/1/0", default_buffer_prototype())).to_bytes()
+    )
+    offsets = np.frombuffer(bytes(raw[-(4 * 16 + 4) : -4]), dtype="<u8").reshape(-1, 2)
+    start, size = (int(v) for v in offsets[1])
+    raw[start : start + size] = b"\xff" * size
+    zarr.core.sync.sync(base.store.set("c/1/0", cpu.Buffer.from_bytes(bytes(raw))))
+    x = open_wrapped(base.store)
+    for stream in (
+        dzb.batch_stream(x, 16),
+        dzb.shuffled_batch_stream(x, 16, seed=0, memory_budget=40 * 8),
+    ):
+        with pytest.raises(dzb.CorruptChunkError, match="axis-0 chunk 5"):
+            drain(stream)
+    stream = dzb.shuffled_batch_stream(x, 16, seed=0, shuffle_buffer_size=40, on_error="skip")
+    with pytest.warns(UserWarning):
+        out = np.concatenate(drain(stream))
+    kept = np.delete(data, np.s_[50:60], axis=0)
+    assert sorted(out[:, 0].tolist()) == sorted(kept[:, 0].tolist())
