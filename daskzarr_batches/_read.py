@@ -60,6 +60,7 @@ from ._policy import (
     read_array,
     storage_keys,
 )
+from ._shards import read_sharded, sharding_codec
 from ._sources import DaskSource, SliceSource, Source
 
 __all__ = [
@@ -167,7 +168,7 @@ def read_window(
         limit_rows = min(limit_rows, max(size // 16, largest * (os.cpu_count() or 1)))
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
-    if len(runs) == 1 and _is_whole(runs[0], size):
+    if len(runs) == 1 and _is_whole(runs[0], size) and sharding_codec(array) is None:
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
             rows = _owned(np.asarray(read_array(array, whole, scope)))
@@ -182,8 +183,22 @@ def read_window(
             out[at : at + len(rows)] = rows
             at += len(rows)
 
+    if sharding_codec(array) is not None:
+        ordered = [piece for run in runs for piece in run]
+        shard_rows = max(array.shards[0], 1)
+        try:
+            coro = read_sharded(
+                array, ordered, _starts([[p] for p in ordered]), out, _keeps_all,
+                shards_in_flight=max(2, limit_rows // shard_rows),
+            )  # fmt: skip
+            _run(coro, scope)
+            return out, _report(array, pieces, ledger, ())
+        except ReadCancelledError:
+            raise
+        except Exception:  # the other reads were cancelled; read again run by run,
+            pass  # so that the error names the chunk that fails
     inner = getattr(array, "_async_array", None)
-    if inner is not None and len(runs) > 1:
+    if inner is not None and len(runs) > 1 and sharding_codec(array) is None:
         chunks = [[piece] for run in runs for piece in run]
         try:
             _read_runs_concurrently(
@@ -280,7 +295,6 @@ def _read_runs_concurrently(
     thread, which measured faster when every row is kept (a full copy per run
     would otherwise hold up the loop).
     """
-    from zarr.core.sync import sync
 
     arrived: list[tuple[Sequence[ChunkPiece], np.ndarray, int]] = []
 
@@ -309,12 +323,16 @@ def _read_runs_concurrently(
             for run, at in zip(runs, starts, strict=True):
                 group.create_task(one(run, at))
 
-    if scope is None:
-        sync(read_all())
-    else:
-        scope.run(read_all())
+    _run(read_all(), scope)
     for run, slab, at in arrived:
         place(run, slab, at)
+
+
+def _run(coro: Any, scope: CancelScope | None) -> Any:
+    """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
+    from zarr.core.sync import sync
+
+    return sync(coro) if scope is None else scope.run(coro)
 
 
 def _runs(pieces: Sequence[ChunkPiece], max_rows: int) -> list[list[ChunkPiece]]:

@@ -502,11 +502,47 @@ class SliceSource(Source):
     """A Zarr or numpy array, read by slicing it inside a task.
 
     ``token`` is unique per source object: graphs hold the array under a key
-    made from it, so two arrays never share a key.
+    made from it, so two arrays never share a key.  ``shards`` is the shard
+    shape of a sharded Zarr array (each shard one stored object holding
+    several chunks and an index of their byte ranges), ``None`` otherwise.
     """
 
     array: Any = field(repr=False, default=None)
     token: str = field(repr=False, default="")
+    shards: tuple[int, ...] | None = None
+
+    @property
+    def stored(self) -> bool:
+        """Whether the array is read from a Zarr store (not a numpy array)."""
+        return isinstance(self.array, zarr.Array)
+
+    @property
+    def shard_rows(self) -> int | None:
+        """Samples (axis-0 rows) per shard; ``None`` for unsharded or non-Zarr arrays."""
+        return None if self.shards is None else self.shards[0]
+
+    @property
+    def chunk_keys_per_row(self) -> int:
+        """Stored objects (chunks or shards) per axis-0 chunk or shard row.
+
+        1 unless the array is also split along other axes.
+        """
+        grid = self.shards or tuple(sizes[0] if sizes else 0 for sizes in self.chunks)
+        return math.prod(
+            -(-size // step) if step else 1
+            for size, step in zip(self.shape[1:], grid[1:], strict=True)
+        )
+
+    @property
+    def inner_per_key(self) -> int:
+        """Chunks along the other axes inside one shard (1 when unsharded)."""
+        if self.shards is None:
+            return 1
+        inner = [sizes[0] for sizes in self.chunks[1:]]
+        return math.prod(
+            max(1, shard // chunk) if chunk else 1
+            for shard, chunk in zip(self.shards[1:], inner, strict=True)
+        )
 
     @property
     def carries_data(self) -> bool:
@@ -597,7 +633,8 @@ def _as_source(array: Any, role: str) -> Source:
         _check_dtype(role, dtype)
         chunks = da.core.normalize_chunks(array.chunks, shape)
         name = str(array.store_path)
-        return SliceSource(name, shape, dtype, chunks, array, _token(array))
+        shards = None if array.shards is None else tuple(array.shards)
+        return SliceSource(name, shape, dtype, chunks, array, _token(array), shards)
     if isinstance(array, np.ndarray):
         shape = array.shape
         _check_dims(role, shape)
