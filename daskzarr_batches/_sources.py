@@ -36,6 +36,7 @@ import dask.array as da
 import numpy as np
 import zarr
 import zarr.abc.store
+from dask.tokenize import normalize_token
 
 from ._errors import (
     ArgumentTypeError,
@@ -221,6 +222,21 @@ def zarr_pipeline(metadata: Any) -> Any:
     return BatchedCodecPipeline.from_codecs(
         [V2Codec(filters=metadata.filters, compressor=metadata.compressor)]
     )
+
+
+@normalize_token.register_lazy("zarrs")
+def _register_zarrs_token() -> None:
+    """Tokenize a zarrs pipeline by what it pickles (its metadata and store).
+
+    dask tokenizes graph values (a distributed client does, deterministically),
+    walking dataclass fields; the Rust object a zarrs pipeline holds cannot be
+    tokenized, but it is rebuilt from the metadata and store when unpickled.
+    """
+    import zarrs.pipeline
+
+    @normalize_token.register(zarrs.pipeline.ZarrsCodecPipeline)
+    def _(pipeline: Any) -> Any:
+        return type(pipeline).__name__, normalize_token(pipeline.__getstate__())
 
 
 # Kinds of numpy dtypes zarrs' pipeline hands back to Python codecs (or refuses).
