@@ -175,15 +175,36 @@ def _zarrs_import_problem() -> str | None:
     return None
 
 
+#: zarrs decodes on process-wide Rust threads, started as soon as a zarrs pipeline is
+#: built; a process forked after that inherits them as dead threads, and a zarrs read
+#: there waits forever (measured with zarrs 0.2.3: a forked child of a process that only
+#: opened an array with zarrs hangs on its first read).  Such a child reads with zarr's
+#: pipeline instead: ``"used"`` is set in a process that built or met a zarrs pipeline,
+#: ``"forked"`` in its forked children.
+_zarrs_state = {"used": False, "forked": False}
+
+
+def _zarrs_after_fork() -> None:
+    if _zarrs_state["used"]:
+        _zarrs_state["forked"] = True
+
+
+os.register_at_fork(after_in_child=_zarrs_after_fork)
+
+
 def codec_pipeline_of(array: Any) -> Literal["zarrs", "zarr"]:
-    """``"zarrs"`` if zarrs' Rust pipeline reads ``array`` natively, else ``"zarr"``.
+    """``"zarrs"`` if zarrs' Rust pipeline reads ``array`` natively here, else ``"zarr"``.
 
     A zarrs pipeline that could not be set up for the array (zarrs warned
-    and falls back to Python codecs) counts as ``"zarr"``.
+    and falls back to Python codecs) counts as ``"zarr"``, and so does any
+    zarrs pipeline in a process forked after zarrs was used (its threads
+    did not survive the fork: such a process reads with zarr's pipeline).
     """
     pipeline = getattr(getattr(array, "_async_array", None), "codec_pipeline", None)
-    native = _is_zarrs(pipeline) and getattr(pipeline, "impl", None) is not None
-    return "zarrs" if native else "zarr"
+    if not _is_zarrs(pipeline) or getattr(pipeline, "impl", None) is None:
+        return "zarr"
+    _zarrs_state["used"] = True
+    return "zarr" if _zarrs_state["forked"] else "zarrs"
 
 
 def _is_zarrs(pipeline: object) -> bool:
@@ -248,6 +269,9 @@ def _zarrs_pipeline(array: zarr.Array) -> Any:
     dtype = np.dtype(array.dtype)
     if not dtype.isnative or dtype.kind in _ZARRS_UNSUPPORTED_KINDS:
         return None  # zarrs raises for a non-native byte order
+    if _zarrs_state["forked"]:
+        return None
+    _zarrs_state["used"] = True
     try:
         import zarrs
         from zarrs.pipeline import get_codec_pipeline_fallback, get_codec_pipeline_impl

@@ -284,3 +284,27 @@ def test_policy_holds_with_zarrs(kind: str, shards: Any) -> None:
             assert sorted(rows[:, 0, 0]) == sorted(expected[:, 0, 0])
         else:
             assert len(batches) < len(data) // 10
+
+
+# --------------------------------------------------------------------------
+# Forked processes (torch DataLoader workers)
+
+
+def test_forked_workers_read_with_zarrs_pipeline_after_zarrs_was_used() -> None:
+    """zarrs' threads do not survive fork: forked workers fall back to zarr, same batches."""
+    torch = pytest.importorskip("torch")
+    from daskzarr_batches.torch import ZarrIterableDataset
+
+    path, data = local_array(shape=(64, 2), chunks=(8, 2))
+    x = dzb.open_array(path, codec_pipeline="zarrs")
+    assert pipeline_of(x) == "zarrs"
+    assert len(list(dzb.batch_stream(x, 16))) == 4  # zarrs used in this process
+    loader = torch.utils.data.DataLoader(
+        ZarrIterableDataset(dzb.Loader({"x": x}, 8)),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+        timeout=60,  # a zarrs read in a forked worker would wait forever
+    )
+    rows = torch.cat([batch["x"] for batch in loader]).numpy()
+    assert sorted(rows[:, 0]) == sorted(data[:, 0])
