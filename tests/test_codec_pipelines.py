@@ -196,7 +196,9 @@ def test_same_batches_on_both_pipelines(kind: str, shards: Any) -> None:
         np.testing.assert_array_equal(np.concatenate(runs[0]), data)
 
 
-def test_same_batches_on_a_cluster(client: Any) -> None:
+def test_same_batches_on_a_cluster_of_processes() -> None:
+    """The arrays pickle to worker processes with their zarrs pipeline, and read the same."""
+    distributed = pytest.importorskip("distributed")
     path, _ = local_array()
     labels_path, _ = local_array(shape=(203,), chunks=(10,), dtype="float64")
     local = epoch(
@@ -206,7 +208,15 @@ def test_same_batches_on_a_cluster(client: Any) -> None:
     )
     array = dzb.open_array(path, codec_pipeline="zarrs")
     labels = dzb.open_array(labels_path, codec_pipeline="zarrs")
-    assert_same(local, epoch(array, labels, "paired", client=client))
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0"
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        behind = _zarr_behind(array)
+        assert client.submit(codec_pipeline_of, behind).result() == "zarrs"
+        assert_same(local, epoch(array, labels, "paired", client=client))
 
 
 # --------------------------------------------------------------------------
