@@ -25,7 +25,7 @@ import itertools
 import os
 import random
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -292,7 +292,7 @@ def native_view(
     name: str,
     policy: ReadPolicy,
     ledger: Ledger,
-    keys: Any,
+    keys: Callable[[], list[str]],
     scope: CancelScope | None = None,
 ) -> Any:
     """``array`` itself when zarrs reads its store natively, else None.
