@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable, Sequence
@@ -437,10 +438,12 @@ def read_shard(
     whose retries were spent is not tried again.
     """
     ledger = Ledger()
-    view = policy_view(array, name, policy, ledger)
-    region = tuple(
-        slice(min(s[axis].start for s in slices), max(s[axis].stop for s in slices))
-        for axis in range(len(slices[0]))
+    view, region = _whole_shard(
+        policy_view(array, name, policy, ledger),
+        tuple(
+            slice(min(s[axis].start for s in slices), max(s[axis].stop for s in slices))
+            for axis in range(len(slices[0]))
+        ),
     )
     try:
         slab: np.ndarray | None = np.asarray(read_array(view, region, scope))
@@ -622,6 +625,30 @@ def block_graph(
     mapped = (f"dzb-map-{token}", *block)
     dsk[mapped] = (apply_transform, transform, key, scope)
     return dsk, mapped
+
+
+def _whole_shard(view: Any, region: tuple[slice, ...]) -> tuple[Any, tuple[slice, ...]]:
+    """``view`` and ``region`` widened to the whole shard holding ``region``.
+
+    Zarr fetches a shard with one request only when the selection covers the
+    whole shard; a shard at the array's edge is cropped, and Zarr would read
+    its index and then each inner chunk (a request each).  A shard is stored
+    at its full shape whatever the array's, so the view gets a shape rounded
+    up to whole shards (the metadata only; no I/O) and the region the whole
+    shard; the rows past the array's end are dropped by the caller.
+    """
+    shards = view.shards if isinstance(view, zarr.Array) else None
+    if shards is None:
+        return view, region
+    whole = tuple(slice(r.start, r.start + n) for r, n in zip(region, shards, strict=True))
+    if all(w.stop <= size for w, size in zip(whole, view.shape, strict=True)):
+        return view, whole
+    from zarr.core.array import AsyncArray
+
+    inner = view._async_array
+    shape = tuple(-(-size // n) * n for size, n in zip(view.shape, shards, strict=True))
+    metadata = dataclasses.replace(inner.metadata, shape=shape)
+    return zarr.Array(AsyncArray(metadata, inner.store_path, config=inner.config)), whole
 
 
 def shard_units(source: Source) -> list[tuple[tuple[int, ...], ...]] | None:

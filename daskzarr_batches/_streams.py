@@ -1056,6 +1056,7 @@ class ChunkStream(Stream[Any]):
         self.source = source
         self.policy = policy
         self._blocks = list(source.blocks())
+        self._sharded = units is not None
         self._units = (
             [tuple(unit) for unit in units] if units else [(block,) for block in self._blocks]
         )
@@ -1081,7 +1082,7 @@ class ChunkStream(Stream[Any]):
         def submit_next() -> None:
             nonlocal submitted
             unit = units[submitted]
-            if len(unit) == 1:
+            if not self._sharded:
                 dsk, key = block_graph(
                     source, unit[0], self._token, self._transform, self.policy, self._runner.scope
                 )
@@ -1104,7 +1105,7 @@ class ChunkStream(Stream[Any]):
             result = self._wait(future, lambda u=unit: self._where_unit(u))
             del in_flight[future]
             self._runner.release(future)
-            if len(unit) == 1 and not isinstance(result, list):
+            if not self._sharded:
                 item, report = result
                 return [(unit[0], _aligned(item), report, None)]
             return [(block, _aligned(item), report, error) for block, item, report, error in result]
@@ -1164,7 +1165,7 @@ class ChunkStream(Stream[Any]):
             held.clear()
 
     def _where_unit(self, unit: tuple[tuple[int, ...], ...]) -> str:
-        if len(unit) == 1:
+        if not self._sharded:
             return self._where(unit[0])
         return f"the shard of chunks {unit[0]}..{unit[-1]} of array {self.source.name}" + (
             "" if self._transform is None else f" ({_name(self._transform)}() on its chunks)"
