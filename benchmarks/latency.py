@@ -11,6 +11,7 @@ wrapped store)::
     python benchmarks/latency.py --latency 0.1 --rounds 3
     python benchmarks/latency.py --latency 0 --old main   # local: this tree vs main's library
     python benchmarks/latency.py --latency 0.02 --sharded # 8 chunks per shard
+    python benchmarks/latency.py --latency 0.1 --sweep    # chunk_stream per io_concurrency
 
 ``--old REF`` runs the chunk-stream cases of the library as of ``REF`` beside
 this tree's (``benchmarks/compare.py`` extracts it).  The dataset (600,000 x 64
@@ -125,10 +126,11 @@ def cases(dzb: ModuleType, x: zarr.Array, prefix: str, old: bool) -> dict[str, C
     }
 
 
-def timed(function: Callable[[], Any]) -> float:
-    started = time.perf_counter()
+def timed(function: Callable[[], Any]) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds (all threads) of one call."""
+    started, cpu = time.perf_counter(), time.process_time()
     function()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 def run(args: argparse.Namespace, baseline: ModuleType | None) -> str:
@@ -136,18 +138,30 @@ def run(args: argparse.Namespace, baseline: ModuleType | None) -> str:
     state = {"now": 0, "peak": 0, "gets": 0}
     store = LatencyStore(zarr.storage.LocalStore(path, read_only=True), args.latency, state)
     x = zarr.open_array(store=store, mode="r")
-    table = {"zarr x[:]": lambda: x[:]}
-    table.update(cases(current, x, "", old=False))
+    table: dict[str, Callable[[], Any]] = {"zarr x[:]": lambda: x[:]}
+    if args.sweep:
+        for io in (2, 4, 8, 16, 32):
+            table[f"chunk_stream, io_concurrency={io}"] = lambda io=io: drain(
+                current.chunk_stream(x, io_concurrency=io)
+            )
+            table[f"map_chunks(np.sum), io_concurrency={io}"] = lambda io=io: drain(
+                current.map_chunks(np.sum, x, io_concurrency=io)
+            )
+    else:
+        table.update(cases(current, x, "", old=False))
     if baseline is not None:
         table.update(cases(baseline, x, "old: ", old=True))
     seconds: dict[str, list[float]] = {name: [] for name in table}
+    cpu: dict[str, list[float]] = {name: [] for name in table}
     peaks: dict[str, int] = {}
     names = list(table)
     for round_number in range(args.rounds):
         order = names if round_number % 2 == 0 else names[:1] + names[:0:-1]
         for name in order:
             state["peak"] = 0
-            seconds[name].append(timed(table[name]))
+            wall, used = timed(table[name])
+            seconds[name].append(wall)
+            cpu[name].append(used)
             peaks[name] = max(peaks.get(name, 0), state["peak"])
     reference = statistics.median(seconds["zarr x[:]"])
     mb = x.nbytes / 1e6
@@ -157,14 +171,14 @@ def run(args: argparse.Namespace, baseline: ModuleType | None) -> str:
         f"before each get, {args.rounds} rounds; zarr x[:] median {reference:.3f} s "
         f"({mb / reference:.0f} MB/s)",
         "",
-        "| case | median s | MB/s | vs x[:] | peak gets in flight |",
-        "|---|---:|---:|---:|---:|",
+        "| case | median s | MB/s | vs x[:] | CPU s (median) | peak gets in flight |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         median = statistics.median(seconds[name])
         lines.append(
             f"| {name} | {median:.3f} | {mb / median:.0f} | {reference / median:.2f}x "
-            f"| {peaks[name]} |"
+            f"| {statistics.median(cpu[name]):.2f} | {peaks[name]} |"
         )
     return "\n".join(lines)
 
@@ -176,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=600_000)
     parser.add_argument("--sharded", action="store_true", help="8 chunks per shard")
     parser.add_argument("--old", help="also run the library as of this git ref")
+    parser.add_argument(
+        "--sweep", action="store_true", help="chunk_stream and map_chunks per io_concurrency"
+    )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "dzb-latency")
     args = parser.parse_args(argv)
     args.data.mkdir(parents=True, exist_ok=True)

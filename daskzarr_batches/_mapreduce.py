@@ -90,8 +90,8 @@ def map_chunks(
         Reads in flight, as for :func:`chunk_stream` (a sharded array is read
         one shard per read, ``func`` applied to each inner chunk); locally
         at most one ``func`` call per CPU runs at once, whatever the value.
-        Default: 16, fewer for large chunks or shards (local), or twice the
-        cluster's worker threads.
+        Default: one per CPU on a local store, 16 on others (fewer for large
+        chunks or shards), twice the cluster's worker threads on a cluster.
     with_index : bool, default False
         Yield ``(block_index, result)`` tuples.
     timeout : float, optional

@@ -49,8 +49,8 @@ DEFAULT_PREFETCH = 2
 DEFAULT_WINDOW_BYTES = 32 * 2**20
 #: Bytes of samples an exact shuffle may hold in its windows.
 DEFAULT_MEMORY_BUDGET = 2**30
-#: Store requests a stream keeps in flight locally (``io_concurrency=None``); how it
-#: was chosen: docs/benchmarks.md, "Latency hiding".
+#: Reads a chunk stream keeps in flight on a store that is not known to be local
+#: (``io_concurrency=None``); how it was chosen: docs/benchmarks.md, "Latency hiding".
 DEFAULT_IO_CONCURRENCY = 16
 #: Decoded bytes the reads in flight of a chunk stream hold at most by default: the
 #: default ``io_concurrency`` is lowered (to no less than the CPU count) for larger
@@ -184,8 +184,9 @@ class StreamSpec:
     retries : int, default 3
         Retries of one read after a transient fault (backoff with jitter).
     io_concurrency : int, optional
-        Store requests the stream's local reads keep in flight at most
-        (``None``: ``DEFAULT_IO_CONCURRENCY``); decoding is bounded
+        Store requests the stream's local reads keep in flight at most;
+        ``None``: no limit beyond the stream's own (two windows read at a
+        time, each requesting its chunks concurrently).  Decoding is bounded
         separately, by Zarr's executor.  On a cluster, each worker's reads
         are bounded by its threads and Zarr's ``async.concurrency``.
 
@@ -238,8 +239,7 @@ class StreamSpec:
         put("drop_remainder", flag("drop_remainder", self.drop_remainder))
         put("timeout", timeout_seconds(self.timeout))
         put("retries", non_negative_int("retries", self.retries))
-        requests = io_concurrency(self.io_concurrency)
-        put("io_concurrency", DEFAULT_IO_CONCURRENCY if requests is None else requests)
+        put("io_concurrency", io_concurrency(self.io_concurrency))
         ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
         put("client", resolve_client(self.client))
         buffer = self.shuffle_buffer_size

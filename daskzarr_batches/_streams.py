@@ -154,10 +154,14 @@ def chunk_stream(
         of one chunk, or of one shard of a sharded array, whose inner chunks
         are then yielded one by one).  Locally the stream's store requests are
         also capped at this number; decoding runs on Zarr's executor,
-        whatever the value.  Default: ``DEFAULT_IO_CONCURRENCY`` (16) reads,
-        lowered for large chunks or shards so that the reads in flight hold
-        at most 256 MiB decoded (to no fewer than the CPU count); on a
-        cluster, twice its worker threads (futures in flight).
+        whatever the value.  Default: one read per CPU for a store known to
+        be local (``LocalStore``, ``MemoryStore``, ``ZipStore``, numpy and
+        dask arrays), where more reads measured more CPU time and no gain;
+        ``DEFAULT_IO_CONCURRENCY`` (16) for any other store (object stores,
+        fsspec, wrappers), lowered for large chunks or shards so that the
+        reads in flight hold at most 256 MiB decoded (to no fewer than the
+        CPU count); on a cluster, twice its worker threads (futures in
+        flight).
 
     Returns
     -------
@@ -270,11 +274,13 @@ def batch_stream(
         timeouts, HTTP 5xx / 429 / throttling), with exponential backoff and
         jitter; not-found, permission and decoding errors are never retried.
     io_concurrency : int, optional
-        Store requests the stream's local reads keep in flight at most
-        (default ``DEFAULT_IO_CONCURRENCY``, 16); decoding runs on Zarr's
-        executor whatever the value.  Windows are read two at a time, each
-        with its chunks requested concurrently.  On a cluster, each worker's
-        reads are bounded by its threads and Zarr's ``async.concurrency``.
+        Store requests the stream's local reads keep in flight at most;
+        ``None`` (default): no limit beyond the stream's own, two windows
+        read at a time, each requesting its chunks concurrently (measured to
+        keep up with Zarr's ``x[:]`` at 20-100 ms per request).  Decoding
+        runs on Zarr's executor whatever the value.  On a cluster, each
+        worker's reads are bounded by its threads and Zarr's
+        ``async.concurrency``.
 
     Returns
     -------
@@ -561,6 +567,8 @@ def _default_io_concurrency(
     """Reads in flight of a chunk stream when ``io_concurrency`` is not given.
 
     On a cluster: twice its worker threads (futures in flight).  Locally:
+    one per CPU for a store known to be local (no latency to hide; more reads
+    in flight measured more CPU time per epoch), else
     ``DEFAULT_IO_CONCURRENCY``, lowered so that the reads in flight hold at
     most ``DEFAULT_IO_BYTES`` decoded (one chunk, or one shard, each), but
     not below the CPU count.
@@ -569,12 +577,26 @@ def _default_io_concurrency(
         threads = sum(client.nthreads().values())
         return max(2 * threads, 1)
     cpus = os.cpu_count() or 1
+    if _is_local(source):
+        return cpus
     largest = max((len(unit) for unit in units), default=1) if units else 1
     chunk_bytes = source.dtype.itemsize * math.prod(
         max(sizes, default=0) for sizes in source.chunks
     )
     fits = DEFAULT_IO_BYTES // max(largest * chunk_bytes, 1)
     return max(min(DEFAULT_IO_CONCURRENCY, fits), min(cpus, DEFAULT_IO_CONCURRENCY), 1)
+
+
+_LOCAL_STORES = ("LocalStore", "MemoryStore", "ZipStore", "GpuMemoryStore")
+
+
+def _is_local(source: Source) -> bool:
+    """Whether ``source`` is read without request latency: a numpy or dask array, or a
+    Zarr array on a local store (a wrapper store may add latency: it is not local)."""
+    if not isinstance(source, SliceSource):
+        return True  # a dask array computes its own graph
+    store = getattr(source.array, "store", None)
+    return store is None or type(store).__name__ in _LOCAL_STORES
 
 
 # --------------------------------------------------------------------------
