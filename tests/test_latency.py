@@ -205,3 +205,18 @@ def test_a_sharded_chunk_stream_applies_the_read_policy(tmp_path: Path) -> None:
         pytest.warns(dzb.SkippedChunksWarning),
     ):
         consume(dzb.chunk_stream(x, on_error="skip", missing="error"))
+
+
+def test_a_sharded_chunk_stream_on_a_cluster(client: Any, tmp_path: Path) -> None:
+    data = np.arange(100, dtype="f8").reshape(50, 2)
+    x = zarr.create_array(
+        tmp_path / "x.zarr", shape=(50, 2), chunks=(4, 2), shards=(16, 2), dtype="f8"
+    )
+    x[:] = data
+    for ordered in (True, False):
+        stream = dzb.map_chunks(np.sum, x, client=client, ordered=ordered, with_index=True)
+        got = dict(consume(stream))
+        assert got == {(i, 0): float(data[4 * i : 4 * i + 4].sum()) for i in range(13)}
+        blocks = consume(dzb.chunk_stream(x, client=client, ordered=ordered, with_index=True))
+        assert sorted(b for b, _ in blocks) == [(i, 0) for i in range(13)]
+        assert np.array_equal(np.concatenate([c for _, c in sorted(blocks)]), data)
