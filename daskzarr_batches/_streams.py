@@ -559,6 +559,11 @@ class StreamStats:
         Reads retried after a transient fault.
     skipped : list of SkippedChunk
         Chunks left out because they do not decode (``on_error="skip"``).
+    time_to_first_batch : float or None
+        Seconds from the stream's creation to the first batch (chunk streams:
+        the first chunk) handed out; ``None`` before it.  The start-up cost:
+        sequential and buffered streams read a one-unit window first, so it is
+        about one chunk read (``docs/architecture.md``, *Fast start*).
     """
 
     chunks_read: int = 0
@@ -571,6 +576,7 @@ class StreamStats:
     chunks_missing: int = 0
     retries: int = 0
     skipped: list[SkippedChunk] = field(default_factory=list)
+    time_to_first_batch: float | None = None
 
     @property
     def read_amplification(self) -> float:
@@ -602,6 +608,7 @@ class Stream(Generic[T]):
     def __init__(
         self, length: int, runner: Runner, timeout: float | None, missing: str = "warn"
     ) -> None:
+        self._created = time.perf_counter()
         self.stats = StreamStats()
         self._length = length
         self._runner = runner
@@ -771,6 +778,7 @@ class BatchStream(Stream[Any]):
         positions: Ranges | None = None,
         drop_remainder: bool | None = None,
     ) -> None:
+        created = time.perf_counter()
         self.spec = spec
         self.plan = spec.plan()
         assert spec.prefetch is not None  # resolved by the spec
@@ -784,6 +792,7 @@ class BatchStream(Stream[Any]):
         )
         length = _count(sum(b - a for a, b in self.positions), spec.batch_size, self._drop)
         super().__init__(length, runner, spec.timeout, spec.missing)
+        self._created = created
 
     @property
     def seed(self) -> int | None:
@@ -797,7 +806,7 @@ class BatchStream(Stream[Any]):
         in_flight: deque[tuple[Window, Any]] = deque()
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
         sources: list[Source] = []
-        deliver = _Delivery(self.stats, spec.paired)
+        deliver = _Delivery(self.stats, spec.paired, self._created)
         policy = spec.policy
 
         def top_up(limit: int) -> None:
@@ -840,15 +849,12 @@ class BatchStream(Stream[Any]):
             in_flight.clear()
 
     def _windows(self) -> Iterator[Window]:
-        """The windows of this stream's positions (cut to them where a range ends inside)."""
+        """The windows of this stream's positions (``EpochPlan.windows_between``)."""
+        index = 0
         for first, end in self.positions:
-            for window in self.plan.windows():
-                start = window.position
-                if start >= end:
-                    break
-                if start + window.size > first:
-                    lo, hi = max(first - start, 0), min(end - start, window.size)
-                    yield self.plan.part(window, lo, hi)
+            for window in self.plan.windows_between(first, end, index):
+                yield window
+                index = window.index + 1
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.
@@ -937,15 +943,18 @@ class BatchStream(Stream[Any]):
 class _Delivery:
     """Counts a batch in ``stats`` and hands it out (the per-batch hot path)."""
 
-    __slots__ = ("paired", "stats")
+    __slots__ = ("created", "paired", "stats")
 
-    def __init__(self, stats: StreamStats, paired: bool) -> None:
+    def __init__(self, stats: StreamStats, paired: bool, created: float) -> None:
         self.stats = stats
         self.paired = paired
+        self.created = created
 
     def __call__(self, batch: tuple[np.ndarray, ...]) -> Any:
         stats = self.stats
         first = batch[0]
+        if stats.time_to_first_batch is None:
+            stats.time_to_first_batch = time.perf_counter() - self.created
         stats.items_yielded += 1
         stats.samples_yielded += len(first)
         if self.paired:
@@ -975,11 +984,13 @@ class ChunkStream(Stream[Any]):
         policy: ReadPolicy = DEFAULT_POLICY,
         transform: Callable[[np.ndarray], Any] | None = None,
     ) -> None:
+        created = time.perf_counter()
         self.source = source
         self.policy = policy
         self._blocks = list(source.blocks())
         runner = make_runner(client, in_flight=concurrency)
         super().__init__(len(self._blocks), runner, timeout, policy.missing)
+        self._created = created
         self._concurrency = concurrency
         self._ordered = ordered
         self._with_index = with_index
@@ -1067,6 +1078,8 @@ class ChunkStream(Stream[Any]):
 
     def _deliver(self, block: tuple[int, ...], item: Any, missing: bool = False) -> Any:
         stats = self.stats
+        if stats.time_to_first_batch is None:
+            stats.time_to_first_batch = time.perf_counter() - self._created
         sizes = [axis[i] for axis, i in zip(self.source.chunks, block, strict=True)]
         stats.windows_read += 1
         if not missing:

@@ -538,6 +538,41 @@ def test_prefetch_bounds_the_windows_in_flight(prefetch: int) -> None:
 
 
 # --------------------------------------------------------------------------
+# Fast start
+
+
+@pytest.mark.parametrize(
+    ("kind", "first_chunks"),
+    [("sequential", 1), ("buffered", 1), ("paired", 1), ("exact", 10), ("chunks", 1)],
+)
+def test_first_batch_waits_for_one_chunk_and_is_timed(kind: str, first_chunks: int) -> None:
+    # With prefetch 0 nothing is read ahead: the first batch costs the first
+    # window's chunks only (the ramp's one unit), and stats time it.
+    data = make_data((40, 2), "float64")
+    x = to_zarr(data, (4, 2))
+    big = 10 * 4 * 2 * 8  # windows of the whole array without the ramp
+    stream: Any = {
+        "sequential": lambda: dzb.batch_stream(x, 3, prefetch=0, window_bytes=big),
+        "buffered": lambda: dzb.shuffled_batch_stream(
+            x, 3, seed=1, shuffle_buffer_size=40, prefetch=0
+        ),
+        "paired": lambda: dzb.paired_batch_stream(x, x, 3, prefetch=0, window_bytes=2 * big),
+        "exact": lambda: dzb.shuffled_batch_stream(x, 3, seed=1, prefetch=0),
+        "chunks": lambda: dzb.chunk_stream(x, concurrency=1),
+    }[kind]()
+    assert stream.stats.time_to_first_batch is None
+    next(stream)
+    waited = stream.stats.time_to_first_batch
+    assert waited is not None and waited > 0
+    per_array = stream.stats.chunks_read // (2 if kind == "paired" else 1)
+    assert per_array == first_chunks
+    rest = list(stream)
+    assert stream.stats.time_to_first_batch == waited  # set once
+    assert len(rest) == len(stream) - 1
+    assert "time_to_first_batch=" in repr(stream.stats)
+
+
+# --------------------------------------------------------------------------
 # Scheduler independence
 
 
