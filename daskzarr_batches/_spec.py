@@ -169,6 +169,11 @@ class StreamSpec:
         samples leave the epoch (from every array), with a warning.
     retries : int, default 3
         Retries of one read after a transient fault (backoff with jitter).
+    ramp : bool, default True
+        Fast start: the first sequential or buffered window is read as
+        windows of 1, 1, 2, 4, ... units (``EpochPlan.ramp``).  ``False``
+        gives the flat windows of earlier versions (and, for the buffered
+        shuffle, a first buffer mixed as well as the others).
 
     Raises
     ------
@@ -192,6 +197,7 @@ class StreamSpec:
     missing: MissingMode = "warn"
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
+    ramp: bool = True
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -218,6 +224,7 @@ class StreamSpec:
         put("drop_remainder", flag("drop_remainder", self.drop_remainder))
         put("timeout", timeout_seconds(self.timeout))
         put("retries", non_negative_int("retries", self.retries))
+        put("ramp", flag("ramp", self.ramp))
         ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
         put("client", resolve_client(self.client))
         buffer = self.shuffle_buffer_size
@@ -290,6 +297,7 @@ class StreamSpec:
             seed=self.seed or 0,
             epoch=self.epoch,
             row_bytes=tuple(source.row_bytes for source in self.sources),
+            ramp=self.ramp,
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:
