@@ -87,8 +87,12 @@ def measure_prefetch(w: cases.Workload, buffered: Result) -> dict[str, float]:
 def measure_fast_start(
     args: argparse.Namespace, data_dir: Path, results: dict[str, Result]
 ) -> dict[str, float]:
-    """The 400,000-row cases against L0 on that array, and the time to first batch there."""
-    ds = make_dataset(data_dir, cases.START_ROWS, args.cols, args.chunk_rows)
+    """The 400,000-row cases against L0 on that array, and the time to first batch there.
+
+    ``--quick`` runs them on the run's own (smaller) dataset instead.
+    """
+    rows = min(args.rows, cases.START_ROWS) if args.quick else cases.START_ROWS
+    ds = make_dataset(data_dir, rows, args.cols, args.chunk_rows)
     print(f"fast start: {ds.path.name}, {args.repeats} interleaved rounds, best kept")
     results.update(rounds(cases.start_cases(ds), args.repeats))
     first = cases.first_batch_case(ds, max(5, 3 * args.repeats))
