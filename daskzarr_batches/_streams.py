@@ -820,8 +820,10 @@ class BatchStream(Stream[Any]):
 
         try:
             sources = self._place(spec.sources)
+            limit = 1  # the first window alone: no read competes with the first batch's
             while True:
-                top_up(spec.prefetch + 1)
+                top_up(limit)
+                limit = spec.prefetch + 1
                 if not in_flight:
                     break
                 window, future = in_flight[0]  # stays in flight (released) if this fails
