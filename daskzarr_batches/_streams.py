@@ -37,7 +37,7 @@ from ._errors import (
     WindowError,
     WindowTimeoutError,
 )
-from ._plan import PlanSummary, Window, read_amplification
+from ._plan import EpochPlan, PlanSummary, Window, read_amplification
 from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy, ReadReport
 from ._read import block_graph, count_tasks, read_threads, window_graph
 from ._runners import Runner, make_runner, resolve_client
@@ -820,7 +820,9 @@ class BatchStream(Stream[Any]):
 
         try:
             sources = self._place(spec.sources)
-            limit = 1  # the first window alone: no read competes with the first batch's
+            # Fast start: the first window is read alone (no read competes with it) and
+            # its first batch is handed out before the next windows are planned and sent.
+            limit, first = 1, True
             while True:
                 top_up(limit)
                 limit = spec.prefetch + 1
@@ -835,12 +837,19 @@ class BatchStream(Stream[Any]):
                 reports = [report for _, report in results]
                 del results
                 self._count_reads(window, reports)
-                top_up(spec.prefetch)
+                if not first:
+                    top_up(spec.prefetch)
                 order = window.gather_index()
                 if any(report.skipped for report in reports):
                     outputs, order = self._skip(window, outputs, order, reports)
                 for batch in batcher.feed(outputs, order):
                     yield deliver(batch)
+                    if first:
+                        top_up(spec.prefetch)
+                        first = False
+                if first:  # the window completed no batch
+                    top_up(spec.prefetch)
+                    first = False
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
             rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
@@ -851,12 +860,12 @@ class BatchStream(Stream[Any]):
             in_flight.clear()
 
     def _windows(self) -> Iterator[Window]:
-        """The windows of this stream's positions (``EpochPlan.windows_between``)."""
-        index = 0
-        for first, end in self.positions:
-            for window in self.plan.windows_between(first, end, index):
-                yield window
-                index = window.index + 1
+        """The windows of this stream's positions (``EpochPlan.windows_between``).
+
+        The generator holds the plan and positions, not the stream: a stream
+        dropped with windows left is still finalised by reference counting.
+        """
+        return _windows_of(self.plan, self.positions)
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.
@@ -940,6 +949,14 @@ class BatchStream(Stream[Any]):
                 stacklevel=4,
             )
         return tuple(kept), renumbered.astype(np.int64)
+
+
+def _windows_of(plan: EpochPlan, positions: Ranges) -> Iterator[Window]:
+    index = 0
+    for first, end in positions:
+        for window in plan.windows_between(first, end, index):
+            yield window
+            index = window.index + 1
 
 
 class _Delivery:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import dask.array as da
@@ -486,6 +487,30 @@ def test_break_without_close_is_released_on_garbage_collection() -> None:
         break
     gc.collect()
     assert wait_for_no_dzb_threads(before) == []
+
+
+@pytest.mark.parametrize("shuffle_buffer_size", [None, 20])
+def test_a_stream_dropped_with_windows_left_is_finalised_by_reference_counting(
+    shuffle_buffer_size: int | None,
+) -> None:
+    # Nothing holds the stream but the caller (its windows generator does not).
+    gc.disable()
+    try:
+        if shuffle_buffer_size is None:
+            stream = dzb.batch_stream(big_input(), 3, window_bytes=200)
+        else:
+            stream = dzb.shuffled_batch_stream(
+                big_input(), 3, seed=0, shuffle_buffer_size=shuffle_buffer_size
+            )
+        next(stream)
+        next(stream)
+        runner = stream._runner._drivers  # type: ignore[union-attr]
+        alive = weakref.ref(stream)
+        del stream
+        assert alive() is None
+        assert runner._shutdown
+    finally:
+        gc.enable()
 
 
 def test_error_in_consumer_closes_the_stream() -> None:
