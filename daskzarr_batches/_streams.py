@@ -304,7 +304,9 @@ def shuffled_batch_stream(
         about ``S`` samples (rounded up to whole chunks) are held at a time
         and drawn from at random.  Each chunk is read once and memory stays
         at about ``(prefetch + 1) * S`` samples, but samples only mix with
-        those in the same buffer: a larger buffer shuffles better.
+        those in the same buffer: a larger buffer shuffles better.  The first
+        buffer is read as windows of 1, 1, 2, 4, ... chunks, so the first batch
+        waits for one chunk, and those first batches mix fewer chunks.
     drop_remainder : bool, default False
         Drop the short last batch.
     epoch : int, default 0
