@@ -100,9 +100,10 @@ def ramp_split(units: int, start: int = RAMP_START_UNITS) -> list[int]:
     """How the ramp cuts an epoch's first window of ``units`` units: ``1, 1, 2, 4, ...``.
 
     Windows ``start, start, 2 * start, 4 * start, ...`` units, the last one cut
-    to what is left, so the pieces fill exactly the first window the mode would
-    make without the ramp, and every later window is unchanged (its boundaries,
-    hence what ranks and shards see, do not move).  The first batch then waits
+    to what is left (and put in its place in ascending order), so the pieces
+    fill exactly the first window the mode would make without the ramp, and
+    every later window is unchanged (its boundaries, hence what ranks and
+    shards see, do not move).  The first batch then waits
     for ``start`` units' read instead of a whole window's, at the cost of about
     ``log2(units / start)`` extra windows per epoch.  The rule counts units
     only, so any grouping of units into windows (chunks, shards, blocks of
@@ -122,8 +123,8 @@ def ramp_split(units: int, start: int = RAMP_START_UNITS) -> list[int]:
 
     Examples
     --------
-    >>> ramp_split(16), ramp_split(6), ramp_split(1), ramp_split(0)
-    ([1, 1, 2, 4, 8], [1, 1, 2, 2], [1], [])
+    >>> ramp_split(16), ramp_split(6), ramp_split(5), ramp_split(1), ramp_split(0)
+    ([1, 1, 2, 4, 8], [1, 1, 2, 2], [1, 1, 1, 2], [1], [])
     """
     sizes: list[int] = []
     left = units
@@ -131,7 +132,7 @@ def ramp_split(units: int, start: int = RAMP_START_UNITS) -> list[int]:
         size = min(left, start if len(sizes) < 2 else sum(sizes))
         sizes.append(size)
         left -= size
-    return sizes
+    return sorted(sizes)  # a short rest goes first: sizes never shrink
 
 
 def chunk_offsets(chunk_rows: Sequence[int]) -> IndexArray:

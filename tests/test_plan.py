@@ -274,11 +274,21 @@ def test_windows_start_small_and_grow(plan: EpochPlan) -> None:
 
 @pytest.mark.parametrize(
     ("units", "pieces"),
-    [(0, []), (1, [1]), (2, [1, 1]), (3, [1, 1, 1]), (8, [1, 1, 2, 4]), (13, [1, 1, 2, 4, 5])],
+    [
+        (0, []),
+        (1, [1]),
+        (2, [1, 1]),
+        (3, [1, 1, 1]),
+        (5, [1, 1, 1, 2]),
+        (8, [1, 1, 2, 4]),
+        (9, [1, 1, 1, 2, 4]),
+        (13, [1, 1, 2, 4, 5]),
+    ],
 )
 def test_ramp_split(units: int, pieces: list[int]) -> None:
     assert ramp_split(units) == pieces
-    assert sum(ramp_split(units, start=3)) == units
+    tripled = ramp_split(units, start=3)
+    assert sum(tripled) == units and tripled == sorted(tripled)
 
 
 @FAST
