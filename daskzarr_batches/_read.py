@@ -56,10 +56,12 @@ from ._policy import (
     ReadPolicy,
     ReadReport,
     is_transient,
+    native_view,
     policy_view,
     read_array,
     storage_keys,
 )
+from ._shards import read_sharded, sharding_codec
 from ._sources import DaskSource, SliceSource, Source
 
 __all__ = [
@@ -159,7 +161,11 @@ def read_window(
     do not decode are left out).
     """
     ledger = Ledger()
-    array = policy_view(array, name, policy, ledger)
+
+    def keys() -> list[str]:  # the store keys of the window's chunk rows
+        return [key for piece in pieces for key in storage_keys(array, piece.start, piece.stop)]
+
+    fast, array = _views(array, name, policy, ledger, keys, scope)
     largest = max(piece.rows for piece in pieces)
     limit_rows = DECODE_GROUP_BYTES // max(row_bytes, 1)
     partial = not all(_keeps_all(piece) for piece in pieces)
@@ -167,10 +173,12 @@ def read_window(
         limit_rows = min(limit_rows, max(size // 16, largest * (os.cpu_count() or 1)))
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
-    if len(runs) == 1 and _is_whole(runs[0], size):
+    # zarrs reads shards natively; Zarr's own pipeline reads them through _shards
+    sharded = fast is array and sharding_codec(array) is not None
+    if len(runs) == 1 and _is_whole(runs[0], size) and not sharded:
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
-            rows = _owned(np.asarray(read_array(array, whole, scope)))
+            rows = _owned(np.asarray(read_array(fast, whole, scope)))
             return rows, _report(array, pieces, ledger, ())
     out = np.empty((size, *array.shape[1:]), dtype=np.dtype(array.dtype))
 
@@ -182,8 +190,22 @@ def read_window(
             out[at : at + len(rows)] = rows
             at += len(rows)
 
-    inner = getattr(array, "_async_array", None)
-    if inner is not None and len(runs) > 1:
+    if sharded:
+        ordered = [piece for run in runs for piece in run]
+        shard_rows = max(array.shards[0], 1)
+        try:
+            coro = read_sharded(
+                array, ordered, _starts([[p] for p in ordered]), out, _keeps_all,
+                shards_in_flight=max(2, limit_rows // shard_rows),
+            )  # fmt: skip
+            _run(coro, scope)
+            return out, _report(array, pieces, ledger, ())
+        except ReadCancelledError:
+            raise
+        except Exception:  # the other reads were cancelled; read again run by run,
+            pass  # so that the error names the chunk that fails
+    inner = getattr(fast, "_async_array", None)
+    if inner is not None and not sharded and (len(runs) > 1 or fast is not array):
         chunks = [[piece] for run in runs for piece in run]
         try:
             _read_runs_concurrently(
@@ -214,6 +236,28 @@ def read_window(
         drop = np.concatenate([np.arange(w, w + _taken(p)) for p, w, _ in skipped])
         out = np.delete(out, drop, axis=0)
     return out, _report(array, pieces, ledger, [p for p, _, _ in skipped])
+
+
+def _views(
+    array: Any,
+    name: str,
+    policy: ReadPolicy,
+    ledger: Ledger,
+    keys: Callable[[], list[str]],
+    scope: CancelScope | None,
+) -> tuple[Any, Any]:
+    """The array a read task tries first, and the one it reads again through.
+
+    The second is always the policy view (:func:`~._policy.policy_view`);
+    the first is the array itself when zarrs reads its store natively
+    (:func:`~._policy.native_view`, missing chunks looked up first), else
+    the policy view too.  The first read of a window or block uses the
+    first; any failure is read again through the second, which retries,
+    classifies and names it as for any other array.
+    """
+    view = policy_view(array, name, policy, ledger)
+    native = native_view(array, name, policy, ledger, keys, scope)
+    return (view if native is None else native), view
 
 
 def _raise_failed_read(array: Any, name: str, pieces: Sequence[ChunkPiece], ledger: Ledger) -> None:
@@ -280,7 +324,6 @@ def _read_runs_concurrently(
     thread, which measured faster when every row is kept (a full copy per run
     would otherwise hold up the loop).
     """
-    from zarr.core.sync import sync
 
     arrived: list[tuple[Sequence[ChunkPiece], np.ndarray, int]] = []
 
@@ -309,12 +352,16 @@ def _read_runs_concurrently(
             for run, at in zip(runs, starts, strict=True):
                 group.create_task(one(run, at))
 
-    if scope is None:
-        sync(read_all())
-    else:
-        scope.run(read_all())
+    _run(read_all(), scope)
     for run, slab, at in arrived:
         place(run, slab, at)
+
+
+def _run(coro: Any, scope: CancelScope | None) -> Any:
+    """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
+    from zarr.core.sync import sync
+
+    return sync(coro) if scope is None else scope.run(coro)
 
 
 def _runs(pieces: Sequence[ChunkPiece], max_rows: int) -> list[list[ChunkPiece]]:
@@ -363,11 +410,16 @@ def read_block(
     the report lists it as skipped.
     """
     ledger = Ledger()
-    view = policy_view(array, name, policy, ledger)
     piece = ChunkPiece(block[0], slices[0].start, slices[0].stop, slice(None), slice(None))
+    fast, view = _views(array, name, policy, ledger, lambda: _stored_keys(array, block), scope)
     skipped: tuple[tuple[int, int, int], ...] = ()
+    result: np.ndarray | None = None
+    if fast is not view:
+        with contextlib.suppress(Exception):  # read again below, through the policy
+            result = _owned(np.asarray(read_array(fast, slices, scope)))
     try:
-        result: np.ndarray | None = _owned(np.asarray(read_array(view, slices, scope)))
+        if result is None:
+            result = _owned(np.asarray(read_array(view, slices, scope)))
     except (MissingChunkError, ReadCancelledError):
         raise
     except Exception as exc:
@@ -390,6 +442,16 @@ def _block_keys(array: Any, block: tuple[int, ...]) -> list[str] | None:
     """The store key of a block of an unsharded Zarr array (``None``: not known)."""
     if not isinstance(array, zarr.Array) or array.shards is not None:
         return None
+    prefix = f"{array.path}/" if array.path else ""
+    return [prefix + array.metadata.encode_chunk_key(block)]
+
+
+def _stored_keys(array: Any, block: tuple[int, ...]) -> list[str]:
+    """The store key holding a block of a Zarr array: its chunk's, or its shard's."""
+    if not isinstance(array, zarr.Array):
+        return []
+    if array.shards is not None:
+        block = tuple(b * c // s for b, c, s in zip(block, array.chunks, array.shards, strict=True))
     prefix = f"{array.path}/" if array.path else ""
     return [prefix + array.metadata.encode_chunk_key(block)]
 
