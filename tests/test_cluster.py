@@ -262,6 +262,9 @@ def test_close_and_garbage_collection_release_every_future(client: Any, dataset:
     )
     next(stream)
     next(stream)  # the next windows are sent after the first batch (fast start)
+    sent = time.monotonic() + 5  # graphs reach the scheduler asynchronously
+    while not our_tasks(client, settle=0) and time.monotonic() < sent:
+        time.sleep(0.02)
     assert our_tasks(client, settle=0)  # windows really are in flight
     stream.close()
     assert our_tasks(client) == []
