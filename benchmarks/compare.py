@@ -6,6 +6,7 @@ only be seen when both versions run in the same process, interleaved::
     python benchmarks/compare.py 8b4206b              # 5 rounds, the benchmark's dataset
     python benchmarks/compare.py HEAD~3 --rounds 9 --rows 250000
     python benchmarks/compare.py 8b4206b --cluster    # the streams on a LocalCluster too
+    python benchmarks/compare.py main --first-batch   # + time to first batch vs one chunk read
 
 The earlier commit's ``daskzarr_batches/`` is extracted with ``git archive``
 into a temporary directory under another package name (the package imports
@@ -136,6 +137,62 @@ def compare(baseline: ModuleType, data: Dataset, rounds: int, client: Any = None
     return "\n".join(lines)
 
 
+def first_batch(dzb: ModuleType, data: Dataset) -> dict[str, Callable[[], Any]]:
+    """Streams whose first batch is timed (constructor call to first batch)."""
+    x, y = data.features, data.labels
+    buffer = 8 * data.chunk_rows
+    return {
+        "sequential, batch 256": lambda: dzb.batch_stream(x, 256),
+        "buffered (8 chunks), batch 256": lambda: dzb.shuffled_batch_stream(
+            x, 256, seed=0, shuffle_buffer_size=buffer
+        ),
+        "paired, buffered (8 chunks)": lambda: dzb.paired_shuffled_batch_stream(
+            x, y, 256, seed=0, shuffle_buffer_size=buffer
+        ),
+    }
+
+
+def first_batch_seconds(make: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    stream = make()
+    with stream:
+        next(stream)
+        return time.perf_counter() - started
+
+
+def compare_first_batch(baseline: ModuleType, data: Dataset, rounds: int) -> str:
+    """Median time to the first batch of each version, in chunk reads measured beside it."""
+    x = data.features
+
+    def one_chunk() -> None:
+        np.asarray(x[: data.chunk_rows])
+
+    old, new = first_batch(baseline, data), first_batch(current, data)
+    chunk: list[float] = []
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for round_number in range(rounds):
+        chunk.append(timed(one_chunk))
+        for name in old:
+            pair = [("old", old[name]), ("new", new[name])]
+            for who, make in pair[:: -1 if round_number % 2 else 1]:
+                seconds.setdefault((name, who), []).append(first_batch_seconds(make))
+    read = statistics.median(chunk)
+    lines = [
+        f"one chunk read {read * 1e3:.1f} ms (median of {rounds}); time to first batch, "
+        "median ms (in chunk reads)",
+        "",
+        "| case | old | new | new/old |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in old:
+        o, n = statistics.median(seconds[(name, "old")]), statistics.median(seconds[(name, "new")])
+        lines.append(
+            f"| {name} | {o * 1e3:.1f} ms ({o / read:.1f}) | {n * 1e3:.1f} ms ({n / read:.1f}) "
+            f"| {n / o:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ref", help="the earlier commit (anything git archive takes)")
@@ -145,6 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cluster", action="store_true", help="the streams on a LocalCluster (2 x 1 thread)"
     )
+    parser.add_argument(
+        "--first-batch", action="store_true", help="also time the first batch (local streams)"
+    )
     args = parser.parse_args(argv)
     rows, cols, chunk_rows = default_shape(quick=False)
     data = make_dataset(args.data, args.rows or rows, cols, chunk_rows)
@@ -153,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"old: {args.ref} ({baseline.__file__}); new: this checkout ({current.__file__})")
         if not args.cluster:
             print(compare(baseline, data, args.rounds))
+            if args.first_batch:
+                print()
+                print(compare_first_batch(baseline, data, 3 * args.rounds))
             return
         import distributed
 

@@ -84,6 +84,27 @@ def measure_prefetch(w: cases.Workload, buffered: Result) -> dict[str, float]:
     return result
 
 
+def measure_fast_start(
+    args: argparse.Namespace, data_dir: Path, results: dict[str, Result]
+) -> dict[str, float]:
+    """The 400,000-row cases against L0 on that array, and the time to first batch there.
+
+    ``--quick`` runs them on the run's own (smaller) dataset instead.
+    """
+    rows = min(args.rows, cases.START_ROWS) if args.quick else cases.START_ROWS
+    ds = make_dataset(data_dir, rows, args.cols, args.chunk_rows)
+    print(f"fast start: {ds.path.name}, {args.repeats} interleaved rounds, best kept")
+    results.update(rounds(cases.start_cases(ds), args.repeats))
+    first = cases.first_batch_case(ds, max(5, 3 * args.repeats))
+    chunk = first["chunk"]
+    print(
+        f"  time to first batch: sequential {first['sequential'] * 1e3:.1f} ms, "
+        f"buffered {first['buffered'] * 1e3:.1f} ms; one chunk read {chunk * 1e3:.1f} ms "
+        f"(medians)"
+    )
+    return first
+
+
 def measure_quality(w: cases.Workload) -> list[dict[str, Any]]:
     print("shuffle quality (from the plan, nothing read)")
     rows = quality.quality_table(w.x, w.ds.chunk_rows)
@@ -115,6 +136,7 @@ def run_suite(args: argparse.Namespace) -> None:
             ds, data_dir, repeats=args.repeats, threads=w.threads, skipped=skipped
         )
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
+    first_batch = measure_fast_start(args, data_dir, results)
     print("memory (fresh process per case)")
     memory_record = memory.memory_cases(ds, data_dir, w.buffer_rows, w.budget)
     quality_rows = measure_quality(w)
@@ -128,6 +150,7 @@ def run_suite(args: argparse.Namespace) -> None:
         memory=memory_record,
         quality=quality_rows,
         load=(load_before, os.getloadavg()),
+        first_batch=first_batch,
     )
     report.write_outputs(run, targets.evaluate(run), out)
 

@@ -6,8 +6,9 @@ batch, so the numbers are what the loader alone delivers: samples and MB (10^6
 bytes of samples handed out) per second, the read amplification
 (``stats.read_amplification``) and the share of the epoch spent waiting in
 ``next()`` (``stats.wait_seconds / seconds``; close to 100 % when nothing
-else runs, since the consumer does nothing).  The timed epoch starts before
-the stream is made, so planning is included.
+else runs, since the consumer does nothing), and the time to the first batch
+(``stats.time_to_first_batch``; the total row shows the mean over epochs).
+The timed epoch starts before the stream is made, so planning is included.
 
 ``retries``, ``chunks_missing`` and ``skipped`` are read from ``stream.stats``
 with ``getattr`` (0, 0 and ``[]`` when a ``StreamStats`` has no such field), so
@@ -160,6 +161,7 @@ class EpochResult:
     retries: int = 0
     chunks_missing: int = 0
     skipped: list[Any] = field(default_factory=list)
+    time_to_first_batch: float | None = None
 
     @property
     def samples_per_second(self) -> float:
@@ -197,6 +199,9 @@ class EpochResult:
             retries=sum(e.retries for e in epochs),
             chunks_missing=sum(e.chunks_missing for e in epochs),
             skipped=[item for e in epochs for item in e.skipped],
+            time_to_first_batch=_mean(
+                [e.time_to_first_batch for e in epochs if e.time_to_first_batch is not None]
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -216,6 +221,7 @@ class EpochResult:
             retries=self.retries,
             chunks_missing=self.chunks_missing,
             skipped=_jsonable(self.skipped),
+            time_to_first_batch=self.time_to_first_batch,
         )
         return record
 
@@ -413,7 +419,12 @@ def _run_epoch(
         retries=int(getattr(stats, "retries", 0)),
         chunks_missing=int(getattr(stats, "chunks_missing", 0)),
         skipped=list(getattr(stats, "skipped", [])),
+        time_to_first_batch=getattr(stats, "time_to_first_batch", None),
     )
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _rates(stats: Any, elapsed: float) -> str:
@@ -447,6 +458,7 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
         "",
     ]
     header = ["epoch", "batches", "samples", "seconds", "samples/s", "MB/s", "read amp", "wait"]
+    header.append("first batch")
     total = EpochResult.total(epochs)
     rows = [
         [
@@ -458,6 +470,9 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
             f"{result.mb_per_second:.1f}",
             f"{result.read_amplification:.2f}",
             f"{result.wait_share:.0%}",
+            "-"
+            if result.time_to_first_batch is None
+            else f"{result.time_to_first_batch * 1e3:.1f} ms",
         ]
         for result in [*epochs, total]
     ]

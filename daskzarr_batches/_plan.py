@@ -16,6 +16,10 @@ Three orders exist:
     array) is permuted; consecutive units are grouped into windows of at least
     ``window_rows`` samples (the shuffle buffer, rounded up to whole units) and
     the rows inside each window are permuted.  One read per chunk.
+
+Both start small (:func:`ramp_split`): the first window is read as windows of
+1, 1, 2, 4, ... units, so the first batch waits for one unit's read, not a
+whole window's; later windows are as without the ramp.
 ``"exact"``
     A uniform permutation of all samples, split into windows of
     ``window_rows`` samples.  A window touches almost every chunk, so the data
@@ -54,6 +58,7 @@ __all__ = [
     "WindowSummary",
     "chunk_offsets",
     "pieces_for",
+    "ramp_split",
     "read_amplification",
     "reads_whole_shard",
     "sample_units",
@@ -88,6 +93,49 @@ def read_amplification(bytes_read: int, bytes_yielded: int) -> float:
     if bytes_yielded == 0:
         return 0.0 if bytes_read == 0 else math.inf
     return bytes_read / bytes_yielded
+
+
+#: Units (chunks, or blocks of chunks shared by paired arrays) of the first window.
+RAMP_START_UNITS = 1
+
+
+def ramp_split(units: int, start: int = RAMP_START_UNITS) -> list[int]:
+    """How the ramp cuts an epoch's first window of ``units`` units: ``1, 1, 2, 4, ...``.
+
+    Windows ``start, start, 2 * start, 4 * start, ...`` units, the last one cut
+    to what is left (and put in its place in ascending order), so the pieces
+    fill exactly the first window the mode would make without the ramp, and
+    every later window is unchanged (its boundaries, hence what ranks and
+    shards see, do not move).  The first batch then waits
+    for ``start`` units' read instead of a whole window's, at the cost of about
+    ``log2(units / start)`` extra windows per epoch.  The rule counts units
+    only, so any grouping of units into windows (chunks, shards, blocks of
+    paired chunks) can follow it.
+
+    Parameters
+    ----------
+    units : int
+        Units of the first window without the ramp (>= 0).
+    start : int, default ``RAMP_START_UNITS``
+        Units of the first two pieces (>= 1).
+
+    Returns
+    -------
+    list of int
+        Units per window, nondecreasing, summing to ``units``.
+
+    Examples
+    --------
+    >>> ramp_split(16), ramp_split(6), ramp_split(5), ramp_split(1), ramp_split(0)
+    ([1, 1, 2, 4, 8], [1, 1, 2, 2], [1, 1, 1, 2], [1], [])
+    """
+    sizes: list[int] = []
+    left = units
+    while left > 0:
+        size = min(left, start if len(sizes) < 2 else sum(sizes))
+        sizes.append(size)
+        left -= size
+    return sorted(sizes)  # a short rest goes first: sizes never shrink
 
 
 def chunk_offsets(chunk_rows: Sequence[int]) -> IndexArray:
@@ -449,6 +497,12 @@ class EpochPlan:
         made of whole shards when a shard fits the window (see
         :func:`shard_units`), and :meth:`summary` counts shards and store
         requests.
+    ramp : bool, default True
+        Whether the first sequential or buffered window is split into
+        windows of 1, 1, 2, 4, ... units (:func:`ramp_split`), so that the
+        first batch waits for one unit's read.  Exact windows are not ramped
+        (a small window of a uniform permutation still touches nearly every
+        chunk, so it would cost a read of the data and save no time).
     """
 
     n_samples: int
@@ -461,6 +515,7 @@ class EpochPlan:
     epoch: int = 0
     row_bytes: tuple[int, ...] = ()
     shards: tuple[ShardLayout | None, ...] = ()
+    ramp: bool = True
     units: IndexArray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -588,6 +643,40 @@ class EpochPlan:
             yield Window(index, position, samples, pieces)
             position += len(samples)
 
+    def windows_between(self, first: int, end: int, index: int = 0) -> Iterator[Window]:
+        """The windows that deliver epoch positions ``first:end``, cut to them.
+
+        A sequential order is the same however it is cut, so its windows are
+        ramped again from ``first`` (a rank's share or a resumed epoch starts
+        with a one-unit window too) and numbered from ``index``; from 0 to
+        :attr:`n_used` they are :meth:`windows`.  A shuffled order depends on
+        its windows, so they are the epoch's own, a window a range starts or
+        ends inside cut to its part (:meth:`part`).
+
+        Parameters
+        ----------
+        first, end : int
+            Epoch positions, ``0 <= first <= end <= n_used``.
+        index : int, default 0
+            Index of the first sequential window.
+        """
+        if self.shuffle == "none":
+            for samples in self._sequential_orders(first):
+                if samples.start >= end:
+                    return
+                samples = samples[: end - samples.start]
+                pieces = tuple(tuple(pieces_for(samples, off)) for off in self.offsets)
+                yield Window(index, samples.start, samples, pieces)
+                index += 1
+            return
+        for window in self.windows():
+            start = window.position
+            if start >= end:
+                return
+            if start + window.size > first:
+                lo, hi = max(first - start, 0), min(end - start, window.size)
+                yield self.part(window, lo, hi)
+
     def _truncate(
         self, orders: Iterator[tuple[range | IndexArray, _UnitShuffle | None]]
     ) -> Iterator[tuple[range | IndexArray, _UnitShuffle | None]]:
@@ -602,34 +691,51 @@ class EpochPlan:
                 yield samples, units
 
     def _unit_groups(self, unit_ids: Iterable[int]) -> Iterator[list[int]]:
-        """Group units (in the given order) into windows of >= window_rows."""
+        """Group units (in the given order) into windows of >= window_rows.
+
+        With the ramp, the first group is yielded as pieces (:func:`ramp_split`).
+        """
         sizes = np.diff(self.units)
         group: list[int] = []
         rows = 0
+        first = self.ramp
         for unit in unit_ids:
             group.append(int(unit))
             rows += int(sizes[unit])
             if rows >= self.window_rows:
-                yield group
-                group, rows = [], 0
+                yield from self._ramped(group) if first else (group,)
+                group, rows, first = [], 0, False
         if group:
-            yield group
+            yield from self._ramped(group) if first else (group,)
 
-    def _sequential_orders(self) -> Iterator[range]:
-        # Consecutive units whose total stays within window_rows (at least one).
-        sizes = np.diff(self.units)
-        start = 0
+    @staticmethod
+    def _ramped(group: list[int]) -> Iterator[list[int]]:
+        at = 0
+        for size in ramp_split(len(group)):
+            yield group[at : at + size]
+            at += size
+
+    def _sequential_orders(self, first: int = 0) -> Iterator[range]:
+        # Consecutive units from sample `first` (the part of a unit before the
+        # next boundary counts as one unit) whose total stays within window_rows
+        # (at least one unit); with the ramp the first window is cut by ramp_split.
+        units = self.units[self.units > first]
+        edges = np.concatenate([[first], units]) if len(units) else units[:0]
+        sizes = np.diff(edges).tolist()
+        start = first
         unit = 0
         while unit < len(sizes):
             stop = unit + 1
-            rows = int(sizes[unit])
-            while stop < len(sizes) and rows + int(sizes[stop]) <= self.window_rows:
-                rows += int(sizes[stop])
+            rows = sizes[unit]
+            while stop < len(sizes) and rows + sizes[stop] <= self.window_rows:
+                rows += sizes[stop]
                 stop += 1
-            end = start + rows
-            if end > start:
-                yield range(start, end)
-            start, unit = end, stop
+            pieces = ramp_split(stop - unit) if unit == 0 and self.ramp else [stop - unit]
+            for count in pieces:
+                end = start + sum(sizes[unit : unit + count])
+                if end > start:
+                    yield range(start, end)
+                start, unit = end, unit + count
 
     def _buffered_orders(self) -> Iterator[tuple[IndexArray, _UnitShuffle]]:
         rng = self.rng()

@@ -383,14 +383,15 @@ def _runs(pieces: Sequence[ChunkPiece], max_rows: int) -> list[list[ChunkPiece]]
 
 
 def _is_whole(run: Sequence[ChunkPiece], size: int) -> bool:
-    """Whether ``run`` is the whole window in order: every row, no reordering."""
+    """Whether ``run`` is the whole window: every row of its chunks.
+
+    The output is in ascending sample order whatever the plan order (``dest``,
+    applied when batches are cut), so such a window is the slice as read: a
+    buffered window of one chunk (the fast-start ramp's first) too.
+    """
     if run[-1].stop - run[0].start != size:
         return False
-    for piece in run:
-        here = slice(piece.start - run[0].start, piece.stop - run[0].start)
-        if not _keeps_all(piece) or not isinstance(piece.dest, slice) or piece.dest != here:
-            return False
-    return True
+    return all(_keeps_all(piece) for piece in run)
 
 
 def _keeps_all(piece: ChunkPiece) -> bool:

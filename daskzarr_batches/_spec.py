@@ -189,6 +189,11 @@ class StreamSpec:
         time, each requesting its chunks concurrently).  Decoding is bounded
         separately, by Zarr's executor.  On a cluster, each worker's reads
         are bounded by its threads and Zarr's ``async.concurrency``.
+    ramp : bool, default True
+        Fast start: the first sequential or buffered window is read as
+        windows of 1, 1, 2, 4, ... units (``EpochPlan.ramp``).  ``False``
+        gives the flat windows of earlier versions (and, for the buffered
+        shuffle, a first buffer mixed as well as the others).
 
     Raises
     ------
@@ -213,6 +218,7 @@ class StreamSpec:
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
     io_concurrency: int | None = None
+    ramp: bool = True
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -240,6 +246,7 @@ class StreamSpec:
         put("timeout", timeout_seconds(self.timeout))
         put("retries", non_negative_int("retries", self.retries))
         put("io_concurrency", io_concurrency(self.io_concurrency))
+        put("ramp", flag("ramp", self.ramp))
         ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
         put("client", resolve_client(self.client))
         buffer = self.shuffle_buffer_size
@@ -313,6 +320,7 @@ class StreamSpec:
             epoch=self.epoch,
             row_bytes=tuple(source.row_bytes for source in self.sources),
             shards=tuple(shard_layout(source) for source in self.sources),
+            ramp=self.ramp,
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:

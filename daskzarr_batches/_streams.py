@@ -38,7 +38,7 @@ from ._errors import (
     WindowError,
     WindowTimeoutError,
 )
-from ._plan import PlanSummary, Window, read_amplification
+from ._plan import EpochPlan, PlanSummary, Window, read_amplification
 from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy, ReadReport
 from ._read import (
     ShardItem,
@@ -347,7 +347,9 @@ def shuffled_batch_stream(
         about ``S`` samples (rounded up to whole chunks) are held at a time
         and drawn from at random.  Each chunk is read once and memory stays
         at about ``(prefetch + 1) * S`` samples, but samples only mix with
-        those in the same buffer: a larger buffer shuffles better.
+        those in the same buffer: a larger buffer shuffles better.  The first
+        buffer is read as windows of 1, 1, 2, 4, ... chunks, so the first batch
+        waits for one chunk, and those first batches mix fewer chunks.
     drop_remainder : bool, default False
         Drop the short last batch.
     epoch : int, default 0
@@ -650,6 +652,11 @@ class StreamStats:
         Reads retried after a transient fault.
     skipped : list of SkippedChunk
         Chunks left out because they do not decode (``on_error="skip"``).
+    time_to_first_batch : float or None
+        Seconds from the stream's creation to the first batch (chunk streams:
+        the first chunk) handed out; ``None`` before it.  The start-up cost:
+        sequential and buffered streams read a one-unit window first, so it is
+        about one chunk read (``docs/architecture.md``, *Fast start*).
     """
 
     chunks_read: int = 0
@@ -662,6 +669,7 @@ class StreamStats:
     chunks_missing: int = 0
     retries: int = 0
     skipped: list[SkippedChunk] = field(default_factory=list)
+    time_to_first_batch: float | None = None
 
     @property
     def read_amplification(self) -> float:
@@ -693,6 +701,7 @@ class Stream(Generic[T]):
     def __init__(
         self, length: int, runner: Runner, timeout: float | None, missing: str = "warn"
     ) -> None:
+        self._created = time.perf_counter()
         self.stats = StreamStats()
         self._length = length
         self._runner = runner
@@ -862,6 +871,7 @@ class BatchStream(Stream[Any]):
         positions: Ranges | None = None,
         drop_remainder: bool | None = None,
     ) -> None:
+        created = time.perf_counter()
         self.spec = spec
         self.plan = spec.plan()
         assert spec.prefetch is not None  # resolved by the spec
@@ -878,6 +888,7 @@ class BatchStream(Stream[Any]):
         )
         length = _count(sum(b - a for a, b in self.positions), spec.batch_size, self._drop)
         super().__init__(length, runner, spec.timeout, spec.missing)
+        self._created = created
 
     @property
     def seed(self) -> int | None:
@@ -891,7 +902,7 @@ class BatchStream(Stream[Any]):
         in_flight: deque[tuple[Window, Any]] = deque()
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
         sources: list[Source] = []
-        deliver = _Delivery(self.stats, spec.paired)
+        deliver = _Delivery(self.stats, spec.paired, self._created)
         policy = spec.policy
 
         def top_up(limit: int) -> None:
@@ -905,8 +916,12 @@ class BatchStream(Stream[Any]):
 
         try:
             sources = self._place(spec.sources)
+            # Fast start: the first window is read alone (no read competes with it) and
+            # its first batch is handed out before the next windows are planned and sent.
+            limit, first = 1, True
             while True:
-                top_up(spec.prefetch + 1)
+                top_up(limit)
+                limit = spec.prefetch + 1
                 if not in_flight:
                     break
                 window, future = in_flight[0]  # stays in flight (released) if this fails
@@ -918,12 +933,19 @@ class BatchStream(Stream[Any]):
                 reports = [report for _, report in results]
                 del results
                 self._count_reads(window, reports)
-                top_up(spec.prefetch)
+                if not first:
+                    top_up(spec.prefetch)
                 order = window.gather_index()
                 if any(report.skipped for report in reports):
                     outputs, order = self._skip(window, outputs, order, reports)
                 for batch in batcher.feed(outputs, order):
                     yield deliver(batch)
+                    if first:
+                        top_up(spec.prefetch)
+                        first = False
+                if first:  # the window completed no batch
+                    top_up(spec.prefetch)
+                    first = False
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
             rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
@@ -934,15 +956,12 @@ class BatchStream(Stream[Any]):
             in_flight.clear()
 
     def _windows(self) -> Iterator[Window]:
-        """The windows of this stream's positions (cut to them where a range ends inside)."""
-        for first, end in self.positions:
-            for window in self.plan.windows():
-                start = window.position
-                if start >= end:
-                    break
-                if start + window.size > first:
-                    lo, hi = max(first - start, 0), min(end - start, window.size)
-                    yield self.plan.part(window, lo, hi)
+        """The windows of this stream's positions (``EpochPlan.windows_between``).
+
+        The generator holds the plan and positions, not the stream: a stream
+        dropped with windows left is still finalised by reference counting.
+        """
+        return _windows_of(self.plan, self.positions)
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.
@@ -1028,18 +1047,29 @@ class BatchStream(Stream[Any]):
         return tuple(kept), renumbered.astype(np.int64)
 
 
+def _windows_of(plan: EpochPlan, positions: Ranges) -> Iterator[Window]:
+    index = 0
+    for first, end in positions:
+        for window in plan.windows_between(first, end, index):
+            yield window
+            index = window.index + 1
+
+
 class _Delivery:
     """Counts a batch in ``stats`` and hands it out (the per-batch hot path)."""
 
-    __slots__ = ("paired", "stats")
+    __slots__ = ("created", "paired", "stats")
 
-    def __init__(self, stats: StreamStats, paired: bool) -> None:
+    def __init__(self, stats: StreamStats, paired: bool, created: float) -> None:
         self.stats = stats
         self.paired = paired
+        self.created = created
 
     def __call__(self, batch: tuple[np.ndarray, ...]) -> Any:
         stats = self.stats
         first = batch[0]
+        if stats.time_to_first_batch is None:
+            stats.time_to_first_batch = time.perf_counter() - self.created
         stats.items_yielded += 1
         stats.samples_yielded += len(first)
         if self.paired:
@@ -1075,6 +1105,7 @@ class ChunkStream(Stream[Any]):
         transform: Callable[[np.ndarray], Any] | None = None,
         units: Sequence[tuple[tuple[int, ...], ...]] | None = None,
     ) -> None:
+        created = time.perf_counter()
         self.source = source
         self.policy = policy
         self._blocks = list(source.blocks())
@@ -1089,6 +1120,7 @@ class ChunkStream(Stream[Any]):
             client, in_flight=concurrency, read_workers=threads, requests=concurrency
         )
         super().__init__(len(self._blocks), runner, timeout, policy.missing)
+        self._created = created
         self._concurrency = concurrency
         self._ordered = ordered
         self._with_index = with_index
@@ -1225,6 +1257,8 @@ class ChunkStream(Stream[Any]):
 
     def _deliver(self, block: tuple[int, ...], item: Any, missing: bool = False) -> Any:
         stats = self.stats
+        if stats.time_to_first_batch is None:
+            stats.time_to_first_batch = time.perf_counter() - self._created
         sizes = [axis[i] for axis, i in zip(self.source.chunks, block, strict=True)]
         stats.windows_read += 1
         if not missing:

@@ -158,3 +158,24 @@ def test_report_has_every_target_row_and_section() -> None:
     assert "## Stores" not in text  # no store case measured: no section
     assert text.endswith("Skipped: torch: not installed.\n")
     assert report.command_line(run) == "python benchmarks/run.py"
+
+
+def test_fast_start_targets_and_section() -> None:
+    run = fabricated(SPEEDS, {})
+    rows = {t.what: (t.measured, t.status) for t in targets.evaluate(run)}
+    # not measured: one SKIP row per group
+    assert rows["time to first batch <= 3x one chunk read (sequential)"][1] == "SKIP"
+    assert rows["400k rows: sequential >= 1.3x L0"][1] == "SKIP"
+    speeds = SPEEDS | {cases.START_L0: 100.0, cases.START_SEQUENTIAL: 140.0,
+                       cases.START_PAIRED_BUFFERED: 95.0}  # fmt: skip
+    run = fabricated(speeds, {})
+    run.first_batch = {"chunk": 0.004, "sequential": 0.010, "buffered": 0.016}
+    evaluated = targets.evaluate(run)
+    rows = {t.what: (t.measured, t.status) for t in evaluated}
+    assert rows["time to first batch <= 3x one chunk read (sequential)"] == ("2.5x", "PASS")
+    assert rows["time to first batch <= 3x one chunk read (buffered)"] == ("4.0x", "MISS")
+    assert rows["400k rows: sequential >= 1.3x L0"] == ("1.40x", "PASS")
+    assert rows["400k rows: paired buffered shuffle >= 1.0x L0"] == ("0.95x", "MISS")
+    text = report.markdown(run, evaluated, command="", now="")
+    assert "| sequential: first batch | 10.0 | 2.5 |" in text
+    assert report.payload(run, evaluated, command="", now="")["first_batch"]["chunk"] == 0.004

@@ -251,7 +251,10 @@ def test_bench_without_a_store_generates_data_and_prints_the_summary(
         "read",
         "amp",
         "wait",
+        "first",
+        "batch",
     ]
+    assert all(row.endswith(" ms") for row in table[1:4])  # time to first batch
     assert [row.split()[:3] for row in table[1:4]] == [
         ["0", "32", "2,000"],
         ["1", "32", "2,000"],
@@ -280,6 +283,7 @@ def test_bench_json_has_throughput_and_read_amplification(
         assert record["read_amplification"] == pytest.approx(1.0)  # all fits the budget
         assert 0 <= record["wait_share"] <= 1
         assert (record["retries"], record["chunks_missing"], record["skipped"]) == (0, 0, [])
+        assert 0 < record["time_to_first_batch"] < record["seconds"]
     assert epoch["bytes_yielded"] == 2000 * (4 * 4 + 8)
 
 

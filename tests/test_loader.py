@@ -223,3 +223,25 @@ def test_resume_in_a_new_process(tmp_path: Any) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     rest = json.loads(done.stdout)
     assert np.concatenate(head).tolist() + rest == full.tolist()
+
+
+def test_sequential_rank_shares_and_resumes_start_with_one_chunk(tmp_path: Any) -> None:
+    # The ramp restarts where a sequential stream starts (a rank's share, a resumed
+    # epoch): with nothing prefetched its first batch reads one chunk, and the
+    # batches are still the epoch's own.
+    data = np.arange(4000 * 4, dtype="f4").reshape(4000, 4)
+    x = zarr.create_array(tmp_path / "x.zarr", shape=data.shape, chunks=(100, 4), dtype="f4")
+    x[:] = data
+    for rank in range(4):
+        one = dzb.Loader(x, 32, rank=rank, world_size=4, prefetch=0, window_bytes=800 * 16)
+        batches = iter(one)
+        for _ in range(5):
+            next(batches)
+        assert one.stats.chunks_read == 2  # 5 * 32 = 160 samples: chunks 0 and 1 of the share
+        state = one.state_dict()
+        again = dzb.Loader(x, 32, rank=rank, world_size=4, prefetch=0, window_bytes=800 * 16)
+        again.load_state_dict(state)
+        rest = iter(again)
+        np.testing.assert_array_equal(next(rest), next(batches))
+        assert again.stats.chunks_read == 1  # resumed inside chunk 1: that chunk only
+        np.testing.assert_array_equal(np.concatenate([*rest]), np.concatenate([*batches]))

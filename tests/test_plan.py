@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 
 import numpy as np
@@ -13,7 +14,7 @@ from strategies import irregular_chunks, make_data, property_settings, seeds, to
 
 import daskzarr_batches as dzb
 from daskzarr_batches._batching import count_batches
-from daskzarr_batches._plan import EpochPlan, Window, chunk_offsets, pieces_for
+from daskzarr_batches._plan import EpochPlan, Window, chunk_offsets, pieces_for, ramp_split
 
 MODES = ("none", "buffer", "exact")
 FAST = property_settings(60)
@@ -159,19 +160,18 @@ def test_numpy_permutes_an_array_as_it_permutes_its_positions() -> None:
 
 
 def test_buffered_order_of_a_seed_is_pinned() -> None:
-    # Stored notebook outputs and the CLI demo depend on this order; units here
-    # split the second array's chunks (the grids share too few boundaries).
-    plan = EpochPlan(
-        20,
-        (chunk_offsets([4] * 5), chunk_offsets([8, 8, 4])),
-        4,
-        False,
-        "buffer",
-        6,
-        seed=3,
-        epoch=1,
-    )
-    assert epoch_order(plan).tolist() == [
+    # The CLI demo depends on this order; units here split the second array's
+    # chunks (the grids share too few boundaries).  The ramp (windows of 1, 1, 2,
+    # ... units first) changed the order of a seed; without it, it is the order
+    # of earlier versions.
+    def plan(ramp: bool) -> EpochPlan:
+        offsets = (chunk_offsets([4] * 5), chunk_offsets([8, 8, 4]))
+        return EpochPlan(20, offsets, 4, False, "buffer", 6, seed=3, epoch=1, ramp=ramp)
+
+    assert epoch_order(plan(ramp=True)).tolist() == [
+        3, 1, 2, 0, 11, 10, 9, 8, 5, 7, 4, 13, 14, 6, 15, 12, 17, 16, 19, 18,
+    ]  # fmt: skip
+    assert epoch_order(plan(ramp=False)).tolist() == [
         8, 1, 10, 3, 9, 11, 2, 0, 12, 15, 13, 4, 5, 6, 7, 14, 17, 18, 16, 19,
     ]  # fmt: skip
 
@@ -220,14 +220,108 @@ def test_paired_grids_read_each_chunk_once_when_blocks_fit(plan: EpochPlan) -> N
 
 @FAST
 @given(plans(modes=("buffer",), drop=False))
-def test_buffer_windows_hold_at_least_the_buffer_except_the_last(plan: EpochPlan) -> None:
+def test_buffer_windows_hold_at_least_the_buffer_except_ramp_and_last(plan: EpochPlan) -> None:
     windows = list(plan.windows())
     largest_unit = int(np.diff(plan.units).max(initial=0))
-    for window in windows[:-1]:
+    ramp = len(ramp_split(units_of(plan, next(iter(plan_flat(plan).windows()), None))))
+    for window in windows[ramp:-1]:
         assert window.size >= plan.window_rows
     for window in windows:
         # bounded memory: never more than the buffer plus one unit
         assert window.size < plan.window_rows + max(largest_unit, 1)
+
+
+def plan_flat(plan: EpochPlan) -> EpochPlan:
+    return dataclasses.replace(plan, ramp=False)
+
+
+def unit_ids(plan: EpochPlan, window: Window | None) -> list[int]:
+    """The units a window holds (whole units: plans without drop_remainder)."""
+    if window is None:
+        return []
+    ids = np.searchsorted(plan.units, np.asarray(window.samples), side="right") - 1
+    return sorted(set(ids.tolist()))
+
+
+def units_of(plan: EpochPlan, window: Window | None) -> int:
+    return len(unit_ids(plan, window))
+
+
+@FAST
+@given(plans(modes=("none", "buffer"), drop=False))
+def test_windows_start_small_and_grow(plan: EpochPlan) -> None:
+    # The ramp cuts the first window into windows of 1, 1, 2, 4, ... units
+    # (nondecreasing, the first of one unit); every later window holds the units
+    # it holds without the ramp, and every sample stays once.
+    windows, flat = list(plan.windows()), list(plan_flat(plan).windows())
+    if not flat:
+        assert not windows
+        return
+    pieces = ramp_split(units_of(plan, flat[0]))
+    assert [units_of(plan, w) for w in windows[: len(pieces)]] == pieces
+    assert pieces == sorted(pieces) and pieces[0] == 1
+    ramped = sorted(u for w in windows[: len(pieces)] for u in unit_ids(plan, w))
+    assert ramped == unit_ids(plan, flat[0])
+    assert [unit_ids(plan, w) for w in windows[len(pieces) :]] == [
+        unit_ids(plan, w) for w in flat[1:]
+    ]
+    sizes = [w.size for w in windows[: len(pieces)]]
+    assert max(sizes) <= max(flat[0].size, 1)
+    if len(set(np.diff(plan.units).tolist())) == 1:  # equal units: sizes grow too
+        assert sizes == sorted(sizes)
+    np.testing.assert_array_equal(np.sort(epoch_order(plan)), np.sort(epoch_order(plan_flat(plan))))
+
+
+@pytest.mark.parametrize(
+    ("units", "pieces"),
+    [
+        (0, []),
+        (1, [1]),
+        (2, [1, 1]),
+        (3, [1, 1, 1]),
+        (5, [1, 1, 1, 2]),
+        (8, [1, 1, 2, 4]),
+        (9, [1, 1, 1, 2, 4]),
+        (13, [1, 1, 2, 4, 5]),
+    ],
+)
+def test_ramp_split(units: int, pieces: list[int]) -> None:
+    assert ramp_split(units) == pieces
+    tripled = ramp_split(units, start=3)
+    assert sum(tripled) == units and tripled == sorted(tripled)
+
+
+@FAST
+@given(plans(modes=("none",)), st.data())
+def test_sequential_windows_between_ramp_from_any_position(
+    plan: EpochPlan, data: st.DataObject
+) -> None:
+    # A rank's share (or a resumed epoch) starts with a one-unit window too, and
+    # the windows deliver exactly positions first:end, in order.
+    first = data.draw(st.integers(0, plan.n_used))
+    end = data.draw(st.integers(first, plan.n_used))
+    windows = list(plan.windows_between(first, end, index=5))
+    got = [s for w in windows for s in w.samples]
+    assert got == list(range(first, end))
+    assert [w.index for w in windows] == list(range(5, 5 + len(windows)))
+    assert all(w.position == w.samples.start for w in windows)
+    if windows:
+        assert len(windows[0].pieces[0]) == 1 or len(plan.offsets) > 1
+    if (first, end) == (0, plan.n_used):
+        assert same_windows(
+            [dataclasses.replace(w, index=w.index - 5) for w in windows], list(plan.windows())
+        )
+
+
+@FAST
+@given(plans(modes=("buffer", "exact")), st.data())
+def test_shuffled_windows_between_are_parts_of_the_epoch(
+    plan: EpochPlan, data: st.DataObject
+) -> None:
+    first = data.draw(st.integers(0, plan.n_used))
+    end = data.draw(st.integers(first, plan.n_used))
+    got = [int(s) for w in plan.windows_between(first, end) for s in w.samples]
+    assert got == epoch_order(plan)[first:end].tolist()
 
 
 @FAST
@@ -292,8 +386,13 @@ def test_buffer_mode_really_shuffles_across_chunks(mode: str) -> None:
     plan = EpochPlan(n, offsets, 10, False, mode, 40, seed=3)  # type: ignore[arg-type]
     order = epoch_order(plan)
     assert not np.array_equal(order, np.arange(n))
-    first_batch_chunks = set((order[:10] // chunk).tolist())
-    assert len(first_batch_chunks) > 1
+    # The ramp's first windows (1, 2 units) hold fewer chunks than the buffer of
+    # 4: batches of the first full window (positions 30..) mix its chunks, and
+    # without the ramp so does the first batch.
+    ramp_rows = 30 if mode == "buffer" else 0
+    assert len(set((order[ramp_rows : ramp_rows + 10] // chunk).tolist())) > 1
+    flat = epoch_order(dataclasses.replace(plan, ramp=False))
+    assert len(set((flat[:10] // chunk).tolist())) > 1
 
 
 # --------------------------------------------------------------------------

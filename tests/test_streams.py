@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import dask.array as da
@@ -488,6 +489,30 @@ def test_break_without_close_is_released_on_garbage_collection() -> None:
     assert wait_for_no_dzb_threads(before) == []
 
 
+@pytest.mark.parametrize("shuffle_buffer_size", [None, 20])
+def test_a_stream_dropped_with_windows_left_is_finalised_by_reference_counting(
+    shuffle_buffer_size: int | None,
+) -> None:
+    # Nothing holds the stream but the caller (its windows generator does not).
+    gc.disable()
+    try:
+        if shuffle_buffer_size is None:
+            stream = dzb.batch_stream(big_input(), 3, window_bytes=200)
+        else:
+            stream = dzb.shuffled_batch_stream(
+                big_input(), 3, seed=0, shuffle_buffer_size=shuffle_buffer_size
+            )
+        next(stream)
+        next(stream)
+        runner = stream._runner._drivers  # type: ignore[union-attr]
+        alive = weakref.ref(stream)
+        del stream
+        assert alive() is None
+        assert runner._shutdown
+    finally:
+        gc.enable()
+
+
 def test_error_in_consumer_closes_the_stream() -> None:
     before = set(dzb_threads())
     stream = dzb.batch_stream(big_input(), 3, window_bytes=200)
@@ -535,6 +560,41 @@ def test_prefetch_bounds_the_windows_in_flight(prefetch: int) -> None:
     assert store.peak <= prefetch + 1
     if prefetch >= 1:
         assert store.peak >= 2, "windows ahead of the consumer were not computed"
+
+
+# --------------------------------------------------------------------------
+# Fast start
+
+
+@pytest.mark.parametrize(
+    ("kind", "first_chunks"),
+    [("sequential", 1), ("buffered", 1), ("paired", 1), ("exact", 10), ("chunks", 1)],
+)
+def test_first_batch_waits_for_one_chunk_and_is_timed(kind: str, first_chunks: int) -> None:
+    # With prefetch 0 nothing is read ahead: the first batch costs the first
+    # window's chunks only (the ramp's one unit), and stats time it.
+    data = make_data((40, 2), "float64")
+    x = to_zarr(data, (4, 2))
+    big = 10 * 4 * 2 * 8  # windows of the whole array without the ramp
+    stream: Any = {
+        "sequential": lambda: dzb.batch_stream(x, 3, prefetch=0, window_bytes=big),
+        "buffered": lambda: dzb.shuffled_batch_stream(
+            x, 3, seed=1, shuffle_buffer_size=40, prefetch=0
+        ),
+        "paired": lambda: dzb.paired_batch_stream(x, x, 3, prefetch=0, window_bytes=2 * big),
+        "exact": lambda: dzb.shuffled_batch_stream(x, 3, seed=1, prefetch=0),
+        "chunks": lambda: dzb.chunk_stream(x, concurrency=1),
+    }[kind]()
+    assert stream.stats.time_to_first_batch is None
+    next(stream)
+    waited = stream.stats.time_to_first_batch
+    assert waited is not None and waited > 0
+    per_array = stream.stats.chunks_read // (2 if kind == "paired" else 1)
+    assert per_array == first_chunks
+    rest = list(stream)
+    assert stream.stats.time_to_first_batch == waited  # set once
+    assert len(rest) == len(stream) - 1
+    assert "time_to_first_batch=" in repr(stream.stats)
 
 
 # --------------------------------------------------------------------------

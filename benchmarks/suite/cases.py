@@ -367,3 +367,60 @@ def prefetch_case(x: zarr.Array, buffer_rows: int, busy: float) -> dict[str, flo
         "busy": busy,
         "consumer": consumer,
     }
+
+
+# --------------------------------------------------------------------------
+# Fast start (issue 10): a 100 MB array, where start-up weighs on the epoch
+
+#: rows of the fast-start array (400,000 x 64 float32 = 100 MB at the default width)
+START_ROWS = 400_000
+START_L0 = "400k rows: L0, zarr chunk-aligned, 1 thread"
+START_SEQUENTIAL = "400k rows: sequential, batch 256"
+START_PAIRED_BUFFERED = "400k rows: paired features+labels, buffered (8 chunks)"
+
+
+def start_cases(ds: Dataset) -> list[Case]:
+    """Epochs of the fast-start array, each against L0 on it (interleaved rounds)."""
+    x, y = ds.features, ds.labels
+    buffer = 8 * ds.chunk_rows
+    return [
+        Case(START_L0, "reference", lambda: l0(x)),
+        Case(START_SEQUENTIAL, "this", lambda: drain(dzb.batch_stream(x, 256))),
+        Case(START_PAIRED_BUFFERED, "this",
+             lambda: drain(dzb.paired_shuffled_batch_stream(
+                 x, y, 256, seed=0, shuffle_buffer_size=buffer))),
+    ]  # fmt: skip
+
+
+def first_batch_seconds(make: Callable[[], Any]) -> float:
+    """Seconds from the stream's constructor call to its first batch."""
+    started = time.perf_counter()
+    with make() as stream:
+        next(stream)
+        return time.perf_counter() - started
+
+
+def first_batch_case(ds: Dataset, rounds: int) -> dict[str, float]:
+    """Median time to the first batch, and of one chunk read, in interleaved rounds.
+
+    Each round reads one chunk (``x[a:b]`` of a chunk-aligned block, as L0
+    does), then makes a sequential and a buffered (8 chunks) stream of batch
+    256 and takes its first batch; the streams' seeds vary by round, so the
+    buffered stream starts from another chunk each time.
+    """
+    x = ds.features
+    rows = ds.chunk_rows
+    n_chunks = math.ceil(ds.rows / rows)
+    times: dict[str, list[float]] = {"chunk": [], "sequential": [], "buffered": []}
+    for k in range(rounds):
+        lo = (k * 7 % n_chunks) * rows
+        started = time.perf_counter()
+        x[lo : lo + rows]
+        times["chunk"].append(time.perf_counter() - started)
+        times["sequential"].append(first_batch_seconds(lambda: dzb.batch_stream(x, 256)))
+        times["buffered"].append(
+            first_batch_seconds(
+                lambda k=k: dzb.shuffled_batch_stream(x, 256, seed=k, shuffle_buffer_size=8 * rows)
+            )
+        )
+    return {name: float(np.median(values)) for name, values in times.items()}

@@ -158,6 +158,14 @@ class SuiteRun:
     memory: dict[str, Any]
     quality: list[dict[str, Any]]
     load: tuple[tuple[float, ...], tuple[float, ...]] = ((0.0,), (0.0,))
+    #: median seconds to the first batch ("sequential", "buffered") and of one chunk read
+    first_batch: dict[str, float] = field(default_factory=dict)
+
+    def first_batch_in_chunk_reads(self, stream: str) -> float:
+        """Time to the first batch of ``stream`` over one chunk read of the same run."""
+        if stream not in self.first_batch:
+            raise MissingResult(f"time to first batch ({stream})")
+        return self.first_batch[stream] / self.first_batch["chunk"]
 
     def result(self, name: str) -> Result:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,13 @@ def displacement(order: np.ndarray) -> float:
     return float(np.abs(order - np.arange(n)).mean() / n * 3)
 
 
-def neighbour_entropy(order: np.ndarray, bins: int = 256) -> float:
-    """Entropy (bits) of the histogram of differences between neighbouring ids."""
-    n = len(order)
+def neighbour_entropy(order: np.ndarray, bins: int = 256, n: int | None = None) -> float:
+    """Entropy (bits) of the histogram of differences between neighbouring ids.
+
+    ``n``: the number of samples ids are drawn from (default ``len(order)``;
+    give it for a part of an epoch's order).
+    """
+    n = len(order) if n is None else n
     diffs = np.diff(order)
     hist, _ = np.histogram(diffs, bins=bins, range=(-n, n))
     p = hist[hist > 0] / hist.sum()
@@ -70,4 +75,31 @@ def quality_table(x: zarr.Array, chunk_rows: int) -> list[dict[str, Any]]:
             )
         )
     rows.append(quality_row("exact", shuffle_order(stream_plan(x, None))))
+    rows += ramp_rows(x, chunk_rows)
+    return rows
+
+
+def ramp_rows(x: zarr.Array, chunk_rows: int, chunks: int = 8) -> list[dict[str, Any]]:
+    """What the fast-start ramp costs the shuffle: a buffer of ``chunks`` chunks with and
+    without it, over the whole epoch and over its first buffer of samples (the
+    part the ramp reads as windows of 1, 1, 2, 4, ... chunks).  Displacement and
+    entropy of the first buffer are taken against the whole array (``n``).
+    """
+    buffer_rows = chunks * chunk_rows
+    if buffer_rows > x.shape[0]:
+        return []
+    n = x.shape[0]
+    ramped = stream_plan(x, buffer_rows)
+    flat = dataclasses.replace(ramped, ramp=False)
+    rows = []
+    for label, plan in (("with ramp", ramped), ("without ramp", flat)):
+        order = shuffle_order(plan)
+        rows.append(quality_row(f"buffered, {chunks} chunks, {label}", order,
+                                buffer_chunks=chunks))  # fmt: skip
+        head = order[:buffer_rows]
+        row = quality_row(f"buffered, {chunks} chunks, {label}: first buffer", head,
+                          buffer_chunks=chunks)  # fmt: skip
+        row["displacement"] = float(np.abs(head - np.arange(len(head))).mean() / n * 3)
+        row["entropy"] = neighbour_entropy(head, n=n)
+        rows.append(row)
     return rows

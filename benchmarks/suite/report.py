@@ -104,6 +104,28 @@ def prefetch_section(prefetch: dict[str, float]) -> list[str]:
     ]
 
 
+def first_batch_section(first_batch: dict[str, float]) -> list[str]:
+    if not first_batch:
+        return ["## Time to first batch", "", "Not measured."]
+    chunk = first_batch["chunk"]
+    lines = [
+        "## Time to first batch",
+        "",
+        "From the stream's constructor call to its first batch (batch 256, prefetch 2), "
+        "beside one chunk read (`x[a:b]`, one chunk) in the same rounds; medians.",
+        "",
+        "| what | ms | in chunk reads |",
+        "|---|---:|---:|",
+        f"| one chunk read | {chunk * 1e3:.1f} | 1.0 |",
+    ]
+    for name in ("sequential", "buffered"):
+        if name in first_batch:
+            seconds = first_batch[name]
+            label = "buffered shuffle (8 chunks)" if name == "buffered" else name
+            lines.append(f"| {label}: first batch | {seconds * 1e3:.1f} | {seconds / chunk:.1f} |")
+    return lines
+
+
 def memory_section(memory: dict[str, Any]) -> list[str]:
     names = {
         "prefetch": memory["prefetch"],
@@ -157,6 +179,7 @@ def markdown(run: SuiteRun, targets: list[Target], *, command: str, now: str) ->
         targets_table(targets),
         stores_section(run.results),
         prefetch_section(run.prefetch),
+        first_batch_section(run.first_batch),
         memory_section(run.memory),
         quality_section(run.quality),
     ]
@@ -185,6 +208,7 @@ def payload(run: SuiteRun, targets: list[Target], *, command: str, now: str) -> 
         "memory": run.memory,
         "quality": run.quality,
         "prefetch": run.prefetch,
+        "first_batch": run.first_batch,
         "skipped": run.skipped,
     }
 

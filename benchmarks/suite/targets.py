@@ -24,6 +24,9 @@ from .cases import (
     RAW_DECODE,
     SEQUENTIAL,
     SEQUENTIAL_32,
+    START_L0,
+    START_PAIRED_BUFFERED,
+    START_SEQUENTIAL,
     TORCH,
     TORCH_LOADER_0,
     XBATCHER,
@@ -80,6 +83,11 @@ def exact_held_mib(key: str) -> Value:
     return lambda run: (run.memory[key]["peak"] - run.memory[key]["baseline"]) / MiB
 
 
+def first_batch(stream: str) -> Value:
+    """Time to the first batch of ``stream``, in reads of one chunk."""
+    return lambda run: run.first_batch_in_chunk_reads(stream)
+
+
 def flat_allowance_mib(run: SuiteRun) -> float:
     return max(0.1 * run.memory["one"]["peak"], 32 * MiB) / MiB
 
@@ -121,6 +129,14 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("sequential >= 0.5x raw-decode limit", vs_raw_decode, ">=", 0.5, skip=None),
     TargetSpec("buffered shuffle (8 chunks) >= 1.0x L0", ratio(BUFFERED, L0), ">=", 1.0),
     TargetSpec("paired buffered shuffle >= 1.0x L0", ratio(PAIRED_BUFFERED, L0), ">=", 1.0),
+    TargetSpec("time to first batch <= 3x one chunk read (sequential)", first_batch("sequential"),
+               "<=", 3.0, "{value:.1f}x", skip="first batch"),
+    TargetSpec("time to first batch <= 3x one chunk read (buffered)", first_batch("buffered"),
+               "<=", 3.0, "{value:.1f}x", skip="first batch"),
+    TargetSpec("400k rows: sequential >= 1.3x L0", ratio(START_SEQUENTIAL, START_L0), ">=", 1.3,
+               skip="400k rows"),
+    TargetSpec("400k rows: paired buffered shuffle >= 1.0x L0",
+               ratio(START_PAIRED_BUFFERED, START_L0), ">=", 1.0, skip="400k rows"),
     TargetSpec("batch 32 >= 0.8x batch 256 (sequential)",
                ratio(SEQUENTIAL_32, SEQUENTIAL), ">=", 0.8),
     TargetSpec("Loader >= 0.9x batch_stream (sequential)",
