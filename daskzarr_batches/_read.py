@@ -137,12 +137,15 @@ def read_window(
     pieces: Sequence[ChunkPiece],
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
+    plan_order: bool = False,
 ) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
     Returns the rows, in ascending sample order (see :func:`window_graph`),
-    and a :class:`ReadReport` of what the read policy saw: missing chunks,
-    retries, chunks skipped because they do not decode.
+    or with ``plan_order`` in the window's plan order (each chunk's rows
+    written to the pieces' ``dest``), and a :class:`ReadReport` of what the
+    read policy saw: missing chunks, retries, chunks skipped because they do
+    not decode (their rows are left out, in either order).
 
     A window that is one run of consecutive chunks in order (sequential) is
     read with one slice and returned as read.  Otherwise Zarr arrays read
@@ -179,7 +182,7 @@ def read_window(
         for piece in run:
             local = piece.start - lo
             rows = slab[local : local + piece.rows][piece.take]
-            out[at : at + len(rows)] = rows
+            out[piece.dest if plan_order else slice(at, at + len(rows))] = rows
             at += len(rows)
 
     inner = getattr(array, "_async_array", None)
@@ -209,9 +212,14 @@ def read_window(
                     raise
                 skipped.append((piece, at + where, exc))
                 continue
-            out[at + where : at + where + len(rows)] = rows
+            out[piece.dest if plan_order else slice(at + where, at + where + len(rows))] = rows
     if skipped:
-        drop = np.concatenate([np.arange(w, w + _taken(p)) for p, w, _ in skipped])
+        drop = np.concatenate(
+            [
+                np.arange(size)[p.dest] if plan_order else np.arange(w, w + _taken(p))
+                for p, w, _ in skipped
+            ]
+        )
         out = np.delete(out, drop, axis=0)
     return out, _report(array, pieces, ledger, [p for p, _, _ in skipped])
 
@@ -434,9 +442,21 @@ def assemble_rows(
     return slab[take]
 
 
-def join_pieces(pieces: Sequence[np.ndarray]) -> tuple[np.ndarray, ReadReport]:
-    """Join a window's pieces of one array, in ascending sample order."""
-    return join_rows(pieces), NO_REPORT
+def join_pieces(
+    pieces: Sequence[np.ndarray], dests: Sequence[Selector] | None = None
+) -> tuple[np.ndarray, ReadReport]:
+    """Join a window's pieces of one array, in ascending sample order.
+
+    With ``dests`` (the pieces' ``dest``), each piece's rows go to those
+    positions instead: the window's plan order.
+    """
+    if dests is None:
+        return join_rows(pieces), NO_REPORT
+    first = pieces[0]
+    out = np.empty((sum(len(piece) for piece in pieces), *first.shape[1:]), dtype=first.dtype)
+    for rows, dest in zip(pieces, dests, strict=True):
+        out[dest] = rows
+    return out, NO_REPORT
 
 
 def _owned(array: np.ndarray) -> np.ndarray:
@@ -455,6 +475,7 @@ def window_graph(
     token: str,
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
+    plan_order: bool = False,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -464,6 +485,11 @@ def window_graph(
     while batches are cut (``window.gather_index()``), in the copy that makes
     each batch an owned array anyway: permuting here as well would cost a
     scattered write of the whole window.
+
+    ``plan_order=True`` (results that travel to another process: a cluster)
+    writes each chunk's rows straight to their place in the window's plan
+    order instead (the pieces' ``dest``): the scattered write replaces the
+    contiguous one on the worker, and the consumer cuts batches by slicing.
     """
     dsk: dict[Key, Any] = {}
     outputs = []
@@ -474,7 +500,7 @@ def window_graph(
             array_key = _place_array(dsk, source)
             dsk[out_key] = (
                 read_window, array_key, source.name, window.size, source.row_bytes,
-                tuple(pieces), policy, scope,
+                tuple(pieces), policy, scope, plan_order,
             )  # fmt: skip
             continue
         assert isinstance(source, DaskSource)
@@ -483,7 +509,8 @@ def window_graph(
             key = (f"dzb-read-{token}", window.index, position, piece.chunk)
             _add_dask_rows(dsk, source, key, piece)
             piece_keys.append(key)
-        dsk[out_key] = (join_pieces, piece_keys)
+        dests = [piece.dest for piece in pieces] if plan_order else None
+        dsk[out_key] = (join_pieces, piece_keys, dests)
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
@@ -492,11 +519,7 @@ def window_graph(
 def count_tasks(sources: Sequence[Source], window: Window) -> int:
     """Tasks of :func:`window_graph` for ``window`` (data entries excluded)."""
     dsk, _ = window_graph(sources, window, "count")
-    return sum(
-        1
-        for key in dsk
-        if not str(key[0] if isinstance(key, tuple) else key).startswith("dzb-source-")
-    )
+    return len(dsk)
 
 
 def read_threads(sources: Sequence[Source]) -> int | None:
@@ -544,11 +567,9 @@ def block_graph(
     return dsk, mapped
 
 
-def _place_array(dsk: dict[Key, Any], source: SliceSource) -> str:
-    """Put the array object in the graph once, under the source's own key."""
-    key = f"dzb-source-{source.token}"
-    dsk[key] = source.array
-    return key
+def _place_array(dsk: dict[Key, Any], source: SliceSource) -> Any:
+    """The array object as a read task's argument: inline, not a key of its own."""
+    return source.array
 
 
 def _add_dask_rows(dsk: dict[Key, Any], source: DaskSource, key: Key, piece: ChunkPiece) -> None:
