@@ -157,7 +157,7 @@ class ClientRunner:
 
     def submit(self, dsk: Graph, key: Any, priority: int) -> Fetched:
         future = self.client.get(dsk, key, sync=False, priority=priority)
-        fetched = Fetched(future, self._fetchers.submit(future.result))
+        fetched = Fetched(future, self._fetchers.submit(_fetch, future))
         self._live[id(fetched)] = fetched
         self.peak_in_flight = max(self.peak_in_flight, len(self._live))
         return fetched
@@ -184,13 +184,23 @@ class ClientRunner:
         self._fetchers.shutdown(wait=False, cancel_futures=True)
 
 
+def _fetch(future: Any) -> Any:
+    """The result of ``future``, brought to this process; the cluster then forgets it."""
+    try:
+        return future.result()
+    finally:
+        future.release()  # idempotent: releasing the Fetched later is harmless
+
+
 class Fetched:
     """A cluster future whose result is fetched to this process as soon as it is ready.
 
     ``future`` is the ``distributed.Future``; ``local`` a
     ``concurrent.futures.Future`` that a fetch thread fills with its result
     (or error), so the transfer of a window overlaps the consumption of the
-    one before it instead of starting when the consumer asks for it.
+    one before it instead of starting when the consumer asks for it.  The
+    fetch releases the cluster's future once the result is here, so the
+    worker frees its copy at once.
     """
 
     __slots__ = ("future", "local")
