@@ -182,7 +182,10 @@ def read_window(
         for piece in run:
             local = piece.start - lo
             rows = slab[local : local + piece.rows][piece.take]
-            out[piece.dest if plan_order else slice(at, at + len(rows))] = rows
+            if plan_order:
+                put_rows(out, piece.dest, rows)
+            else:
+                out[at : at + len(rows)] = rows
             at += len(rows)
 
     inner = getattr(array, "_async_array", None)
@@ -212,7 +215,10 @@ def read_window(
                     raise
                 skipped.append((piece, at + where, exc))
                 continue
-            out[piece.dest if plan_order else slice(at + where, at + where + len(rows))] = rows
+            if plan_order:
+                put_rows(out, piece.dest, rows)
+            else:
+                out[at + where : at + where + len(rows)] = rows
     if skipped:
         drop = np.concatenate(
             [
@@ -455,8 +461,34 @@ def join_pieces(
     first = pieces[0]
     out = np.empty((sum(len(piece) for piece in pieces), *first.shape[1:]), dtype=first.dtype)
     for rows, dest in zip(pieces, dests, strict=True):
-        out[dest] = rows
+        put_rows(out, dest, rows)
     return out, NO_REPORT
+
+
+def put_rows(out: np.ndarray, dest: Selector, rows: np.ndarray) -> None:
+    """``out[dest] = rows``, scattering whole rows as single items where it can.
+
+    numpy copies a row of a 2-d (or more) array item by item when it scatters
+    by an index array; viewed as one opaque ``void`` item per row, the same
+    scatter is faster (16 MiB of 256-byte rows: 5.9 ms instead of 7.2 ms of CPU,
+    docs/benchmarks.md, *Cluster delivery*).
+    """
+    width = out[:1].nbytes
+    if (
+        isinstance(dest, np.ndarray)
+        and out.ndim > 1
+        and width
+        and len(rows)
+        and rows.dtype == out.dtype
+        and not out.dtype.hasobject
+        and out.flags.c_contiguous
+        and rows.flags.c_contiguous
+    ):
+        row = np.dtype((np.void, width))
+        items = out.reshape(len(out), -1).view(row)[:, 0]  # a view of out: one item per row
+        items[dest] = rows.reshape(len(rows), -1).view(row)[:, 0]
+        return
+    out[dest] = rows
 
 
 def _owned(array: np.ndarray) -> np.ndarray:
