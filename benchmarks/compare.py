@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import daskzarr_batches as current  # noqa: E402
+from benchmarks.suite.cases import transfer_only  # noqa: E402
 from benchmarks.suite.dataset import Dataset, default_shape, make_dataset  # noqa: E402
 
 BASELINE = "dzb_baseline"
@@ -112,9 +113,12 @@ def compare(baseline: ModuleType, data: Dataset, rounds: int, client: Any = None
 
     old, new = cases(baseline, data, client), cases(current, data, client)
     l0_seconds: list[float] = []
+    ceiling: list[float] = []  # transfer only (on a cluster): its ceiling, in the same rounds
     seconds: dict[tuple[str, str], list[float]] = {}
     for round_number in range(rounds):
         l0_seconds.append(timed(l0))
+        if client is not None:
+            ceiling.append(timed(lambda: transfer_only(client, data.feature_bytes)))
         for name in old:
             pair = [("old", old[name]), ("new", new[name])]
             for who, function in pair[:: -1 if round_number % 2 else 1]:
@@ -134,6 +138,23 @@ def compare(baseline: ModuleType, data: Dataset, rounds: int, client: Any = None
             f"| {best_l0 / statistics.median(o):.3f}x | {best_l0 / statistics.median(n):.3f}x "
             f"| {statistics.median(o) / statistics.median(n):.2f} |"
         )
+    if ceiling:
+        best, median = min(ceiling), statistics.median(ceiling)
+        lines += [
+            "",
+            f"transfer only (64 MiB results worker -> client, no read): "
+            f"{data.feature_bytes / best / 1e6:.0f} MB/s best, "
+            f"{data.feature_bytes / median / 1e6:.0f} MB/s median; ratios to it:",
+            "",
+            "| case | old best | new best | old median | new median |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for name in old:
+            o, n = seconds[(name, "old")], seconds[(name, "new")]
+            lines.append(
+                f"| {name} | {best / min(o):.3f}x | {best / min(n):.3f}x "
+                f"| {median / statistics.median(o):.3f}x | {median / statistics.median(n):.3f}x |"
+            )
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ from ._errors import ArgumentTypeError
 from ._policy import CancelScope
 from ._sources import SliceSource, Source
 
-__all__ = ["ClientRunner", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
+__all__ = ["ClientRunner", "Fetched", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
 
 Graph = dict[Any, Any]
 
@@ -43,6 +43,9 @@ class Runner(Protocol):
     """
 
     scope: CancelScope | None
+    #: whether read tasks should return a window's rows in its plan order
+    #: (results travel to the consumer's process: permute where they are read)
+    plan_order: bool
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
         """``sources`` as graphs should refer to them (sent to workers once if needed)."""
@@ -82,6 +85,7 @@ class ThreadRunner:
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, "dzb-read")
         self._drivers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-window")
         self.scope: CancelScope | None = CancelScope(requests)
+        self.plan_order = False  # the consumer gathers the plan order while cutting batches
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
         return list(sources)  # the threads share this process's memory
@@ -121,11 +125,14 @@ class ClientRunner:
     ``distributed.scheduler.allowed-failures`` times per task.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, in_flight: int = 1) -> None:
         self.client = client
         self.scope: CancelScope | None = None  # tasks run on the workers
-        self._live: dict[int, Any] = {}  # id(future) -> future, submitted and not released
+        self.plan_order = True  # workers permute, the client cuts batches by slicing
+        self._live: dict[int, Fetched] = {}  # id -> future, submitted and not released
         self._scattered: dict[str, Any] = {}  # graph key -> future of a scattered array
+        # one thread per graph in flight brings its result here as soon as it is ready
+        self._fetchers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-fetch")
         self.peak_in_flight = 0
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
@@ -152,23 +159,21 @@ class ClientRunner:
             placed.append(source)
         return placed
 
-    def submit(self, dsk: Graph, key: Any, priority: int) -> Any:
+    def submit(self, dsk: Graph, key: Any, priority: int) -> Fetched:
         future = self.client.get(dsk, key, sync=False, priority=priority)
-        self._live[id(future)] = future
+        fetched = Fetched(future, self._fetchers.submit(_fetch, future))
+        self._live[id(fetched)] = fetched
         self.peak_in_flight = max(self.peak_in_flight, len(self._live))
-        return future
+        return fetched
 
-    def wait(self, futures: Sequence[Any], timeout: float | None) -> set[Any]:
-        import distributed
+    def wait(self, futures: Sequence[Fetched], timeout: float | None) -> set[Fetched]:
+        by_local = {fetched.local: fetched for fetched in futures}
+        done, _ = concurrent.futures.wait(
+            by_local, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        return {by_local[local] for local in done}
 
-        try:
-            with self.client.as_current():  # wait() uses the current client
-                done, _ = distributed.wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")
-        except TimeoutError:
-            return set()
-        return set(done)
-
-    def release(self, future: Any) -> None:
+    def release(self, future: Fetched) -> None:
         """Let go of ``future``: the cluster forgets its key and result."""
         self._live.pop(id(future), None)
         future.release()
@@ -179,7 +184,47 @@ class ClientRunner:
         self._live.clear()
         self._scattered.clear()
         for future in leftovers:
-            future.release()
+            future.release()  # a fetch waiting for it ends (the future is cancelled)
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
+
+
+def _fetch(future: Any) -> Any:
+    """The result of ``future``, brought to this process; the cluster then forgets it."""
+    try:
+        return future.result()
+    finally:
+        future.release()  # idempotent: releasing the Fetched later is harmless
+
+
+class Fetched:
+    """A cluster future whose result is fetched to this process as soon as it is ready.
+
+    ``future`` is the ``distributed.Future``; ``local`` a
+    ``concurrent.futures.Future`` that a fetch thread fills with its result
+    (or error), so the transfer of a window overlaps the consumption of the
+    one before it instead of starting when the consumer asks for it.  The
+    fetch releases the cluster's future once the result is here, so the
+    worker frees its copy at once.
+    """
+
+    __slots__ = ("future", "local")
+
+    def __init__(self, future: Any, local: concurrent.futures.Future[Any]) -> None:
+        self.future = future
+        self.local = local
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The graph's result, as ``distributed.Future.result`` gives it."""
+        return self.local.result(timeout)
+
+    def done(self) -> bool:
+        """Whether the result (or its error) is here."""
+        return self.local.done()
+
+    def release(self) -> None:
+        """Release the cluster's future (its key and result) and drop the fetched result."""
+        self.local.cancel()  # not started yet: never fetch it
+        self.future.release()
 
 
 def resolve_client(client: Any) -> Any | None:
@@ -236,4 +281,4 @@ def make_runner(
     """
     if client is None:
         return ThreadRunner(in_flight, read_workers, requests)
-    return ClientRunner(client)
+    return ClientRunner(client, in_flight)

@@ -76,10 +76,12 @@ async def read_sharded(
     out: np.ndarray,
     keeps_all: Callable[[ChunkPiece], bool],
     shards_in_flight: int,
+    scatter: Callable[[ChunkPiece, np.ndarray], None] | None = None,
 ) -> None:
     """Read ``pieces`` (ascending axis-0 chunks) of a sharded array into ``out``.
 
-    Piece ``i``'s kept rows go to ``out[starts[i]:]``.  ``array`` is the
+    Piece ``i``'s kept rows go to ``out[starts[i]:]``, or, with ``scatter``,
+    are handed to ``scatter(piece, rows)`` (a window in plan order).  ``array`` is the
     policy view of the array: its store is the one fetches go through.
     """
     codec = sharding_codec(array)
@@ -156,7 +158,7 @@ async def read_sharded(
 
     async def decode(piece: ChunkPiece, at: int, chunks: dict[str, dict[Any, Buffer]]) -> None:
         row, local = divmod(piece.chunk, per_shard[0])
-        whole = keeps_all(piece)
+        whole = keeps_all(piece) and scatter is None
         target = out_nd
         lo = at
         if not whole:
@@ -182,7 +184,10 @@ async def read_sharded(
         await codec.codec_pipeline.read(batch, target)
         if not whole:
             kept = temp[piece.take]
-            out[at : at + len(kept)] = kept
+            if scatter is not None:
+                scatter(piece, kept)
+            else:
+                out[at : at + len(kept)] = kept
 
     async def one_row(row: int, items: list[tuple[ChunkPiece, int]]) -> None:
         async with limit:

@@ -904,13 +904,16 @@ class BatchStream(Stream[Any]):
         sources: list[Source] = []
         deliver = _Delivery(self.stats, spec.paired, self._created)
         policy = spec.policy
+        plan_order = self._runner.plan_order  # results arrive in plan order: cut by slicing
 
         def top_up(limit: int) -> None:
             while len(in_flight) < limit:
                 window = next(windows, None)
                 if window is None:
                     return
-                dsk, key = window_graph(sources, window, self._token, policy, self._runner.scope)
+                dsk, key = window_graph(
+                    sources, window, self._token, policy, self._runner.scope, plan_order
+                )
                 future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
                 in_flight.append((window, future))
 
@@ -929,13 +932,14 @@ class BatchStream(Stream[Any]):
                 in_flight.popleft()
                 self._runner.release(future)  # a distributed result leaves the worker now
                 del future
-                outputs = tuple(_aligned(rows) for rows, _ in results)
+                order = None if plan_order else window.gather_index()
+                # slices copy fast from any address; np.take needs aligned rows
+                outputs = tuple(rows if order is None else _aligned(rows) for rows, _ in results)
                 reports = [report for _, report in results]
                 del results
                 self._count_reads(window, reports)
                 if not first:
                     top_up(spec.prefetch)
-                order = window.gather_index()
                 if any(report.skipped for report in reports):
                     outputs, order = self._skip(window, outputs, order, reports)
                 for batch in batcher.feed(outputs, order):
@@ -1008,14 +1012,21 @@ class BatchStream(Stream[Any]):
         outputs: tuple[np.ndarray, ...],
         order: np.ndarray | None,
         reports: Sequence[ReadReport],
-    ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    ) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
         """Leave out the samples of undecodable chunks, from every array.
 
-        Each output holds the window's samples in ascending order less its own
-        skipped chunks; the samples skipped by any array are removed from all,
-        so pairs stay aligned, and the plan order is renumbered.
+        Each output holds the window's samples in ascending order (``order``
+        maps plan positions to them), or in plan order (``order`` is
+        ``None``), less its own skipped chunks; the samples skipped by any
+        array are removed from all, so pairs stay aligned, and the plan order
+        is renumbered.
         """
-        ascending = np.concatenate([p.start + np.arange(p.rows)[p.take] for p in window.pieces[0]])
+        if order is None:  # outputs in plan order (also sequential windows: ascending)
+            ascending = np.asarray(window.samples)
+        else:
+            ascending = np.concatenate(
+                [p.start + np.arange(p.rows)[p.take] for p in window.pieces[0]]
+            )
         dropped_by = [
             np.concatenate(
                 [np.arange(lo, hi) for _, lo, hi in report.skipped] or [np.empty(0, np.int64)]
@@ -1026,9 +1037,10 @@ class BatchStream(Stream[Any]):
         kept = []
         for rows, dropped in zip(outputs, dropped_by, strict=True):
             kept.append(rows[keep[~np.isin(ascending, dropped)]])
-        positions = np.arange(window.size) if order is None else order
-        positions = positions[keep[positions]]
-        renumbered = (np.cumsum(keep) - 1)[positions]
+        renumbered = None
+        if order is not None:
+            positions = order[keep[order]]
+            renumbered = (np.cumsum(keep) - 1)[positions].astype(np.int64)
         names = []
         for source, report in zip(self.spec.sources, reports, strict=True):
             for chunk, lo, hi in report.skipped:
@@ -1044,7 +1056,7 @@ class BatchStream(Stream[Any]):
                 ),
                 stacklevel=4,
             )
-        return tuple(kept), renumbered.astype(np.int64)
+        return tuple(kept), renumbered
 
 
 def _windows_of(plan: EpochPlan, positions: Ranges) -> Iterator[Window]:

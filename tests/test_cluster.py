@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import dask
+import dask.array as da
 import numpy as np
 import pytest
 import zarr
@@ -149,6 +150,24 @@ def test_paired_numpy_and_zarr_identical_to_local(client: Any, dataset: Any) -> 
     got = list(stream(client=client))
     assert_same_batches(got, expected)
     for features, label in got:  # rows still belong together
+        np.testing.assert_array_equal(features, data[label])
+
+
+@pytest.mark.parametrize("buffer", [None, 300])
+def test_paired_dask_and_zarr_identical_to_local(client: Any, dataset: Any, buffer: Any) -> None:
+    """A dask array's pieces are joined in plan order on the worker, beside the Zarr rows."""
+    array, data = dataset
+    labels = da.from_array(np.arange(len(data)), chunks=77)
+
+    def stream(**kw: Any) -> dzb.BatchStream:
+        return dzb.paired_shuffled_batch_stream(
+            array, labels, 64, seed=5, shuffle_buffer_size=buffer, memory_budget=9000, **kw
+        )
+
+    expected = local(stream)
+    got = list(stream(client=client))
+    assert_same_batches(got, expected)
+    for features, label in got:
         np.testing.assert_array_equal(features, data[label])
 
 

@@ -159,6 +159,30 @@ def test_skip_leaves_the_corrupt_chunks_samples_out_of_every_paired_array(
     assert all(len(a) == 8 for a, _ in pairs[:-1])
 
 
+@pytest.mark.parametrize("kind", ["sequential", "buffered", "exact"])
+def test_skip_on_a_cluster_gives_the_local_batches(tmp_path: Path, client: Any, kind: str) -> None:
+    """Workers return rows in plan order: the skipped samples leave every array there too."""
+    x, y = write(tmp_path), labels(tmp_path)
+    chunk_file(tmp_path, 1).write_bytes(b"garbage")
+    make = {
+        "sequential": lambda **kw: dzb.paired_batch_stream(x, y, 8, on_error="skip", **kw),
+        "buffered": lambda **kw: dzb.paired_shuffled_batch_stream(
+            x, y, 8, seed=2, shuffle_buffer_size=25, on_error="skip", **kw
+        ),
+        "exact": lambda **kw: dzb.paired_shuffled_batch_stream(
+            x, y, 8, seed=2, memory_budget=20 * 20, on_error="skip", **kw
+        ),
+    }[kind]
+    with pytest.warns(dzb.SkippedChunksWarning):
+        expected = list(make(client=None))
+    with pytest.warns(dzb.SkippedChunksWarning, match="samples 10:20"):
+        got = list(make(client=client))
+    assert len(got) == len(expected)
+    for (a, b), (c, d) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, c, strict=True)
+        np.testing.assert_array_equal(b, d, strict=True)
+
+
 def test_skip_in_chunk_streams_and_reductions(tmp_path: Path) -> None:
     x = write(tmp_path)
     chunk_file(tmp_path, 5).write_bytes(b"garbage")

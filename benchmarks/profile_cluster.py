@@ -1,0 +1,135 @@
+"""Where a cluster epoch's time goes, between the workers' reads and the consumer.
+
+Runs the LocalCluster cases of the benchmark (2 process workers x 1 thread;
+sequential and buffered shuffle of 8 chunks, batch 256) beside the
+transfer-only ceiling (64 MiB arrays made on workers, fetched by the client,
+no Zarr read), in interleaved rounds, and prints per case the median of:
+
+- epoch seconds and the ratio to the round's transfer ceiling;
+- worker side (``client.get_task_stream``): read tasks, their mean time per
+  window, total read time, the share of windows run on the busiest worker;
+- client side: ``stats.wait_seconds`` (blocked on results: transfer, or reads
+  not done yet), time spent cutting batches (``_batching._rows``: slices, or
+  ``np.take`` by the plan order) and copying unaligned windows
+  (``_streams._aligned``), both timed by wrapping those functions.
+
+    python benchmarks/profile_cluster.py --data /work/bench-data [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import distributed  # noqa: E402
+
+import daskzarr_batches as dzb  # noqa: E402
+from benchmarks.suite.cases import transfer_only  # noqa: E402
+from benchmarks.suite.dataset import default_shape, make_dataset  # noqa: E402
+from daskzarr_batches import _batching, _streams  # noqa: E402
+
+spent: dict[str, float] = {}
+
+
+def timed_calls(module: Any, name: str) -> None:
+    """Wrap ``module.name`` so that the seconds spent in it add up in :data:`spent`."""
+    function = getattr(module, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+
+    setattr(module, name, wrapper)
+
+
+def compute_seconds(task: dict[str, Any]) -> float:
+    """Seconds a task of the task stream spent computing (transfers of its inputs excluded)."""
+    return sum(s["stop"] - s["start"] for s in task["startstops"] if s["action"] == "compute")
+
+
+def profile(client: Any, make: Callable[[], dzb.BatchStream]) -> dict[str, float]:
+    spent.clear()
+    with distributed.get_task_stream(client) as tasks:
+        started = time.perf_counter()
+        stream = make()
+        with stream:
+            for _ in stream:
+                pass
+        seconds = time.perf_counter() - started
+    reads = [
+        (item["worker"], compute_seconds(item))
+        for item in tasks.data
+        if str(item["key"]).startswith("('dzb-array")
+    ]
+    per_worker: dict[str, int] = {}
+    for worker, _ in reads:
+        per_worker[worker] = per_worker.get(worker, 0) + 1
+    read_seconds = [s for _, s in reads]
+    return {
+        "epoch s": seconds,
+        "windows": len(reads),
+        "read ms/window": 1000 * statistics.mean(read_seconds),
+        "read s": sum(read_seconds),
+        "busiest worker": max(per_worker.values()) / len(reads),
+        "wait s": stream.stats.wait_seconds,
+        "cut s": spent.get("_rows", 0.0),
+        "align s": spent.get("_aligned", 0.0),
+        "peak in flight": getattr(stream._runner, "peak_in_flight", 0),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "data")
+    args = parser.parse_args()
+    rows, cols, chunk_rows = default_shape(quick=False)
+    data = make_dataset(args.data, rows, cols, chunk_rows)
+    x = data.features
+    timed_calls(_batching, "_rows")
+    timed_calls(_streams, "_aligned")
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        cases = {
+            "sequential, batch 256": lambda: dzb.batch_stream(x, 256, client=client),
+            "buffered (8 chunks), batch 256": lambda: dzb.shuffled_batch_stream(
+                x, 256, seed=0, shuffle_buffer_size=8 * chunk_rows, client=client
+            ),
+        }
+        for make in cases.values():  # warm up: imports, connections
+            profile(client, make)
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
+        for _ in range(args.rounds):
+            started = time.perf_counter()
+            transfer_only(client, data.feature_bytes)
+            ceiling = time.perf_counter() - started
+            for name, make in cases.items():
+                result = profile(client, make)
+                result["x transfer"] = ceiling / result["epoch s"]
+                results[name].append(result)
+    print(f"{data.feature_bytes / 2**20:.0f} MiB, medians of {args.rounds} rounds")
+    keys = list(next(iter(results.values()))[0])
+    print("| case | " + " | ".join(keys) + " |")
+    print("|---|" + "---:|" * len(keys))
+    for name, runs in results.items():
+        cells = [f"{statistics.median(r[k] for r in runs):.3g}" for k in keys]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
