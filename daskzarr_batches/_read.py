@@ -68,6 +68,7 @@ __all__ = [
     "count_tasks",
     "read_threads",
     "read_window",
+    "release_free_memory",
     "window_graph",
 ]
 
@@ -137,6 +138,7 @@ def read_window(
     pieces: Sequence[ChunkPiece],
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
+    decode_bytes: int | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
@@ -157,6 +159,11 @@ def read_window(
     read that way in the first place), chunk by chunk, so that the error
     names the chunk that fails (or, with ``on_error="skip"``, the chunks that
     do not decode are left out).
+
+    ``decode_bytes`` (the exact shuffle's share of its ``memory_budget``)
+    bounds the decoded rows in flight instead (at least one chunk), and each
+    chunk's rows are then always placed as it arrives, so that the chunks of
+    a window are not all held beside its output.
     """
     ledger = Ledger()
     array = policy_view(array, name, policy, ledger)
@@ -165,6 +172,9 @@ def read_window(
     partial = not all(_keeps_all(piece) for piece in pieces)
     if partial:
         limit_rows = min(limit_rows, max(size // 16, largest * (os.cpu_count() or 1)))
+    streaming = partial
+    if decode_bytes is not None:
+        limit_rows, streaming = decode_bytes // max(row_bytes, 1), True
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
     if len(runs) == 1 and _is_whole(runs[0], size):
@@ -174,7 +184,10 @@ def read_window(
             return rows, _report(array, pieces, ledger, ())
     out = np.empty((size, *array.shape[1:]), dtype=np.dtype(array.dtype))
 
-    def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int) -> None:
+    def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int, kept: bool = False) -> None:
+        if kept:  # the rows ``take`` of a one-chunk run, read as such
+            out[at : at + len(slab)] = slab
+            return
         lo = run[0].start
         for piece in run:
             local = piece.start - lo
@@ -187,7 +200,7 @@ def read_window(
         chunks = [[piece] for run in runs for piece in run]
         try:
             _read_runs_concurrently(
-                inner, chunks, _starts(chunks), place, limit_rows, streaming=partial, scope=scope
+                inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope
             )
             return out, _report(array, pieces, ledger, ())
         except Exception:  # the other reads were cancelled; read again run by run,
@@ -214,6 +227,31 @@ def read_window(
         drop = np.concatenate([np.arange(w, w + _taken(p)) for p, w, _ in skipped])
         out = np.delete(out, drop, axis=0)
     return out, _report(array, pieces, ledger, [p for p, _, _ in skipped])
+
+
+def release_free_memory() -> None:
+    """Return the C heap's free memory to the system (glibc ``malloc_trim``).
+
+    Zarr decodes chunks on several threads; glibc gives each its own arena
+    and keeps freed blocks there, so after a window's chunks are freed the
+    process may hold several chunks' worth per thread.  A no-op elsewhere.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
 
 
 def _raise_failed_read(array: Any, name: str, pieces: Sequence[ChunkPiece], ledger: Ledger) -> None:
@@ -278,7 +316,11 @@ def _read_runs_concurrently(
     ``streaming``: place each run's rows as it arrives (on the event loop) to
     free its decoded chunks at once; else place them all afterwards on this
     thread, which measured faster when every row is kept (a full copy per run
-    would otherwise hold up the loop).
+    would otherwise hold up the loop).  When streaming, a one-chunk run that
+    keeps some rows asks Zarr for those rows only (``take``, an orthogonal
+    selection), so Zarr allocates no copy of the whole chunk, and the C
+    heap's free memory is returned after each chunk
+    (:func:`release_free_memory`).
     """
     from zarr.core.sync import sync
 
@@ -295,9 +337,16 @@ def _read_runs_concurrently(
                 await ready.wait_for(lambda: in_flight == 0 or in_flight + rows <= limit_rows)
                 in_flight += rows
             try:
+                if streaming and len(run) == 1 and not isinstance(run[0].take, slice):
+                    kept = (run[0].start + run[0].take,)
+                    place(run, np.asarray(await inner.get_orthogonal_selection(kept)), at, True)
+                    release_free_memory()
+                    return
                 slab = await inner.getitem((slice(run[0].start, run[-1].stop),))
                 if streaming:
                     place(run, np.asarray(slab), at)
+                    del slab
+                    release_free_memory()
                 else:
                     arrived.append((run, np.asarray(slab), at))
             finally:
@@ -455,6 +504,7 @@ def window_graph(
     token: str,
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
+    decode_bytes: int | None = None,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -463,7 +513,9 @@ def window_graph(
     array is filled with contiguous copies.  The window's own order is applied
     while batches are cut (``window.gather_index()``), in the copy that makes
     each batch an owned array anyway: permuting here as well would cost a
-    scattered write of the whole window.
+    scattered write of the whole window.  ``decode_bytes``: see
+    :func:`read_window` (shared by the window's arrays, in proportion to
+    their row sizes).
     """
     dsk: dict[Key, Any] = {}
     outputs = []
@@ -474,7 +526,7 @@ def window_graph(
             array_key = _place_array(dsk, source)
             dsk[out_key] = (
                 read_window, array_key, source.name, window.size, source.row_bytes,
-                tuple(pieces), policy, scope,
+                tuple(pieces), policy, scope, _share(decode_bytes, source, sources),
             )  # fmt: skip
             continue
         assert isinstance(source, DaskSource)
@@ -487,6 +539,14 @@ def window_graph(
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
+
+
+def _share(decode_bytes: int | None, source: Source, sources: Sequence[Source]) -> int | None:
+    """``source``'s part of a window's ``decode_bytes``: its part of the row bytes."""
+    if decode_bytes is None:
+        return None
+    total = sum(other.row_bytes for other in sources)
+    return decode_bytes * source.row_bytes // max(total, 1)
 
 
 def count_tasks(sources: Sequence[Source], window: Window) -> int:

@@ -39,7 +39,7 @@ from ._errors import (
 )
 from ._plan import PlanSummary, Window, read_amplification
 from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy, ReadReport
-from ._read import block_graph, count_tasks, read_threads, window_graph
+from ._read import block_graph, count_tasks, read_threads, release_free_memory, window_graph
 from ._runners import Runner, make_runner, resolve_client
 from ._sources import Source, as_source
 from ._spec import (
@@ -805,7 +805,9 @@ class BatchStream(Stream[Any]):
                 window = next(windows, None)
                 if window is None:
                     return
-                dsk, key = window_graph(sources, window, self._token, policy, self._runner.scope)
+                dsk, key = window_graph(
+                    sources, window, self._token, policy, self._runner.scope, spec.decode_bytes
+                )
                 future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
                 in_flight.append((window, future))
 
@@ -831,6 +833,8 @@ class BatchStream(Stream[Any]):
                 for batch in batcher.feed(outputs, order):
                     yield deliver(batch)
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
+                if spec.decode_bytes is not None:
+                    release_free_memory()  # the window's memory, not kept by the C heap
             rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
                 yield deliver(rest)
