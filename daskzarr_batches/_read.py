@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import mmap
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -182,7 +183,8 @@ def read_window(
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
             rows = _owned(np.asarray(read_array(array, whole, scope)))
             return rows, _report(array, pieces, ledger, ())
-    out = np.empty((size, *array.shape[1:]), dtype=np.dtype(array.dtype))
+    shape, dtype = (size, *array.shape[1:]), np.dtype(array.dtype)
+    out = np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype)
 
     def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int, kept: bool = False) -> None:
         if kept:  # the rows ``take`` of a one-chunk run, read as such
@@ -252,6 +254,19 @@ def _malloc_trim() -> Any:
 
 
 _MALLOC_TRIM = _malloc_trim()
+
+
+def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` in memory of its own (an anonymous ``mmap``).
+
+    Its pages return to the system when the array is freed: the C heap
+    neither keeps them nor raises its threshold for mapping large blocks
+    (which would leave later chunk-sized blocks in per-thread arenas).
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < 2**20 or dtype.hasobject:
+        return np.empty(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
 def _raise_failed_read(array: Any, name: str, pieces: Sequence[ChunkPiece], ledger: Ledger) -> None:
