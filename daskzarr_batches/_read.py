@@ -162,7 +162,8 @@ def read_window(
     do not decode are left out).
 
     ``decode_bytes`` (the exact shuffle's share of its ``memory_budget``)
-    bounds the decoded rows in flight instead (at least one chunk), and each
+    bounds the decoded rows in flight instead (at least one chunk; two once
+    it reaches half a chunk, so that one is read while one decodes), and each
     chunk's rows are then always placed as it arrives, so that the chunks of
     a window are not all held beside its output.
     """
@@ -176,6 +177,8 @@ def read_window(
     streaming = partial
     if decode_bytes is not None:
         limit_rows, streaming = decode_bytes // max(row_bytes, 1), True
+        if 2 * limit_rows >= largest:  # half a chunk or more: one decoding, the next read
+            limit_rows = max(limit_rows, 2 * largest)
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
     if len(runs) == 1 and _is_whole(runs[0], size):
