@@ -2,6 +2,7 @@
 
 The parent runs ``python -m benchmarks.suite.memory DATASET [--buffer N | --budget N]
 --prefetch N`` from the repository root; the child prints its peak RSS as JSON.
+``python -m benchmarks.suite.memory --sweep DATA_DIR`` runs the exact-shuffle sweep alone.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def in_fresh_process(
     return epoch
 
 
-def memory_cases(ds: Dataset, data_dir: Path, buffer_rows: int, budget: int) -> dict[str, Any]:
+def memory_cases(
+    ds: Dataset, data_dir: Path, buffer_rows: int, budget: int, sweep: bool = True
+) -> dict[str, Any]:
     """Buffered at 1x and 4x the dataset, exact with and without a fixed mmap threshold,
-    and the exact-shuffle budget sweep (:func:`exact_sweep`)."""
+    and (``sweep``) the exact-shuffle budget sweep (:func:`exact_sweep`)."""
     big = make_dataset(data_dir, 4 * ds.rows, ds.cols, ds.chunk_rows)
     prefetch = dzb.DEFAULT_PREFETCH
     window_bytes = buffer_rows * ds.row_bytes
@@ -97,8 +100,9 @@ def memory_cases(ds: Dataset, data_dir: Path, buffer_rows: int, budget: int) -> 
             f"  {LABELS[key]:6s} peak RSS {case['peak'] / MiB:7.0f} MiB "
             f"(baseline {case['baseline'] / MiB:.0f} MiB)"
         )
+    if sweep:
+        cases["exact_sweep"] = exact_sweep(data_dir)
     return cases | {
-        "exact_sweep": exact_sweep(data_dir),
         "bound": bound,
         "window_bytes": window_bytes,
         "budget": budget,
@@ -135,11 +139,15 @@ def exact_sweep(data_dir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="one epoch; print peak RSS as JSON")
-    parser.add_argument("dataset", type=Path)
+    parser.add_argument("dataset", type=Path, help="a dataset, or with --sweep the data dir")
+    parser.add_argument("--sweep", action="store_true", help="the exact-shuffle sweep instead")
     parser.add_argument("--buffer", type=int, default=0)
     parser.add_argument("--budget", type=int, default=0)
     parser.add_argument("--prefetch", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.sweep:
+        print(json.dumps(exact_sweep(args.dataset)))
+        return
     epoch = one_epoch(args.dataset, buffer=args.buffer, budget=args.budget, prefetch=args.prefetch)
     print(json.dumps(epoch))
 
