@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.suite import cases, memory, quality, report, targets  # noqa: E402
+from benchmarks.suite import cases, memory, quality, report, stores_cases, targets  # noqa: E402
 from benchmarks.suite.dataset import default_shape, make_dataset  # noqa: E402
 from benchmarks.suite.measure import MB, Result, SuiteRun, rounds  # noqa: E402
 
@@ -108,6 +108,12 @@ def run_suite(args: argparse.Namespace) -> None:
     results = measure_throughput(
         w, quick=args.quick, repeats=args.repeats, cluster=not args.no_cluster, skipped=skipped
     )
+    if args.no_stores:
+        skipped |= dict.fromkeys(stores_cases.SKIP_KEYS, "--no-stores")
+    else:
+        results |= stores_cases.measure_stores(
+            ds, data_dir, repeats=args.repeats, threads=w.threads, skipped=skipped
+        )
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
     print("memory (fresh process per case)")
     memory_record = memory.memory_cases(
@@ -138,6 +144,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--data", default=str(ROOT / "benchmarks" / "data"))
     parser.add_argument("--no-cluster", action="store_true")
+    parser.add_argument(
+        "--no-stores",
+        action="store_true",
+        help="skip the sharded, latency, S3 and codec-pipeline cases (about a minute)",
+    )
     args = parser.parse_args(argv)
     rows, cols, chunk_rows = default_shape(args.quick)
     args.rows = args.rows or rows

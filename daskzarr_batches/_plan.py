@@ -66,6 +66,7 @@ __all__ = [
     "EpochPlan",
     "ExactBudget",
     "PlanSummary",
+    "ShardLayout",
     "ShuffleMode",
     "Window",
     "WindowSummary",
@@ -74,7 +75,9 @@ __all__ = [
     "permutation",
     "pieces_for",
     "read_amplification",
+    "reads_whole_shard",
     "sample_units",
+    "shard_requests",
     "sorting_order",
 ]
 
@@ -182,6 +185,81 @@ def sample_units(offsets: Sequence[IndexArray], max_rows: int) -> IndexArray:
     if len(common) < 2 or np.diff(common).max(initial=0) <= max_rows:
         return common
     return functools.reduce(np.union1d, offsets)
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How one stored array groups its axis-0 chunks into objects of the store.
+
+    Attributes
+    ----------
+    chunks : int
+        Axis-0 chunks per shard (1: unsharded, each chunk its own object).
+    keys : int
+        Stored objects per axis-0 shard (or chunk) row: more than one when the
+        array is also split along other axes.
+    inner : int
+        Chunks along the other axes inside one shard (1 when unsharded).
+    """
+
+    chunks: int = 1
+    keys: int = 1
+    inner: int = 1
+
+    @property
+    def sharded(self) -> bool:
+        """Whether stored objects hold several chunks (and an index)."""
+        return self.chunks * self.inner > 1
+
+
+def reads_whole_shard(needed: int, existing: int) -> bool:
+    """Whether a read needing ``needed`` of a shard's ``existing`` axis-0 chunks
+    fetches the whole shard in one request (at least half of it is needed),
+    rather than its index and the needed chunks' byte ranges.
+
+    The read layer and :meth:`EpochPlan.summary` share this rule.
+    """
+    return 2 * needed >= existing
+
+
+def shard_requests(needed: Sequence[int], existing: int, layout: ShardLayout) -> int:
+    """Store requests to read axis-0 chunks ``needed`` (ascending, local to the shard)
+    of one shard row that holds ``existing`` of them.
+
+    A whole shard is one request per stored object; otherwise the index and
+    one request per run of consecutive needed chunks (adjacent byte ranges are
+    merged), for each chunk along the other axes (an upper bound when those
+    chunks are not stored one after another).
+    """
+    if not layout.sharded:
+        return len(needed) * layout.keys
+    if reads_whole_shard(len(needed), existing):
+        return layout.keys
+    runs = 1 + sum(1 for a, b in itertools.pairwise(needed) if b != a + 1)
+    return layout.keys * (1 + runs * layout.inner)
+
+
+def shard_units(
+    offsets: Sequence[IndexArray], shards: Sequence[ShardLayout | None], max_rows: int
+) -> IndexArray | None:
+    """Units of whole shards: the boundaries shared by every array's shard grid.
+
+    Used when some array is sharded and every such block fits ``max_rows``
+    samples (a sequential window then starts and ends on shard boundaries, a
+    buffered shuffle permutes whole shards); ``None`` otherwise, and the units
+    are chunks (:func:`sample_units`).  An unsharded array's grid is its chunk
+    grid, so paired arrays with different shard grids share units too.
+    """
+    if not any(layout is not None and layout.chunks > 1 for layout in shards):
+        return None
+    grids = []
+    for off, layout in zip(offsets, shards, strict=True):
+        step = 1 if layout is None else layout.chunks
+        grids.append(np.union1d(off[::step], off[-1:]))
+    common = functools.reduce(np.intersect1d, grids)
+    if len(common) < 2 or np.diff(common).max() > max_rows:
+        return None
+    return common
 
 
 @dataclass(frozen=True)
@@ -439,6 +517,12 @@ class EpochPlan:
     row_bytes : tuple of int, optional
         Decoded bytes of one sample of each array; lets :meth:`summary`
         report bytes (empty: bytes are reported as 0).
+    shards : tuple of ShardLayout or None, optional
+        How each array's chunks are stored (``None``: not a stored array,
+        e.g. numpy; empty: unknown).  Sequential and buffered windows are
+        made of whole shards when a shard fits the window (see
+        :func:`shard_units`), and :meth:`summary` counts shards and store
+        requests.
     """
 
     n_samples: int
@@ -450,10 +534,14 @@ class EpochPlan:
     seed: int = 0
     epoch: int = 0
     row_bytes: tuple[int, ...] = ()
+    shards: tuple[ShardLayout | None, ...] = ()
     units: IndexArray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        units = sample_units(self.offsets, max(self.window_rows, 1))
+        max_rows = max(self.window_rows, 1)
+        units = shard_units(self.offsets, self.shards, max_rows)
+        if units is None:
+            units = sample_units(self.offsets, max_rows)
         object.__setattr__(self, "units", units)
 
     @property
@@ -489,6 +577,7 @@ class EpochPlan:
                 sum(piece.rows for piece in pieces) * size
                 for pieces, size in zip(window.pieces, row_bytes, strict=True)
             )
+            shards, requests = self._store_reads(window)
             rows.append(
                 WindowSummary(
                     index=window.index,
@@ -498,6 +587,8 @@ class EpochPlan:
                     bytes_decoded=decoded,
                     bytes_held=window.size * sum(row_bytes),
                     tasks=None if task_count is None else task_count(window),
+                    shards=shards,
+                    requests=requests,
                 )
             )
         return PlanSummary(
@@ -509,6 +600,29 @@ class EpochPlan:
             bytes_yielded=self.n_used * sum(row_bytes),
             dataset_bytes=self.n_samples * sum(row_bytes),
         )
+
+    def _store_reads(self, window: Window) -> tuple[int, int]:
+        """Shards a window touches and the store requests it makes (an estimate, no I/O).
+
+        Per shard: one request when it is read whole, else the index and the
+        coalesced runs of needed chunks (:func:`shard_requests`); an unsharded
+        chunk is one request per stored object.  Arrays not in a store count 0.
+        """
+        shards = requests = 0
+        for pieces, offsets, layout in zip(window.pieces, self.offsets, self.shards, strict=False):
+            if layout is None:
+                continue
+            total = len(offsets) - 1
+            rows: dict[int, list[int]] = {}
+            for piece in pieces:
+                rows.setdefault(piece.chunk // layout.chunks, []).append(
+                    piece.chunk % layout.chunks
+                )
+            for row, needed in rows.items():
+                existing = min(layout.chunks, total - row * layout.chunks)
+                requests += shard_requests(sorted(needed), existing, layout)
+                shards += layout.keys if layout.sharded else 0
+        return shards, requests
 
     def part(self, window: Window, first: int, end: int) -> Window:
         """Plan positions ``first:end`` of ``window`` as a window of their own.
@@ -635,6 +749,14 @@ class WindowSummary:
         Bytes of the window's samples, held until its batches are consumed.
     tasks : int or None
         Dask tasks of the window's graph.
+    shards : int
+        Shards (stored objects of sharded arrays) the window reads; 0 for
+        unsharded arrays.
+    requests : int
+        Store requests the window makes, estimated from the plan and the
+        shard geometry: a chunk of an unsharded array or a shard read whole
+        is one request, a shard read in part is its index plus one request per
+        run of adjacent needed chunks.  0 for arrays not read from a store.
     """
 
     index: int
@@ -644,6 +766,8 @@ class WindowSummary:
     bytes_decoded: int
     bytes_held: int
     tasks: int | None = None
+    shards: int = 0
+    requests: int = 0
 
 
 @dataclass(frozen=True)
@@ -683,6 +807,16 @@ class PlanSummary:
         return sum(sum(len(c) for c in w.chunks) for w in self.windows)
 
     @property
+    def shards_read(self) -> int:
+        """Shard reads of the epoch, summed over arrays (0 when none is sharded)."""
+        return sum(w.shards for w in self.windows)
+
+    @property
+    def requests(self) -> int:
+        """Store requests of the epoch, estimated (see :attr:`WindowSummary.requests`)."""
+        return sum(w.requests for w in self.windows)
+
+    @property
     def bytes_decoded(self) -> int:
         """Decoded bytes of every chunk read."""
         return sum(w.bytes_decoded for w in self.windows)
@@ -720,6 +854,8 @@ class PlanSummary:
                 "samples": w.samples,
                 "batches": w.batches,
                 "chunks_read": sum(len(c) for c in w.chunks),
+                "shards": w.shards,
+                "requests": w.requests,
                 "bytes_decoded": w.bytes_decoded,
                 "bytes_held": w.bytes_held,
                 "tasks": -1 if w.tasks is None else w.tasks,
@@ -734,6 +870,8 @@ class PlanSummary:
             "samples": self.n_samples,
             "batches": self.n_batches,
             "chunks_read": self.chunks_read,
+            "shards_read": self.shards_read,
+            "requests": self.requests,
             "bytes_decoded": self.bytes_decoded,
             "bytes_yielded": self.bytes_yielded,
             "read_amplification": round(self.read_amplification, 3),
@@ -750,15 +888,18 @@ class PlanSummary:
             f"{self.bytes_yielded / mib:.1f} MiB yielded "
             f"(read amplification {self.read_amplification:.2f}), "
             f"peak window {self.peak_window_bytes / mib:.1f} MiB, "
-            f"{self.chunks_read} chunk reads, dask tasks {self.n_tasks}",
+            f"{self.chunks_read} chunk reads, {self.shards_read} shard reads, "
+            f"{self.requests} store requests, dask tasks {self.n_tasks}",
         ]
         shown = self.windows if len(self.windows) <= 12 else self.windows[:10]
-        lines.append("  window  samples  batches  chunks  decoded MiB  held MiB  tasks")
+        lines.append(
+            "  window  samples  batches  chunks  shards  requests  decoded MiB  held MiB  tasks"
+        )
         for w in shown:
             lines.append(
                 f"  {w.index:6d}  {w.samples:7d}  {w.batches:7d}  "
-                f"{sum(len(c) for c in w.chunks):6d}  {w.bytes_decoded / mib:11.1f}  "
-                f"{w.bytes_held / mib:8.1f}  {w.tasks}"
+                f"{sum(len(c) for c in w.chunks):6d}  {w.shards:6d}  {w.requests:8d}  "
+                f"{w.bytes_decoded / mib:11.1f}  {w.bytes_held / mib:8.1f}  {w.tasks}"
             )
         if len(shown) < len(self.windows):
             lines.append(f"  ... {len(self.windows) - len(shown)} more windows")

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import errno
 import itertools
+import os
 import random
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -33,6 +35,7 @@ from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
 from ._errors import ArgumentTypeError, ArgumentValueError, MissingChunkError, ReadCancelledError
+from ._sources import codec_pipeline_of, zarr_pipeline
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -45,7 +48,9 @@ __all__ = [
     "PolicyStore",
     "ReadPolicy",
     "ReadReport",
+    "absent_keys",
     "is_transient",
+    "native_view",
     "policy_view",
     "read_array",
     "storage_keys",
@@ -173,10 +178,7 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
         if result is None and _is_chunk_key(key):
             self.ledger.missing.append(key)
             if self.policy.missing == "error":
-                raise MissingChunkError(
-                    f"chunk {key!r} of array {self.name} is missing from the store "
-                    "(pass missing='fill' or 'warn' to read it as the fill value)"
-                )
+                raise missing_error(key, self.name)
         return result
 
     async def get_partial_values(
@@ -257,20 +259,85 @@ def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | No
     return array[selection]
 
 
+def missing_error(key: str, name: str) -> MissingChunkError:
+    """The error for chunk ``key`` of array ``name`` missing under ``missing="error"``."""
+    return MissingChunkError(
+        f"chunk {key!r} of array {name} is missing from the store "
+        "(pass missing='fill' or 'warn' to read it as the fill value)"
+    )
+
+
 def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> Any:
     """``array`` read through a :class:`PolicyStore` (a Zarr array), else as is.
 
-    No I/O: the view reuses the array's metadata.
+    No I/O: the view reuses the array's metadata and codec pipeline, except
+    that a zarrs pipeline is replaced by zarr-python's (zarrs reads no
+    wrapper store natively: its reads would bypass the policy store).
     """
     if not isinstance(array, zarr.Array):
         return array
-    from zarr.core.array import AsyncArray
     from zarr.storage import StorePath
 
     inner = array._async_array
     store = PolicyStore(inner.store_path.store, policy, ledger, name)
-    view = AsyncArray(inner.metadata, StorePath(store, inner.store_path.path), config=inner.config)
+    view = copy.copy(inner)  # a frozen dataclass: set its fields as its __init__ does
+    object.__setattr__(view, "store_path", StorePath(store, inner.store_path.path))
+    if type(inner.codec_pipeline).__module__.split(".")[0] == "zarrs":
+        object.__setattr__(view, "codec_pipeline", zarr_pipeline(inner.metadata))
     return zarr.Array(view)
+
+
+def native_view(
+    array: Any,
+    name: str,
+    policy: ReadPolicy,
+    ledger: Ledger,
+    keys: Callable[[], list[str]],
+    scope: CancelScope | None = None,
+) -> Any:
+    """``array`` itself when zarrs reads its store natively, else None.
+
+    Such reads bypass the :class:`PolicyStore`, so the policy's missing-chunk
+    rule is applied here first: ``keys()`` (the store keys the read will
+    touch) are looked up with :func:`absent_keys`; absent ones are recorded in
+    ``ledger`` (zarrs fills them as zarr does), or raise
+    :class:`MissingChunkError` for ``missing="error"``.  A native read that
+    fails is read again by the caller through :func:`policy_view`, which
+    retries transient faults and names (or skips) the chunk that fails.
+    """
+    if not isinstance(array, zarr.Array) or codec_pipeline_of(array) != "zarrs":
+        return None
+    wanted = list(dict.fromkeys(keys()))
+    absent = absent_keys(array.store_path.store, wanted, scope)
+    ledger.missing.extend(absent)
+    if absent and policy.missing == "error":
+        raise missing_error(absent[0], name)
+    return array
+
+
+def absent_keys(store: Any, keys: list[str], scope: CancelScope | None = None) -> list[str]:
+    """The ``keys`` that ``store`` does not hold, in order.
+
+    A local directory store is asked with one ``stat`` per key on this
+    thread (a few microseconds each), any other with ``store.exists`` on
+    Zarr's event loop, all at once.
+    """
+    if not keys:
+        return []
+    if type(store) is zarr.storage.LocalStore:
+        root = os.fspath(store.root)
+        return [key for key in keys if not os.path.isfile(os.path.join(root, key))]
+
+    async def found() -> list[bool]:
+        return list(await asyncio.gather(*(store.exists(key) for key in keys)))
+
+    if scope is not None:
+        exists = scope.run(found())
+    else:
+        from zarr.core.sync import sync
+
+        exists = sync(found())
+    return [key for key, there in zip(keys, exists, strict=True) if not there]
 
 
 def storage_keys(array: Any, start: int, stop: int) -> list[str]:

@@ -57,10 +57,12 @@ from ._policy import (
     ReadPolicy,
     ReadReport,
     is_transient,
+    native_view,
     policy_view,
     read_array,
     storage_keys,
 )
+from ._shards import read_sharded, sharding_codec
 from ._sources import DaskSource, SliceSource, Source
 
 __all__ = [
@@ -168,7 +170,11 @@ def read_window(
     a window are not all held beside its output.
     """
     ledger = Ledger()
-    array = policy_view(array, name, policy, ledger)
+
+    def keys() -> list[str]:  # the store keys of the window's chunk rows
+        return [key for piece in pieces for key in storage_keys(array, piece.start, piece.stop)]
+
+    fast, array = _views(array, name, policy, ledger, keys, scope)
     largest = max(piece.rows for piece in pieces)
     limit_rows = DECODE_GROUP_BYTES // max(row_bytes, 1)
     partial = not all(_keeps_all(piece) for piece in pieces)
@@ -181,10 +187,12 @@ def read_window(
             limit_rows = max(limit_rows, 2 * largest)
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
-    if len(runs) == 1 and _is_whole(runs[0], size):
+    # zarrs reads shards natively; Zarr's own pipeline reads them through _shards
+    sharded = fast is array and sharding_codec(array) is not None
+    if len(runs) == 1 and _is_whole(runs[0], size) and not sharded:
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
-            rows = _owned(np.asarray(read_array(array, whole, scope)))
+            rows = _owned(np.asarray(read_array(fast, whole, scope)))
             return rows, _report(array, pieces, ledger, ())
     shape, dtype = (size, *array.shape[1:]), np.dtype(array.dtype)
     out = np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype)
@@ -200,13 +208,28 @@ def read_window(
             out[at : at + len(rows)] = rows
             at += len(rows)
 
-    inner = getattr(array, "_async_array", None)
-    if inner is not None and len(runs) > 1:
+    if sharded:
+        ordered = [piece for run in runs for piece in run]
+        shard_rows = max(array.shards[0], 1)
+        try:
+            coro = read_sharded(
+                array, ordered, _starts([[p] for p in ordered]), out, _keeps_all,
+                shards_in_flight=max(2, limit_rows // shard_rows),
+            )  # fmt: skip
+            _run(coro, scope)
+            return out, _report(array, pieces, ledger, ())
+        except ReadCancelledError:
+            raise
+        except Exception:  # the other reads were cancelled; read again run by run,
+            pass  # so that the error names the chunk that fails
+    inner = getattr(fast, "_async_array", None)
+    if inner is not None and not sharded and (len(runs) > 1 or fast is not array):
         chunks = [[piece] for run in runs for piece in run]
         try:
             _read_runs_concurrently(
-                inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope
-            )
+                inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope,
+                kept_rows=fast is array,  # zarrs reads an orthogonal selection through Zarr
+            )  # fmt: skip
             return out, _report(array, pieces, ledger, ())
         except Exception:  # the other reads were cancelled; read again run by run,
             pass  # so that the error names the chunk that fails
@@ -272,6 +295,28 @@ def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
+def _views(
+    array: Any,
+    name: str,
+    policy: ReadPolicy,
+    ledger: Ledger,
+    keys: Callable[[], list[str]],
+    scope: CancelScope | None,
+) -> tuple[Any, Any]:
+    """The array a read task tries first, and the one it reads again through.
+
+    The second is always the policy view (:func:`~._policy.policy_view`);
+    the first is the array itself when zarrs reads its store natively
+    (:func:`~._policy.native_view`, missing chunks looked up first), else
+    the policy view too.  The first read of a window or block uses the
+    first; any failure is read again through the second, which retries,
+    classifies and names it as for any other array.
+    """
+    view = policy_view(array, name, policy, ledger)
+    native = native_view(array, name, policy, ledger, keys, scope)
+    return (view if native is None else native), view
+
+
 def _raise_failed_read(array: Any, name: str, pieces: Sequence[ChunkPiece], ledger: Ledger) -> None:
     """Raise the error of a key whose read failed for good, naming its chunk."""
     for key, exc in ledger.failed.items():
@@ -324,6 +369,7 @@ def _read_runs_concurrently(
     limit_rows: int,
     streaming: bool,
     scope: CancelScope | None = None,
+    kept_rows: bool = False,
 ) -> None:
     """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
 
@@ -334,13 +380,13 @@ def _read_runs_concurrently(
     ``streaming``: place each run's rows as it arrives (on the event loop) to
     free its decoded chunks at once; else place them all afterwards on this
     thread, which measured faster when every row is kept (a full copy per run
-    would otherwise hold up the loop).  When streaming, a one-chunk run that
-    keeps some rows asks Zarr for those rows only (``take``, an orthogonal
-    selection), so Zarr allocates no copy of the whole chunk, and the C
-    heap's free memory is returned after each chunk
-    (:func:`release_free_memory`).
+    would otherwise hold up the loop).  When streaming, the C heap's free
+    memory is returned after each chunk (:func:`release_free_memory`), and
+    with ``kept_rows`` a one-chunk run that keeps some rows asks Zarr for
+    those rows only (``take``, an orthogonal selection), so Zarr allocates no
+    copy of the whole chunk (not with zarrs, which would hand such a
+    selection back to Zarr's own pipeline).
     """
-    from zarr.core.sync import sync
 
     arrived: list[tuple[Sequence[ChunkPiece], np.ndarray, int]] = []
 
@@ -355,7 +401,7 @@ def _read_runs_concurrently(
                 await ready.wait_for(lambda: in_flight == 0 or in_flight + rows <= limit_rows)
                 in_flight += rows
             try:
-                if streaming and len(run) == 1 and not isinstance(run[0].take, slice):
+                if kept_rows and streaming and len(run) == 1 and not isinstance(run[0].take, slice):
                     kept = (run[0].start + run[0].take,)
                     place(run, np.asarray(await inner.get_orthogonal_selection(kept)), at, True)
                     release_free_memory()
@@ -376,12 +422,16 @@ def _read_runs_concurrently(
             for run, at in zip(runs, starts, strict=True):
                 group.create_task(one(run, at))
 
-    if scope is None:
-        sync(read_all())
-    else:
-        scope.run(read_all())
+    _run(read_all(), scope)
     for run, slab, at in arrived:
         place(run, slab, at)
+
+
+def _run(coro: Any, scope: CancelScope | None) -> Any:
+    """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
+    from zarr.core.sync import sync
+
+    return sync(coro) if scope is None else scope.run(coro)
 
 
 def _runs(pieces: Sequence[ChunkPiece], max_rows: int) -> list[list[ChunkPiece]]:
@@ -429,11 +479,16 @@ def read_block(
     the report lists it as skipped.
     """
     ledger = Ledger()
-    view = policy_view(array, name, policy, ledger)
     piece = ChunkPiece(block[0], slices[0].start, slices[0].stop, slice(None), slice(None))
+    fast, view = _views(array, name, policy, ledger, lambda: _stored_keys(array, block), scope)
     skipped: tuple[tuple[int, int, int], ...] = ()
+    result: np.ndarray | None = None
+    if fast is not view:
+        with contextlib.suppress(Exception):  # read again below, through the policy
+            result = _owned(np.asarray(read_array(fast, slices, scope)))
     try:
-        result: np.ndarray | None = _owned(np.asarray(read_array(view, slices, scope)))
+        if result is None:
+            result = _owned(np.asarray(read_array(view, slices, scope)))
     except (MissingChunkError, ReadCancelledError):
         raise
     except Exception as exc:
@@ -456,6 +511,16 @@ def _block_keys(array: Any, block: tuple[int, ...]) -> list[str] | None:
     """The store key of a block of an unsharded Zarr array (``None``: not known)."""
     if not isinstance(array, zarr.Array) or array.shards is not None:
         return None
+    prefix = f"{array.path}/" if array.path else ""
+    return [prefix + array.metadata.encode_chunk_key(block)]
+
+
+def _stored_keys(array: Any, block: tuple[int, ...]) -> list[str]:
+    """The store key holding a block of a Zarr array: its chunk's, or its shard's."""
+    if not isinstance(array, zarr.Array):
+        return []
+    if array.shards is not None:
+        block = tuple(b * c // s for b, c, s in zip(block, array.chunks, array.shards, strict=True))
     prefix = f"{array.path}/" if array.path else ""
     return [prefix + array.metadata.encode_chunk_key(block)]
 

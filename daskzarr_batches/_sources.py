@@ -19,6 +19,8 @@ Two kinds exist:
 from __future__ import annotations
 
 import asyncio
+import copy
+import importlib
 import itertools
 import json
 import math
@@ -28,12 +30,13 @@ import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 import dask.array as da
 import numpy as np
 import zarr
 import zarr.abc.store
+from dask.tokenize import normalize_token
 
 from ._errors import (
     ArgumentTypeError,
@@ -42,9 +45,26 @@ from ._errors import (
     InvalidMetadataError,
 )
 
-__all__ = ["DaskSource", "SliceSource", "Source", "as_source", "open_array"]
+__all__ = [
+    "CODEC_PIPELINE_ENV",
+    "CodecPipelineChoice",
+    "DaskSource",
+    "SliceSource",
+    "Source",
+    "as_source",
+    "codec_pipeline_of",
+    "open_array",
+    "resolve_codec_pipeline",
+    "with_codec_pipeline",
+    "zarr_pipeline",
+]
 
 Chunks = tuple[tuple[int, ...], ...]
+
+#: Values of ``open_array(..., codec_pipeline=)``.
+CodecPipelineChoice = Literal["auto", "zarrs", "zarr"]
+#: The environment variable read when ``codec_pipeline`` is None.
+CODEC_PIPELINE_ENV = "DASKZARR_BATCHES_CODEC_PIPELINE"
 
 
 def open_array(
@@ -52,6 +72,7 @@ def open_array(
     path: str | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
+    codec_pipeline: CodecPipelineChoice | None = None,
 ) -> da.Array:
     """Open a Zarr array as a dask array whose chunks are the stored chunks.
 
@@ -65,6 +86,18 @@ def open_array(
         Path of the array inside a group or store.
     storage_options : dict, optional
         Passed to fsspec for URL sources (credentials, endpoint, ...).
+    codec_pipeline : {"auto", "zarrs", "zarr"}, optional
+        What decodes the array's chunks.  ``"zarrs"``: the Rust pipeline of
+        the ``zarrs`` package (``pip install 'daskzarr-batches[zarrs]'``),
+        which reads stores it supports natively (a local directory) itself;
+        ``"zarr"``: zarr-python's own pipeline (the off switch); ``"auto"``:
+        zarrs when it is installed, else zarr's.  An array zarrs cannot read
+        natively (another store, a non-native byte order, a data type or
+        codec it lacks) is read with zarr's pipeline whatever the choice.
+        None (default): the environment variable
+        ``DASKZARR_BATCHES_CODEC_PIPELINE`` if set, else ``"auto"``.  Also
+        applies to a ``zarr.Array`` passed as ``source`` (a new array object
+        over the same store; the one passed is not changed).
 
     Returns
     -------
@@ -85,10 +118,177 @@ def open_array(
         is not installed (the message says which extra to install, e.g.
         ``pip install 'daskzarr-batches[s3]'``); a store that cannot be
         reached or refuses the credentials (the message names the source,
-        the original error is the ``__cause__``).
+        the original error is the ``__cause__``); a ``codec_pipeline`` (or
+        environment variable) that is not one of the choices, or
+        ``"zarrs"`` when the zarrs package is not installed (the message
+        says how to install it).
     """
-    array = _open_zarr(source, path, storage_options)
+    choice = resolve_codec_pipeline(codec_pipeline)
+    array = with_codec_pipeline(_open_zarr(source, path, storage_options), choice)
     return da.from_zarr(array)
+
+
+# --------------------------------------------------------------------------
+# Codec pipelines: zarr-python's own, or the Rust one of the zarrs package
+
+
+def resolve_codec_pipeline(value: object) -> Literal["zarrs", "zarr"]:
+    """The pipeline ``open_array(..., codec_pipeline=value)`` reads with.
+
+    None reads :data:`CODEC_PIPELINE_ENV` (unset or empty: ``"auto"``);
+    ``"auto"`` is ``"zarrs"`` when the zarrs package imports, else ``"zarr"``.
+    """
+    where = "codec_pipeline"
+    if value is None:
+        env = os.environ.get(CODEC_PIPELINE_ENV, "").strip()
+        where = f"the environment variable {CODEC_PIPELINE_ENV}"
+        value = env.lower() if env else "auto"
+    if not isinstance(value, str):
+        raise ArgumentTypeError(
+            f"codec_pipeline must be one of {get_args(CodecPipelineChoice)} or None, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    if value not in get_args(CodecPipelineChoice):
+        raise ArgumentValueError(
+            f"{where} must be one of {get_args(CodecPipelineChoice)}, got {value!r}"
+        )
+    if value == "zarr":
+        return "zarr"
+    problem = _zarrs_import_problem()
+    if problem is None:
+        return "zarrs"
+    if value == "zarrs":
+        raise ArgumentValueError(
+            f"{where} is 'zarrs' but the zarrs package cannot be imported ({problem}); "
+            "install it with pip install 'daskzarr-batches[zarrs]', or choose 'auto' "
+            "(zarrs when installed) or 'zarr'"
+        )
+    return "zarr"
+
+
+def _zarrs_import_problem() -> str | None:
+    """Why the zarrs package cannot be used here, or None if it can."""
+    try:
+        importlib.import_module("zarrs.pipeline")
+    except Exception as exc:  # not installed, or built for another zarr
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+#: zarrs decodes on process-wide Rust threads, started as soon as a zarrs pipeline is
+#: built; a process forked after that inherits them as dead threads, and a zarrs read
+#: there waits forever (measured with zarrs 0.2.3: a forked child of a process that only
+#: opened an array with zarrs hangs on its first read).  Such a child reads with zarr's
+#: pipeline instead: ``"used"`` is set in a process that built or met a zarrs pipeline,
+#: ``"forked"`` in its forked children.
+_zarrs_state = {"used": False, "forked": False}
+
+
+def _zarrs_after_fork() -> None:
+    if _zarrs_state["used"]:
+        _zarrs_state["forked"] = True
+
+
+os.register_at_fork(after_in_child=_zarrs_after_fork)
+
+
+def codec_pipeline_of(array: Any) -> Literal["zarrs", "zarr"]:
+    """``"zarrs"`` if zarrs' Rust pipeline reads ``array`` natively here, else ``"zarr"``.
+
+    A zarrs pipeline that could not be set up for the array (zarrs warned
+    and falls back to Python codecs) counts as ``"zarr"``, and so does any
+    zarrs pipeline in a process forked after zarrs was used (its threads
+    did not survive the fork: such a process reads with zarr's pipeline).
+    """
+    pipeline = getattr(getattr(array, "_async_array", None), "codec_pipeline", None)
+    if not _is_zarrs(pipeline) or getattr(pipeline, "impl", None) is None:
+        return "zarr"
+    _zarrs_state["used"] = True
+    return "zarr" if _zarrs_state["forked"] else "zarrs"
+
+
+def _is_zarrs(pipeline: object) -> bool:
+    return type(pipeline).__module__.split(".")[0] == "zarrs" and hasattr(pipeline, "impl")
+
+
+def with_codec_pipeline(array: zarr.Array, choice: Literal["zarrs", "zarr"]) -> zarr.Array:
+    """``array`` read with ``choice`` (a new array object, the same store and metadata).
+
+    ``"zarrs"`` falls back to zarr's pipeline for an array zarrs cannot read
+    natively; ``"zarr"`` replaces only a zarrs pipeline (any other pipeline
+    the array was built with is kept).  No I/O, no warning, and zarr.config
+    is not touched (the pipeline object is built directly).
+    """
+    inner = array._async_array
+    if choice == "zarrs" and codec_pipeline_of(array) == "zarrs":
+        return array
+    pipeline = _zarrs_pipeline(array) if choice == "zarrs" else None
+    if pipeline is None:
+        if not _is_zarrs(inner.codec_pipeline):
+            return array
+        pipeline = zarr_pipeline(inner.metadata)
+    view = copy.copy(inner)
+    object.__setattr__(view, "codec_pipeline", pipeline)
+    return zarr.Array(view)
+
+
+def zarr_pipeline(metadata: Any) -> Any:
+    """zarr-python's own codec pipeline for an array's ``metadata``."""
+    from zarr.codecs._v2 import V2Codec
+    from zarr.core.codec_pipeline import BatchedCodecPipeline
+    from zarr.core.metadata import ArrayV3Metadata
+
+    if isinstance(metadata, ArrayV3Metadata):
+        return BatchedCodecPipeline.from_codecs(metadata.codecs)
+    return BatchedCodecPipeline.from_codecs(
+        [V2Codec(filters=metadata.filters, compressor=metadata.compressor)]
+    )
+
+
+@normalize_token.register_lazy("zarrs")
+def _register_zarrs_token() -> None:
+    """Tokenize a zarrs pipeline by what it pickles (its metadata and store).
+
+    dask tokenizes graph values (a distributed client does, deterministically),
+    walking dataclass fields; the Rust object a zarrs pipeline holds cannot be
+    tokenized, but it is rebuilt from the metadata and store when unpickled.
+    """
+    import zarrs.pipeline
+
+    @normalize_token.register(zarrs.pipeline.ZarrsCodecPipeline)
+    def _(pipeline: Any) -> Any:
+        return type(pipeline).__name__, normalize_token(pipeline.__getstate__())
+
+
+# Kinds of numpy dtypes zarrs' pipeline hands back to Python codecs (or refuses).
+_ZARRS_UNSUPPORTED_KINDS = frozenset("VSUMmOT")
+
+
+def _zarrs_pipeline(array: zarr.Array) -> Any:
+    """A zarrs pipeline reading ``array`` natively, or None if zarrs cannot."""
+    dtype = np.dtype(array.dtype)
+    if not dtype.isnative or dtype.kind in _ZARRS_UNSUPPORTED_KINDS:
+        return None  # zarrs raises for a non-native byte order
+    if _zarrs_state["forked"]:
+        return None
+    _zarrs_state["used"] = True
+    try:
+        import zarrs
+        from zarrs.pipeline import get_codec_pipeline_fallback, get_codec_pipeline_impl
+
+        inner = array._async_array
+        store = inner.store_path.store
+        # strict: an unsupported array raises instead of warning; an unsupported
+        # store raises NotImplementedError
+        impl = get_codec_pipeline_impl(inner.metadata, store, strict=True)
+        if impl is None:
+            return None
+        fallback = get_codec_pipeline_fallback(inner.metadata, strict=False)
+    except Exception:
+        return None
+    return zarrs.ZarrsCodecPipeline(
+        metadata=inner.metadata, store=store, impl=impl, python_impl=fallback
+    )
 
 
 def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | None) -> zarr.Array:
@@ -502,11 +702,47 @@ class SliceSource(Source):
     """A Zarr or numpy array, read by slicing it inside a task.
 
     ``token`` is unique per source object: graphs hold the array under a key
-    made from it, so two arrays never share a key.
+    made from it, so two arrays never share a key.  ``shards`` is the shard
+    shape of a sharded Zarr array (each shard one stored object holding
+    several chunks and an index of their byte ranges), ``None`` otherwise.
     """
 
     array: Any = field(repr=False, default=None)
     token: str = field(repr=False, default="")
+    shards: tuple[int, ...] | None = None
+
+    @property
+    def stored(self) -> bool:
+        """Whether the array is read from a Zarr store (not a numpy array)."""
+        return isinstance(self.array, zarr.Array)
+
+    @property
+    def shard_rows(self) -> int | None:
+        """Samples (axis-0 rows) per shard; ``None`` for unsharded or non-Zarr arrays."""
+        return None if self.shards is None else self.shards[0]
+
+    @property
+    def chunk_keys_per_row(self) -> int:
+        """Stored objects (chunks or shards) per axis-0 chunk or shard row.
+
+        1 unless the array is also split along other axes.
+        """
+        grid = self.shards or tuple(sizes[0] if sizes else 0 for sizes in self.chunks)
+        return math.prod(
+            -(-size // step) if step else 1
+            for size, step in zip(self.shape[1:], grid[1:], strict=True)
+        )
+
+    @property
+    def inner_per_key(self) -> int:
+        """Chunks along the other axes inside one shard (1 when unsharded)."""
+        if self.shards is None:
+            return 1
+        inner = [sizes[0] for sizes in self.chunks[1:]]
+        return math.prod(
+            max(1, shard // chunk) if chunk else 1
+            for shard, chunk in zip(self.shards[1:], inner, strict=True)
+        )
 
     @property
     def carries_data(self) -> bool:
@@ -597,7 +833,8 @@ def _as_source(array: Any, role: str) -> Source:
         _check_dtype(role, dtype)
         chunks = da.core.normalize_chunks(array.chunks, shape)
         name = str(array.store_path)
-        return SliceSource(name, shape, dtype, chunks, array, _token(array))
+        shards = None if array.shards is None else tuple(array.shards)
+        return SliceSource(name, shape, dtype, chunks, array, _token(array), shards)
     if isinstance(array, np.ndarray):
         shape = array.shape
         _check_dims(role, shape)

@@ -25,10 +25,10 @@ from typing import Any, get_args
 import numpy as np
 
 from ._errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
-from ._plan import EpochPlan, ExactBudget, ShuffleMode, chunk_offsets, exact_budget
+from ._plan import EpochPlan, ExactBudget, ShardLayout, ShuffleMode, chunk_offsets, exact_budget
 from ._policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
 from ._runners import resolve_client
-from ._sources import Source, as_source
+from ._sources import SliceSource, Source, as_source
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -303,11 +303,23 @@ class StreamSpec:
             seed=self.seed or 0,
             epoch=self.epoch,
             row_bytes=tuple(source.row_bytes for source in self.sources),
+            shards=tuple(shard_layout(source) for source in self.sources),
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:
         """The same spec for another epoch (same seed: a new order)."""
         return dataclasses.replace(self, epoch=epoch)
+
+
+def shard_layout(source: Source) -> ShardLayout | None:
+    """How a source's chunks are stored, for the plan (``None``: not a Zarr array)."""
+    if not isinstance(source, SliceSource) or not source.stored:
+        return None
+    keys = source.chunk_keys_per_row
+    if source.shard_rows is None:
+        return ShardLayout(1, keys, 1)
+    chunk_rows = source.chunks[0][0] if source.chunks[0] else 1
+    return ShardLayout(max(1, source.shard_rows // max(chunk_rows, 1)), keys, source.inner_per_key)
 
 
 def _default_roles(count: int) -> tuple[str, ...]:

@@ -4,7 +4,8 @@ Shapes include a zero-length axis 0 and zero-width other axes; chunk grids
 include chunks larger than the axis and short last chunks.  The same data can
 be built as a ``zarr.Array`` (memory store, format 2 or 3), a dask array
 (arbitrary chunking, also along the other axes), a dask array opened over a
-Zarr array (the path the library reads as Zarr) or a plain numpy array.
+Zarr array (the path the library reads as Zarr), a Zarr array in a local
+directory opened with zarrs' Rust codec pipeline, or a plain numpy array.
 
 Data is ``arange`` shaped to the array, so the first element of sample ``i``
 is ``i * row_width``: :func:`sample_ids` recovers which samples a batch holds.
@@ -12,9 +13,12 @@ is ``i * row_width``: :func:`sample_ids` recovers which samples a batch holds.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +39,7 @@ __all__ = [
     "buffer_sizes",
     "build_input",
     "irregular_chunks",
+    "local_path",
     "make_data",
     "property_settings",
     "regular_chunks",
@@ -47,8 +52,19 @@ __all__ = [
 
 DTYPES = ("int32", "int64", "float32", "float64", "uint16")
 
-#: numpy, zarr (formats 2 and 3), a general dask array, a dask array over zarr.
-INPUT_KINDS = ("numpy", "zarr2", "zarr3", "dask", "dask_zarr")
+#: numpy, zarr (formats 2 and 3), a general dask array, a dask array over zarr, and zarr
+#: (format 3) in a local directory read by zarrs' Rust codec pipeline.
+INPUT_KINDS = ("numpy", "zarr2", "zarr3", "dask", "dask_zarr", "zarrs")
+
+_local_root: list[str] = []
+
+
+def local_path(name: str = "a.zarr") -> str:
+    """A fresh path in a directory of this process, removed at exit (zarrs reads local stores)."""
+    if not _local_root:
+        _local_root.append(tempfile.mkdtemp(prefix="dzb-tests-"))
+        atexit.register(shutil.rmtree, _local_root[0], True)
+    return tempfile.mkdtemp(dir=_local_root[0]) + "/" + name
 
 
 def property_settings(max_examples: int) -> settings:
@@ -197,6 +213,12 @@ def build_input(
     if kind == "dask_zarr":
         array = da.from_zarr(to_zarr(data, zarr_chunks, zarr_format=3))
         return ArrayCase(kind, data, array, grid)
+    if kind == "zarrs":
+        import daskzarr_batches as dzb
+
+        path = local_path()
+        to_zarr(data, zarr_chunks, store=zarr.storage.LocalStore(path))
+        return ArrayCase(kind, data, dzb.open_array(path, codec_pipeline="zarrs"), grid)
     raise ValueError(f"unknown input kind {kind!r}")
 
 

@@ -38,5 +38,14 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     assert "sequential, batch 256" in report and "exact shuffle" in report
     assert "## Targets" in report and ("PASS" in report or "MISS" in report)
     assert "## Shuffle quality" in report
+    # issue 10: sharded, latency, loopback S3 and codec-pipeline cases with their targets
+    for case in (
+        "[sharded (8 chunks/shard)] sequential",
+        "[unsharded, 100 ms, 24 chunks] chunk_",
+        "[S3 loopback, 24 chunks] zarr x[:]",
+        "[zarrs codec pipeline] sequential",
+    ):
+        assert f"| {case}" in report, case
+    assert "| sharded sequential >= 1.0x unsharded (no latency) |" in report
     assert (tmp_path / "results" / "throughput.png").stat().st_size > 1000
     assert "ratios vs L0" in done.stdout

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # after the installed package: only ``benchmarks`` comes from here
 
-from benchmarks.suite import cases, report, targets  # noqa: E402
+from benchmarks.suite import cases, report, stores_cases, targets  # noqa: E402
 from benchmarks.suite.dataset import Dataset  # noqa: E402
 from benchmarks.suite.measure import L0, MiB, Result, SuiteRun  # noqa: E402
 
@@ -99,6 +99,46 @@ def test_cluster_and_raw_decode_targets_when_measured() -> None:
     assert rows["torch DataLoader, 0 workers >= 0.9x Loader (buffered)"] == ("0.95x", "PASS")
 
 
+def test_store_targets_against_x_all_on_the_same_store() -> None:
+    sc = stores_cases
+    speeds = SPEEDS | {
+        sc.name(sc.UNSHARDED, sc.SEQUENTIAL): 100.0,
+        sc.name(sc.SHARDED, sc.SEQUENTIAL): 95.0,
+        sc.PIPELINE_LIMIT: 400.0,
+        sc.name(sc.ZARRS_PIPELINE, sc.SEQUENTIAL): 260.0,
+    }
+    for delay in sc.LATENCIES:  # unsharded: chunk_stream 0.4x x[:], the rest 0.96x
+        for kind in sc.KINDS:
+            fast = {sc.ZARR_ALL: 50.0, sc.CHUNKS: 20.0}.get(kind, 48.0)
+            speeds[sc.name(sc.latency_label(False, delay), kind)] = fast
+    for kind in sc.KINDS:  # sharded, 20 ms: every kind 0.8x x[:]
+        speeds[sc.name(sc.latency_label(True, 0.02), kind)] = 50.0 if kind == sc.ZARR_ALL else 40.0
+    run = fabricated(speeds, {"S3": "not installed"})
+    rows = {t.what: (t.measured, t.status, t.why) for t in targets.evaluate(run)}
+    assert rows["sharded sequential >= 1.0x unsharded (no latency)"] == ("0.95x", "MISS", "")
+    assert rows["sharded, 20 ms: chunk_stream >= 0.9x x[:]"] == ("0.80x", "MISS", "")
+    assert rows[f"sharded, 20 ms: {sc.EXACT} >= 0.9x x[:]"] == ("0.80x", "MISS", "")
+    assert rows[f"20 ms: {sc.SEQUENTIAL} >= 0.9x x[:]"] == ("0.96x", "PASS", "")
+    assert rows[f"100 ms: {sc.BUFFERED} >= 0.9x x[:]"] == ("0.96x", "PASS", "")
+    assert rows["100 ms: chunk_stream >= 0.9x x[:]"] == ("0.40x", "MISS", "")
+    assert rows["S3 loopback >= 0.9x x[:]"] == ("skipped", "SKIP", "not installed")
+    assert rows["zarrs pipeline: sequential >= 0.6x raw-decode limit"] == ("0.65x", "PASS", "")
+    text = report.markdown(run, targets.evaluate(run), command="", now="now")
+    row = f"| {sc.latency_label(False, 0.1)} | 50.0 | 0.96x | 0.96x | 0.96x | 0.96x | 0.40x |"
+    assert "\n\n## Stores: sharded" in text and row in text
+    assert "\nRaw decode limit 400.0 MB/s (" in text
+    assert "): sequential with zarr's pipeline 0.25x, sequential with zarrs 0.65x." in text
+    # targets only for the kinds the issue names: no paired / exact rows at 100 ms
+    assert f"100 ms: {sc.PAIRED} >= 0.9x x[:]" not in rows
+    # --no-stores: one SKIP row for the sharded and latency targets, one for S3, one for zarrs
+    skipped = dict.fromkeys(sc.SKIP_KEYS, "--no-stores")
+    rows = {t.what: (t.measured, t.why) for t in targets.evaluate(fabricated(SPEEDS, skipped))}
+    assert rows[targets.STORES] == ("skipped", "--no-stores")
+    assert rows["S3 loopback >= 0.9x x[:]"] == ("skipped", "--no-stores")
+    measured = [name for name in rows if name.startswith(("sharded", "20 ms", "100 ms", "S3 lo"))]
+    assert measured == [targets.STORES, "S3 loopback >= 0.9x x[:]"]
+
+
 def test_report_has_every_target_row_and_section() -> None:
     run = fabricated(SPEEDS, {"torch": "not installed"})
     evaluated = targets.evaluate(run)
@@ -115,6 +155,7 @@ def test_report_has_every_target_row_and_section() -> None:
     assert payload["results"][-1]["amplification"] is None
     for section in ("## Targets (issue 3)", "## Prefetch", "## Memory", "## Shuffle quality"):
         assert f"\n\n{section}" in text
+    assert "## Stores" not in text  # no store case measured: no section
     assert text.endswith("Skipped: torch: not installed.\n")
     assert report.command_line(run) == "python benchmarks/run.py"
 

@@ -178,7 +178,7 @@ def test_shuffled_rows_are_a_permutation(
 
 @property_settings(25)
 @given(
-    case=array_cases(min_rows=1, kinds=("zarr3", "dask", "numpy")),
+    case=array_cases(min_rows=1, kinds=("zarr3", "zarrs", "dask", "numpy")),
     data=st.data(),
     buffer=BUFFERS,
     seed=seeds,

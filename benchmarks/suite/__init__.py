@@ -7,9 +7,12 @@ Modules, in the order a run uses them:
 - ``cases``: the measured cases (L0, zarr threads, raw decode, this library's
   streams and ``Loader`` (alone and through a torch ``DataLoader``), naive dask,
   xbatcher, torch, LocalCluster) and the prefetch case;
+- ``stores_cases``: every stream kind against zarr's ``x[:]`` on the same store where data
+  really lives (issue 10): a sharded copy, a latency store at 20 / 100 ms per request,
+  moto's S3 on loopback, zarrs' codec pipeline; and their report table;
 - ``memory``: memory cases, each in a fresh subprocess (``python -m benchmarks.suite.memory``);
 - ``quality``: shuffle quality computed from plans (nothing read);
-- ``targets``: the targets of issues 3 and 9 as a table, evaluated on a ``SuiteRun``;
+- ``targets``: the targets of issues 3, 9 and 10 as a table, evaluated on a ``SuiteRun``;
 - ``report``: ``results.md``, ``results.json``, ``throughput.png`` and the printed summary.
 
 Only the public API of ``daskzarr_batches`` is used.

@@ -61,3 +61,33 @@ def make_dataset(data_dir: Path, rows: int, cols: int, chunk_rows: int) -> Datas
     done.write_text("ok")
     print(f"generated {path} in {time.perf_counter() - started:.1f} s", flush=True)
     return dataset
+
+
+def make_sharded(ds: Dataset, shard_chunks: int = 8) -> Dataset:
+    """Create (once) a copy of ``ds`` with ``shard_chunks`` inner chunks per Zarr v3 shard.
+
+    Same chunks and codec (zarr's default) as ``ds``; the shards run along the rows,
+    so a shard holds ``shard_chunks * chunk_rows`` rows (the last one is partial).
+    """
+    path = ds.path.with_name(f"{ds.path.stem}_s{shard_chunks}.zarr")
+    sharded = Dataset(path, ds.rows, ds.cols, ds.chunk_rows)
+    done = path / "complete"
+    if done.exists():
+        return sharded
+    started = time.perf_counter()
+    group = zarr.open_group(path, mode="w")
+    shard_rows = shard_chunks * ds.chunk_rows
+    for name, source in (("features", ds.features), ("labels", ds.labels)):
+        copy = group.create_array(
+            name,
+            shape=source.shape,
+            chunks=source.chunks,
+            shards=(shard_rows, *source.shape[1:]),
+            dtype=source.dtype,
+        )
+        step = shard_rows * max(1, (64 * MiB) // (shard_rows * ds.row_bytes))
+        for lo in range(0, ds.rows, step):
+            copy[lo : lo + step] = source[lo : lo + step]
+    done.write_text("ok")
+    print(f"generated {path} in {time.perf_counter() - started:.1f} s", flush=True)
+    return sharded

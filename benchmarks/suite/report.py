@@ -19,6 +19,7 @@ import daskzarr_batches as dzb
 from .dataset import default_shape
 from .measure import MB, MiB, Result, SuiteRun
 from .memory import MMAP_ENV
+from .stores_cases import is_store_case, stores_section
 from .targets import Target
 
 #: memory table: (case key, label template formatted with the memory record)
@@ -154,6 +155,7 @@ def markdown(run: SuiteRun, targets: list[Target], *, command: str, now: str) ->
         header(run, command, now),
         cases_table(run),
         targets_table(targets),
+        stores_section(run.results),
         prefetch_section(run.prefetch),
         memory_section(run.memory),
         quality_section(run.quality),
@@ -161,7 +163,7 @@ def markdown(run: SuiteRun, targets: list[Target], *, command: str, now: str) ->
     if run.skipped:
         reasons = "; ".join(f"{k}: {v}" for k, v in run.skipped.items())
         sections.append([f"Skipped: {reasons}."])
-    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
+    return "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
 
 
 def payload(run: SuiteRun, targets: list[Target], *, command: str, now: str) -> dict[str, Any]:
@@ -194,7 +196,8 @@ def write_outputs(run: SuiteRun, targets: list[Target], out: Path) -> None:
     (out / "results.md").write_text(markdown(run, targets, command=command, now=now))
     data = payload(run, targets, command=command, now=now)
     (out / "results.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
-    chart(out / "throughput.png", run.results, run.ref)
+    main = {k: r for k, r in run.results.items() if not is_store_case(k)}  # own table
+    chart(out / "throughput.png", main, run.ref)
     print(f"\nwrote {out / 'results.md'}, {out / 'throughput.png'}")
     print_summary(run, targets)
 

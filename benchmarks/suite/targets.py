@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from . import stores_cases as sc
 from .cases import (
     BUFFERED,
     CLUSTER_BUFFERED,
@@ -103,6 +104,35 @@ def sweep_label(budget_mib: int) -> str:
 
 CLUSTER = "LocalCluster >= 0.6x local"
 
+
+def vs_zarr_all(store: str, kind: str) -> Value:
+    """Throughput of ``kind`` over zarr's ``x[:]``, both on ``store``."""
+    return ratio(sc.name(store, kind), sc.name(store, sc.ZARR_ALL))
+
+
+STORES = "sharded and high-latency stores (issue 10)"
+
+#: the cases of issue 10 (``stores_cases``): sharding, latency, S3, codec pipelines
+STORE_TARGETS: tuple[TargetSpec, ...] = (
+    TargetSpec("sharded sequential >= 1.0x unsharded (no latency)",
+               ratio(sc.name(sc.SHARDED, sc.SEQUENTIAL), sc.name(sc.UNSHARDED, sc.SEQUENTIAL)),
+               ">=", 1.0, skip="stores", skip_name=STORES),
+    *(TargetSpec(f"sharded, {sc.LATENCIES[0] * 1000:.0f} ms: {kind} >= 0.9x x[:]",
+                 vs_zarr_all(sc.latency_label(True, sc.LATENCIES[0]), kind), ">=", 0.9,
+                 skip="stores", skip_name=STORES)
+      for kind in sc.KINDS if kind != sc.ZARR_ALL),
+    *(TargetSpec(f"{delay * 1000:.0f} ms: {kind} >= 0.9x x[:]",
+                 vs_zarr_all(sc.latency_label(False, delay), kind), ">=", 0.9,
+                 skip="stores", skip_name=STORES)
+      for delay in sc.LATENCIES for kind in (sc.SEQUENTIAL, sc.BUFFERED, sc.CHUNKS)),
+    *(TargetSpec(f"S3 loopback: {kind} >= 0.9x x[:]", vs_zarr_all(sc.S3, kind), ">=", 0.9,
+                 skip="S3", skip_name="S3 loopback >= 0.9x x[:]")
+      for kind in (sc.SEQUENTIAL, sc.BUFFERED, sc.CHUNKS)),
+    TargetSpec("zarrs pipeline: sequential >= 0.6x raw-decode limit",
+               ratio(sc.name(sc.ZARRS_PIPELINE, sc.SEQUENTIAL), sc.PIPELINE_LIMIT), ">=", 0.6,
+               skip="zarrs"),
+)  # fmt: skip
+
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.
 TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("sequential >= 1.3x L0", ratio(SEQUENTIAL, L0), ">=", 1.3),
@@ -130,6 +160,7 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec(">= 100x torch DataLoader", ratio(BUFFERED, TORCH), ">=", 100,
                "{value:.0f}x", skip="torch"),
     TargetSpec(f">= 20x {DASK_SLICES}", ratio(SEQUENTIAL, DASK_SLICES), ">=", 20, "{value:.0f}x"),
+    *STORE_TARGETS,
     TargetSpec("prefetch: wait <= 5% of epoch (consumer 1.2x load)",
                lambda run: run.prefetch["fraction"], "<=", 0.05, "{value:.1%}"),
     TargetSpec("buffered peak RSS <= 1.5 x windows + 300 MB",
