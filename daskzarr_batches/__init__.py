@@ -35,7 +35,13 @@ from ._loader import Loader
 from ._mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from ._plan import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
 from ._sources import open_array
-from ._spec import DEFAULT_MEMORY_BUDGET, DEFAULT_PREFETCH, DEFAULT_WINDOW_BYTES, StreamSpec
+from ._spec import (
+    DEFAULT_IO_CONCURRENCY,
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_PREFETCH,
+    DEFAULT_WINDOW_BYTES,
+    StreamSpec,
+)
 from ._streams import (
     BatchStream,
     ChunkStream,
@@ -54,6 +60,7 @@ from ._streams import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_IO_CONCURRENCY",
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_PREFETCH",
     "DEFAULT_WINDOW_BYTES",

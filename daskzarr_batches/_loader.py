@@ -54,7 +54,7 @@ class Loader:
         a buffer of ``shuffle_buffer_size`` samples, as
         :func:`shuffled_batch_stream`.
     shuffle_buffer_size, memory_budget, window_bytes, prefetch, client, \
-timeout, missing, on_error, retries
+timeout, missing, on_error, retries, io_concurrency
         As for the stream constructors.
     seed : int, default 0
         The shuffle's seed; the order of epoch ``e`` comes from ``(seed, e)``
@@ -107,6 +107,7 @@ timeout, missing, on_error, retries
         missing: MissingMode = "warn",
         on_error: OnError = "raise",
         retries: int = DEFAULT_RETRIES,
+        io_concurrency: int | None = None,
     ) -> None:
         self._names, self._wrap, values = _structure(arrays)
         shuffled = flag("shuffle", shuffle)
@@ -140,6 +141,7 @@ timeout, missing, on_error, retries
             missing=missing,
             on_error=on_error,
             retries=retries,
+            io_concurrency=io_concurrency,
         )
         self._seed = seed
         self._epoch = 0

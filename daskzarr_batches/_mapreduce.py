@@ -62,6 +62,7 @@ def map_chunks(
     missing: MissingMode = "warn",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
 ) -> ChunkStream:
     """Stream ``func(chunk)`` for every stored chunk of ``array``.
 
@@ -84,8 +85,13 @@ def map_chunks(
         ``True``: results in C order of the chunk grid.  ``False``: as they
         complete.
     concurrency : int, optional
-        Chunks in flight at once.  Default: the CPU count (local) or twice the
-        cluster's worker threads.
+        The former name of ``io_concurrency``; prefer ``io_concurrency``.
+    io_concurrency : int, optional
+        Reads in flight, as for :func:`chunk_stream` (a sharded array is read
+        one shard per read, ``func`` applied to each inner chunk); locally
+        at most one ``func`` call per CPU runs at once, whatever the value.
+        Default: one per CPU on a local store, 16 on others (fewer for large
+        chunks or shards), twice the cluster's worker threads on a cluster.
     with_index : bool, default False
         Yield ``(block_index, result)`` tuples.
     timeout : float, optional
@@ -120,6 +126,7 @@ def map_chunks(
     return build_chunk_stream(
         array,
         concurrency=concurrency,
+        io_concurrency=io_concurrency,
         ordered=ordered,
         with_index=with_index,
         client=client,
@@ -141,6 +148,7 @@ def reduce_chunks(
     missing: MissingMode = "warn",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
 ) -> R:
     """Reduce ``func(chunk)`` over every stored chunk with ``combine``.
 
@@ -161,7 +169,7 @@ def reduce_chunks(
     initial : optional
         Placed before the first result, as in :func:`functools.reduce`; it is
         also the result for an array without chunks.
-    client, concurrency, timeout, missing, on_error, retries
+    client, concurrency, io_concurrency, timeout, missing, on_error, retries
         As for :func:`map_chunks`.
 
     Returns
@@ -200,6 +208,7 @@ def reduce_chunks(
         missing=missing,
         on_error=on_error,
         retries=retries,
+        io_concurrency=io_concurrency,
     ) as results:
         name = results.source.name
         for result in results:
@@ -330,6 +339,7 @@ def feature_moments(
     missing: MissingMode = "warn",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
 ) -> Moments:
     """Per-feature count, mean and variance of ``array``'s samples, in one pass.
 
@@ -342,7 +352,7 @@ def feature_moments(
     ----------
     array : zarr.Array, dask.array.Array or numpy.ndarray
         Samples along axis 0, features along the other axes.
-    client, concurrency, timeout, missing, on_error, retries
+    client, concurrency, io_concurrency, timeout, missing, on_error, retries
         As for :func:`map_chunks`.
 
     Returns
@@ -369,6 +379,7 @@ def feature_moments(
         missing=missing,
         on_error=on_error,
         retries=retries,
+        io_concurrency=io_concurrency,
     ) as results:
         layout = tuple(len(sizes) for sizes in results.source.chunks[1:])
         shape, dtype = results.source.shape, results.source.dtype

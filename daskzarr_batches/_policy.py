@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import copy
 import errno
 import itertools
@@ -66,6 +67,12 @@ RETRY_BASE_SECONDS = 0.05
 RETRY_MAX_SECONDS = 2.0
 
 _METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
+
+#: The store requests in flight allowed to the read running in this context (set by
+#: :meth:`CancelScope.run` for the coroutines of one stream; ``None``: no stream-wide limit).
+_REQUESTS: contextvars.ContextVar[asyncio.Semaphore | None] = contextvars.ContextVar(
+    "dzb_requests", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -174,7 +181,12 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        result = await self._retrying(key, self._store.get, key, prototype, byte_range)
+        limit = _REQUESTS.get()
+        if limit is None:
+            result = await self._retrying(key, self._store.get, key, prototype, byte_range)
+        else:
+            async with limit:  # the stream's io_concurrency: requests, not decodes
+                result = await self._retrying(key, self._store.get, key, prototype, byte_range)
         if result is None and _is_chunk_key(key):
             self.ledger.missing.append(key)
             if self.policy.missing == "error":
@@ -186,9 +198,16 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
     ) -> list[Buffer | None]:
         ranges = list(key_ranges)
         label = ranges[0][0] if ranges else "<no key>"
-        values: list[Buffer | None] = await self._retrying(
-            label, self._store.get_partial_values, prototype, ranges
-        )
+        limit = _REQUESTS.get()
+        if limit is None:
+            values: list[Buffer | None] = await self._retrying(
+                label, self._store.get_partial_values, prototype, ranges
+            )
+        else:
+            async with limit:
+                values = await self._retrying(
+                    label, self._store.get_partial_values, prototype, ranges
+                )
         return values
 
     async def _retrying(self, key: str, call: Any, *args: Any) -> Any:
@@ -216,12 +235,22 @@ class CancelScope:
     out or is dropped) cancels every one of them on Zarr's event loop, so a
     store that never answers holds no thread, and every read asked for
     afterwards fails at once instead of being issued.
+
+    ``requests``: store requests (``get`` calls through a :class:`PolicyStore`)
+    the reads run through this scope keep in flight at most, together (the
+    stream's ``io_concurrency``); ``None``: no limit beyond Zarr's own.
+    Decoding is not counted: Zarr decodes on its own executor.  ``cpu``
+    bounds the chunk transforms (``map_chunks``) running at once to the CPU
+    count, however many reads are in flight.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, requests: int | None = None) -> None:
         self._lock = threading.Lock()
         self._futures: set[concurrent.futures.Future[Any]] = set()
         self.cancelled = False
+        self.requests = requests
+        self._limit = None if requests is None else asyncio.Semaphore(requests)
+        self.cpu = threading.BoundedSemaphore(os.cpu_count() or 1)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on Zarr's event loop and wait for it, unless cancelled."""
@@ -231,7 +260,7 @@ class CancelScope:
             if self.cancelled:
                 coro.close()
                 raise ReadCancelledError("the stream was closed; no read is issued any more")
-            future = asyncio.run_coroutine_threadsafe(coro, _get_loop())
+            future = asyncio.run_coroutine_threadsafe(self._limited(coro), _get_loop())
             self._futures.add(future)
         try:
             return future.result()
@@ -242,6 +271,11 @@ class CancelScope:
         finally:
             with self._lock:
                 self._futures.discard(future)
+
+    async def _limited(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` with this scope's request limit (tasks it starts inherit it)."""
+        _REQUESTS.set(self._limit)  # this task's own context: nothing to reset
+        return await coro
 
     def cancel(self) -> None:
         """Cancel every read in flight, and refuse the ones asked for later."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import mmap
 import os
@@ -72,6 +73,8 @@ __all__ = [
     "read_threads",
     "read_window",
     "release_free_memory",
+    "shard_graph",
+    "shard_units",
     "window_graph",
 ]
 
@@ -525,10 +528,90 @@ def _stored_keys(array: Any, block: tuple[int, ...]) -> list[str]:
     return [prefix + array.metadata.encode_chunk_key(block)]
 
 
-def apply_transform(transform: Callable[[np.ndarray], Any], read: tuple[Any, ReadReport]) -> Any:
-    """``transform`` applied to a block read by :func:`read_block` (not to a skipped one)."""
+def apply_transform(
+    transform: Callable[[np.ndarray], Any],
+    read: tuple[Any, ReadReport],
+    scope: CancelScope | None = None,
+) -> Any:
+    """``transform`` applied to a block read by :func:`read_block` (not to a skipped one).
+
+    Locally, at most one transform per CPU runs at once (``scope.cpu``),
+    however many reads the stream keeps in flight.
+    """
     block, report = read
-    return (None if block is None else transform(block)), report
+    if block is None:
+        return None, report
+    with contextlib.nullcontext() if scope is None else scope.cpu:
+        return transform(block), report
+
+
+#: One inner block of a shard read by :func:`read_shard`: its index, the block (or
+#: ``transform(block)``; ``None`` if skipped), its report, and the transform's error.
+ShardItem = tuple[tuple[int, ...], Any, ReadReport, BaseException | None]
+
+
+def read_shard(
+    array: Any,
+    name: str,
+    blocks: Sequence[tuple[int, ...]],
+    slices: Sequence[tuple[slice, ...]],
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+    transform: Callable[[np.ndarray], Any] | None = None,
+) -> list[ShardItem]:
+    """Read the stored blocks of one shard with one read; one item per block, in order.
+
+    One Zarr read of the shard's region fetches the whole shard with one
+    request and decodes its inner chunks concurrently; each block is copied
+    out as an array the caller owns (``transform`` applied to it here, its
+    error returned beside the block so the stream names that block).  If the
+    read fails, the blocks are read again one by one (:func:`read_block`), so
+    errors name the block and ``on_error="skip"`` skips single blocks; a read
+    whose retries were spent is not tried again.
+    """
+    ledger = Ledger()
+    view, region = _whole_shard(
+        policy_view(array, name, policy, ledger),
+        tuple(
+            slice(min(s[axis].start for s in slices), max(s[axis].stop for s in slices))
+            for axis in range(len(slices[0]))
+        ),
+    )
+    try:
+        slab: np.ndarray | None = np.asarray(read_array(view, region, scope))
+    except (MissingChunkError, ReadCancelledError):
+        raise
+    except Exception as exc:
+        if ledger.failed:  # the shard's retries are spent: name its first block
+            first = ChunkPiece(
+                blocks[0][0], slices[0][0].start, slices[0][0].stop, slice(None), slice(None)
+            )
+            raise chunk_error(view, name, f"chunk {blocks[0]}", first, ledger, exc) from exc
+        slab = None  # read again block by block, so that the error names the block
+    items: list[ShardItem] = []
+    missing = tuple(dict.fromkeys(ledger.missing))
+    for number, (block, where) in enumerate(zip(blocks, slices, strict=True)):
+        if slab is None:
+            item, report = read_block(array, name, block, where, policy, scope)
+        else:
+            local = tuple(
+                slice(s.start - r.start, s.stop - r.start)
+                for s, r in zip(where, region, strict=True)
+            )
+            item = np.array(slab[local], copy=True)
+            report = ReadReport(
+                missing_keys=missing,
+                missing_chunks=(block[0],) if missing else (),
+                retries=ledger.retries if number == 0 else 0,  # counted once per shard
+            )
+        error: BaseException | None = None
+        if item is not None and transform is not None:
+            try:
+                item, _ = apply_transform(transform, (item, report), scope)
+            except Exception as exc:
+                item, error = None, exc
+        items.append((block, item, report, error))
+    return items
 
 
 def read_block_result(block: Any) -> tuple[np.ndarray, ReadReport]:
@@ -683,8 +766,76 @@ def block_graph(
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
-    dsk[mapped] = (apply_transform, transform, key)
+    dsk[mapped] = (apply_transform, transform, key, scope)
     return dsk, mapped
+
+
+def _whole_shard(view: Any, region: tuple[slice, ...]) -> tuple[Any, tuple[slice, ...]]:
+    """``view`` and ``region`` widened to the whole shard holding ``region``.
+
+    Zarr fetches a shard with one request only when the selection covers the
+    whole shard; a shard at the array's edge is cropped, and Zarr would read
+    its index and then each inner chunk (a request each).  A shard is stored
+    at its full shape whatever the array's, so the view gets a shape rounded
+    up to whole shards (the metadata only; no I/O) and the region the whole
+    shard; the rows past the array's end are dropped by the caller.
+    """
+    shards = view.shards if isinstance(view, zarr.Array) else None
+    if shards is None:
+        return view, region
+    whole = tuple(slice(r.start, r.start + n) for r, n in zip(region, shards, strict=True))
+    if all(w.stop <= size for w, size in zip(whole, view.shape, strict=True)):
+        return view, whole
+    from zarr.core.array import AsyncArray
+
+    inner = view._async_array
+    shape = tuple(-(-size // n) * n for size, n in zip(view.shape, shards, strict=True))
+    metadata = dataclasses.replace(inner.metadata, shape=shape)
+    return zarr.Array(AsyncArray(metadata, inner.store_path, config=inner.config)), whole
+
+
+def shard_units(source: Source) -> list[tuple[tuple[int, ...], ...]] | None:
+    """``source``'s stored blocks grouped by shard (``None``: not a sharded Zarr array).
+
+    Shards in C order, each with its non-empty inner blocks in C order; a
+    shard's first block comes before the next shard's in the C order of the
+    blocks.
+    """
+    if not isinstance(source, SliceSource) or not isinstance(source.array, zarr.Array):
+        return None
+    shards = source.array.shards
+    if shards is None:
+        return None
+    per_shard = [
+        max(shard // chunk, 1) for shard, chunk in zip(shards, source.array.chunks, strict=True)
+    ]
+    units: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for block in source.blocks():
+        shard = tuple(i // n for i, n in zip(block, per_shard, strict=True))
+        units.setdefault(shard, []).append(block)
+    return [tuple(blocks) for blocks in units.values()]
+
+
+def shard_graph(
+    source: SliceSource,
+    blocks: Sequence[tuple[int, ...]],
+    token: str,
+    transform: Callable[[np.ndarray], Any] | None = None,
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+) -> tuple[dict[Key, Any], Key]:
+    """The dask graph reading the inner ``blocks`` of one shard with one task.
+
+    Its result is a list of :data:`ShardItem`, one per block, in order.
+    """
+    dsk: dict[Key, Any] = {}
+    array_key = _place_array(dsk, source)
+    key = (f"dzb-shard-{token}", *blocks[0])
+    slices = tuple(source.block_slices(block) for block in blocks)
+    dsk[key] = (
+        read_shard, array_key, source.name, tuple(blocks), slices, policy, scope, transform
+    )  # fmt: skip
+    return dsk, key
 
 
 def _place_array(dsk: dict[Key, Any], source: SliceSource) -> str:

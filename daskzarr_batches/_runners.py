@@ -70,14 +70,18 @@ class ThreadRunner:
     """Computes graphs with dask's threaded scheduler on a private pool.
 
     Each graph is driven by one thread of a small driver pool (one per graph
-    in flight), whose tasks run on ``read_workers`` read threads.
+    in flight), whose tasks run on ``read_workers`` read threads.  The reads
+    run through :attr:`scope`, which keeps at most ``requests`` store requests
+    in flight (``None``: no limit beyond Zarr's own).
     """
 
-    def __init__(self, in_flight: int, read_workers: int | None = None) -> None:
+    def __init__(
+        self, in_flight: int, read_workers: int | None = None, requests: int | None = None
+    ) -> None:
         workers = read_workers or max(os.cpu_count() or 1, in_flight)
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, "dzb-read")
         self._drivers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-window")
-        self.scope: CancelScope | None = CancelScope()
+        self.scope: CancelScope | None = CancelScope(requests)
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
         return list(sources)  # the threads share this process's memory
@@ -217,13 +221,19 @@ def resolve_client(client: Any) -> Any | None:
 
 
 def make_runner(
-    client: Any | None, in_flight: int, read_workers: int | None = None
+    client: Any | None,
+    in_flight: int,
+    read_workers: int | None = None,
+    requests: int | None = None,
 ) -> ThreadRunner | ClientRunner:
     """A runner on ``client``, or on the local threaded scheduler if ``None``.
 
     ``in_flight``: graphs computed at once.  ``read_workers``: local threads
     running read tasks (default: one per CPU, at least ``in_flight``).
+    ``requests``: store requests the local reads keep in flight at most (a
+    stream's ``io_concurrency``; on a cluster each worker's reads are bounded
+    by its threads and Zarr's own ``async.concurrency``).
     """
     if client is None:
-        return ThreadRunner(in_flight, read_workers)
+        return ThreadRunner(in_flight, read_workers, requests)
     return ClientRunner(client)

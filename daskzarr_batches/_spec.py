@@ -31,11 +31,13 @@ from ._runners import resolve_client
 from ._sources import SliceSource, Source, as_source
 
 __all__ = [
+    "DEFAULT_IO_CONCURRENCY",
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_PREFETCH",
     "DEFAULT_WINDOW_BYTES",
     "StreamSpec",
     "flag",
+    "io_concurrency",
     "non_negative_int",
     "positive_int",
     "timeout_seconds",
@@ -47,6 +49,13 @@ DEFAULT_PREFETCH = 2
 DEFAULT_WINDOW_BYTES = 32 * 2**20
 #: Bytes of samples an exact shuffle may hold in its windows.
 DEFAULT_MEMORY_BUDGET = 2**30
+#: Reads a chunk stream keeps in flight on a store that is not known to be local
+#: (``io_concurrency=None``); how it was chosen: docs/benchmarks.md, "Latency hiding".
+DEFAULT_IO_CONCURRENCY = 16
+#: Decoded bytes the reads in flight of a chunk stream hold at most by default: the
+#: default ``io_concurrency`` is lowered (to no less than the CPU count) for larger
+#: chunks or shards.
+DEFAULT_IO_BYTES = 256 * 2**20
 
 
 # --------------------------------------------------------------------------
@@ -94,6 +103,11 @@ def timeout_seconds(value: object) -> float | None:
     if math.isinf(seconds) or seconds >= threading.TIMEOUT_MAX:
         return None
     return seconds
+
+
+def io_concurrency(value: object) -> int | None:
+    """Validate ``io_concurrency``: an ``int`` >= 1, or ``None`` (the default)."""
+    return None if value is None else positive_int("io_concurrency", value)
 
 
 def flag(name: str, value: object) -> bool:
@@ -169,6 +183,12 @@ class StreamSpec:
         samples leave the epoch (from every array), with a warning.
     retries : int, default 3
         Retries of one read after a transient fault (backoff with jitter).
+    io_concurrency : int, optional
+        Store requests the stream's local reads keep in flight at most;
+        ``None``: no limit beyond the stream's own (two windows read at a
+        time, each requesting its chunks concurrently).  Decoding is bounded
+        separately, by Zarr's executor.  On a cluster, each worker's reads
+        are bounded by its threads and Zarr's ``async.concurrency``.
 
     Raises
     ------
@@ -192,6 +212,7 @@ class StreamSpec:
     missing: MissingMode = "warn"
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
+    io_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -218,6 +239,7 @@ class StreamSpec:
         put("drop_remainder", flag("drop_remainder", self.drop_remainder))
         put("timeout", timeout_seconds(self.timeout))
         put("retries", non_negative_int("retries", self.retries))
+        put("io_concurrency", io_concurrency(self.io_concurrency))
         ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
         put("client", resolve_client(self.client))
         buffer = self.shuffle_buffer_size

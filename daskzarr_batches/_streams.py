@@ -31,6 +31,7 @@ import numpy as np
 from ._batching import Batcher, Ranges
 from ._batching import count_batches as _count
 from ._errors import (
+    ArgumentValueError,
     ChunkReadError,
     MissingChunksWarning,
     SkippedChunksWarning,
@@ -39,21 +40,34 @@ from ._errors import (
 )
 from ._plan import PlanSummary, Window, read_amplification
 from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy, ReadReport
-from ._read import block_graph, count_tasks, read_threads, release_free_memory, window_graph
+from ._read import (
+    ShardItem,
+    block_graph,
+    count_tasks,
+    read_threads,
+    release_free_memory,
+    shard_graph,
+    shard_units,
+    window_graph,
+)
 from ._runners import Runner, make_runner, resolve_client
-from ._sources import Source, as_source
+from ._sources import SliceSource, Source, as_source
 from ._spec import (
+    DEFAULT_IO_BYTES,
+    DEFAULT_IO_CONCURRENCY,
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PREFETCH,
     DEFAULT_WINDOW_BYTES,
     StreamSpec,
     flag,
+    io_concurrency,
     positive_int,
     shuffle_mode,
     timeout_seconds,
 )
 
 __all__ = [
+    "DEFAULT_IO_CONCURRENCY",
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_PREFETCH",
     "DEFAULT_WINDOW_BYTES",
@@ -112,6 +126,7 @@ def chunk_stream(
     missing: MissingMode = "warn",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
 ) -> ChunkStream:
     """Stream one numpy array per stored chunk, over the whole chunk grid.
 
@@ -121,8 +136,8 @@ def chunk_stream(
         Any number of dimensions >= 1.  Numpy arrays are split along axis 0
         into blocks of dask's default chunk size.
     concurrency : int, optional
-        Chunks read at once (at most this many in flight).  Defaults to the
-        number of CPUs (local) or twice the cluster's worker threads.
+        The former name of ``io_concurrency`` (the same meaning); prefer
+        ``io_concurrency``.  Giving both with different values is an error.
     ordered : bool, default True
         ``True``: C order of block index.  ``False``: as reads complete.
     with_index : bool, default False
@@ -135,6 +150,19 @@ def chunk_stream(
     missing, on_error, retries
         The read policy, as for :func:`batch_stream`; a skipped chunk is not
         yielded.
+    io_concurrency : int, optional
+        Reads kept in flight (at most this many; each is one store request
+        of one chunk, or of one shard of a sharded array, whose inner chunks
+        are then yielded one by one).  Locally the stream's store requests are
+        also capped at this number; decoding runs on Zarr's executor,
+        whatever the value.  Default: one read per CPU for a store known to
+        be local (``LocalStore``, ``MemoryStore``, ``ZipStore``, numpy and
+        dask arrays), where more reads measured more CPU time and no gain;
+        ``DEFAULT_IO_CONCURRENCY`` (16) for any other store (object stores,
+        fsspec, wrappers), lowered for large chunks or shards so that the
+        reads in flight hold at most 256 MiB decoded (to no fewer than the
+        CPU count); on a cluster, twice its worker threads (futures in
+        flight).
 
     Returns
     -------
@@ -146,6 +174,7 @@ def chunk_stream(
     return build_chunk_stream(
         array,
         concurrency=concurrency,
+        io_concurrency=io_concurrency,
         ordered=ordered,
         with_index=with_index,
         client=client,
@@ -164,15 +193,19 @@ def build_chunk_stream(
     timeout: object,
     policy: ReadPolicy,
     transform: Callable[[np.ndarray], Any] | None = None,
+    io_concurrency: object = None,
 ) -> ChunkStream:
     """Validate and build a :class:`ChunkStream` (shared with ``map_chunks``)."""
     source = as_source(array)
     client = resolve_client(client)
-    if concurrency is None:
-        concurrency = _default_concurrency(client)
+    requests = _io_concurrency(concurrency, io_concurrency)
+    units = shard_units(source)
+    if requests is None:
+        requests = _default_io_concurrency(client, source, units)
     return ChunkStream(
         source,
-        concurrency=positive_int("concurrency", concurrency),
+        concurrency=requests,
+        units=units,
         ordered=flag("ordered", ordered),
         with_index=flag("with_index", with_index),
         client=client,
@@ -194,6 +227,7 @@ def batch_stream(
     missing: MissingMode = "warn",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
 ) -> BatchStream:
     """Stream minibatches along axis 0, in order.
 
@@ -240,6 +274,14 @@ def batch_stream(
         Retries of one read after a transient fault (connection errors,
         timeouts, HTTP 5xx / 429 / throttling), with exponential backoff and
         jitter; not-found, permission and decoding errors are never retried.
+    io_concurrency : int, optional
+        Store requests the stream's local reads keep in flight at most;
+        ``None`` (default): no limit beyond the stream's own, two windows
+        read at a time, each requesting its chunks concurrently (measured to
+        keep up with Zarr's ``x[:]`` at 20-100 ms per request).  Decoding
+        runs on Zarr's executor whatever the value.  On a cluster, each
+        worker's reads are bounded by its threads and Zarr's
+        ``async.concurrency``.
 
     Returns
     -------
@@ -262,6 +304,7 @@ def batch_stream(
             missing=missing,
             on_error=on_error,
             retries=retries,
+            io_concurrency=io_concurrency,
         )
     )
 
@@ -281,6 +324,7 @@ def shuffled_batch_stream(
     missing: MissingMode = "warn",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
 ) -> BatchStream:
     """Stream minibatches of shuffled samples.
 
@@ -322,7 +366,7 @@ def shuffled_batch_stream(
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would
         otherwise split ``memory_budget`` and multiply the reads.
-    client, timeout, missing, on_error, retries
+    client, timeout, missing, on_error, retries, io_concurrency
         As for :func:`batch_stream`.
     """
     return BatchStream(
@@ -341,6 +385,7 @@ def shuffled_batch_stream(
             missing=missing,
             on_error=on_error,
             retries=retries,
+            io_concurrency=io_concurrency,
         )
     )
 
@@ -358,6 +403,7 @@ def paired_batch_stream(
     missing: MissingMode = "warn",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
 ) -> BatchStream:
     """Stream ``(features_batch, labels_batch)`` pairs in order.
 
@@ -379,6 +425,7 @@ def paired_batch_stream(
             missing=missing,
             on_error=on_error,
             retries=retries,
+            io_concurrency=io_concurrency,
         )
     )
 
@@ -399,6 +446,7 @@ def paired_shuffled_batch_stream(
     missing: MissingMode = "warn",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
 ) -> BatchStream:
     """Stream shuffled ``(features_batch, labels_batch)`` pairs.
 
@@ -422,6 +470,7 @@ def paired_shuffled_batch_stream(
             missing=missing,
             on_error=on_error,
             retries=retries,
+            io_concurrency=io_concurrency,
         )
     )
 
@@ -501,11 +550,54 @@ def _summary(spec: StreamSpec) -> PlanSummary:
     return spec.plan().summary(task_count=lambda window: count_tasks(spec.sources, window))
 
 
-def _default_concurrency(client: Any) -> int:
-    if client is None:
-        return os.cpu_count() or 1
-    threads = sum(client.nthreads().values())
-    return max(2 * threads, 1)
+def _io_concurrency(concurrency: object, io: object) -> int | None:
+    """``io_concurrency``, or its former name ``concurrency``; both must agree."""
+    old = None if concurrency is None else positive_int("concurrency", concurrency)
+    new = io_concurrency(io)
+    if old is not None and new is not None and old != new:
+        raise ArgumentValueError(
+            f"concurrency={old} and io_concurrency={new} disagree; concurrency is the "
+            "former name of io_concurrency: pass io_concurrency only"
+        )
+    return new if new is not None else old
+
+
+def _default_io_concurrency(
+    client: Any, source: Source, units: Sequence[tuple[tuple[int, ...], ...]] | None
+) -> int:
+    """Reads in flight of a chunk stream when ``io_concurrency`` is not given.
+
+    On a cluster: twice its worker threads (futures in flight).  Locally:
+    one per CPU for a store known to be local (no latency to hide; more reads
+    in flight measured more CPU time per epoch), else
+    ``DEFAULT_IO_CONCURRENCY``, lowered so that the reads in flight hold at
+    most ``DEFAULT_IO_BYTES`` decoded (one chunk, or one shard, each), but
+    not below the CPU count.
+    """
+    if client is not None:
+        threads = sum(client.nthreads().values())
+        return max(2 * threads, 1)
+    cpus = os.cpu_count() or 1
+    if _is_local(source):
+        return cpus
+    largest = max((len(unit) for unit in units), default=1) if units else 1
+    chunk_bytes = source.dtype.itemsize * math.prod(
+        max(sizes, default=0) for sizes in source.chunks
+    )
+    fits = DEFAULT_IO_BYTES // max(largest * chunk_bytes, 1)
+    return max(min(DEFAULT_IO_CONCURRENCY, fits), min(cpus, DEFAULT_IO_CONCURRENCY), 1)
+
+
+_LOCAL_STORES = ("LocalStore", "MemoryStore", "ZipStore", "GpuMemoryStore")
+
+
+def _is_local(source: Source) -> bool:
+    """Whether ``source`` is read without request latency: a numpy or dask array, or a
+    Zarr array on a local store (a wrapper store may add latency: it is not local)."""
+    if not isinstance(source, SliceSource):
+        return True  # a dask array computes its own graph
+    store = getattr(source.array, "store", None)
+    return store is None or type(store).__name__ in _LOCAL_STORES
 
 
 # --------------------------------------------------------------------------
@@ -780,7 +872,10 @@ class BatchStream(Stream[Any]):
         )
         self._drop = spec.drop_remainder if drop_remainder is None else drop_remainder
         runner = make_runner(
-            spec.client, in_flight=spec.prefetch + 1, read_workers=read_threads(spec.sources)
+            spec.client,
+            in_flight=spec.prefetch + 1,
+            read_workers=read_threads(spec.sources),
+            requests=spec.io_concurrency,
         )
         length = _count(sum(b - a for a, b in self.positions), spec.batch_size, self._drop)
         super().__init__(length, runner, spec.timeout, spec.missing)
@@ -965,6 +1060,11 @@ class ChunkStream(Stream[Any]):
     Without ``transform`` an item is the chunk itself; with one it is
     ``transform(chunk)``, computed in the task that read the chunk (on a
     worker, with a client), so only the result travels to the consumer.
+
+    Each read task reads one *unit*: one stored block, or, for a sharded Zarr
+    array, every inner block of one shard with one read (``units``), whose
+    blocks are then handed out one by one.  At most ``concurrency`` units are
+    in flight or held.
     """
 
     def __init__(
@@ -978,11 +1078,21 @@ class ChunkStream(Stream[Any]):
         timeout: float | None,
         policy: ReadPolicy = DEFAULT_POLICY,
         transform: Callable[[np.ndarray], Any] | None = None,
+        units: Sequence[tuple[tuple[int, ...], ...]] | None = None,
     ) -> None:
         self.source = source
         self.policy = policy
         self._blocks = list(source.blocks())
-        runner = make_runner(client, in_flight=concurrency)
+        self._sharded = units is not None
+        self._units = (
+            [tuple(unit) for unit in units] if units else [(block,) for block in self._blocks]
+        )
+        # reads wait on the store in their threads, so a Zarr or numpy source gets one
+        # thread per read in flight; a dask array computes its graph on one per CPU
+        threads = concurrency if isinstance(source, SliceSource) else os.cpu_count() or 1
+        runner = make_runner(
+            client, in_flight=concurrency, read_workers=threads, requests=concurrency
+        )
         super().__init__(len(self._blocks), runner, timeout, policy.missing)
         self._concurrency = concurrency
         self._ordered = ordered
@@ -990,54 +1100,103 @@ class ChunkStream(Stream[Any]):
         self._transform = transform
 
     def _produce(self) -> Iterator[Any]:
-        blocks = enumerate(self._blocks)
-        in_flight: dict[Any, tuple[int, ...]] = {}  # insertion order = block order
+        units = self._units
+        in_flight: dict[Any, int] = {}  # future -> unit number; insertion order = unit order
+        held: dict[int, dict[tuple[int, ...], ShardItem]] = {}  # read units not yet handed out
         source = self.source
+        submitted = 0
+
+        def submit_next() -> None:
+            nonlocal submitted
+            unit = units[submitted]
+            if not self._sharded:
+                dsk, key = block_graph(
+                    source, unit[0], self._token, self._transform, self.policy, self._runner.scope
+                )
+            else:
+                assert isinstance(source, SliceSource)
+                dsk, key = shard_graph(
+                    source, unit, self._token, self._transform, self.policy, self._runner.scope
+                )
+            future = self._submit(dsk, key, -submitted, lambda u=unit: self._where_unit(u))
+            in_flight[future] = submitted
+            submitted += 1
 
         def top_up() -> None:
-            while len(in_flight) < self._concurrency:
-                ordinal, block = next(blocks, (0, None))
-                if block is None:
-                    return
-                dsk, key = block_graph(
-                    source, block, self._token, self._transform, self.policy, self._runner.scope
-                )
-                future = self._submit(dsk, key, -ordinal, lambda b=block: self._where(b))
-                in_flight[future] = block
+            while len(in_flight) + len(held) < self._concurrency and submitted < len(units):
+                submit_next()
+
+        def collect(future: Any) -> list[ShardItem]:
+            number = in_flight[future]
+            unit = units[number]
+            result = self._wait(future, lambda u=unit: self._where_unit(u))
+            del in_flight[future]
+            self._runner.release(future)
+            if not self._sharded:
+                item, report = result
+                return [(unit[0], _aligned(item), report, None)]
+            return [(block, _aligned(item), report, error) for block, item, report, error in result]
+
+        def hand_out(entry: ShardItem) -> Iterator[Any]:
+            block, item, report, error = entry
+            self._note(self.source.name, report)
+            if error is not None:
+                raise WindowError(
+                    f"{self._where(block)} failed: {type(error).__name__}: {error}"
+                ) from error
+            if report.skipped:
+                self._skip(block)
+                return
+            yield self._deliver(block, item, missing=bool(report.missing_chunks))
 
         try:
             (source,) = self._place([self.source])
+            if self._ordered:
+                unit_of = {block: number for number, unit in enumerate(units) for block in unit}
+                for block in self._blocks:  # C order of the chunk grid
+                    number = unit_of[block]
+                    while number not in held:
+                        top_up()
+                        while submitted <= number:  # held units fill the limit: read it anyway
+                            submit_next()
+                        future = next(f for f, n in in_flight.items() if n == number)
+                        held[number] = {entry[0]: entry for entry in collect(future)}
+                    entries = held[number]
+                    entry = entries.pop(block)
+                    if not entries:
+                        del held[number]
+                    top_up()
+                    yield from hand_out(entry)
+                return
             while True:
                 top_up()
                 if not in_flight:
                     break
-                if self._ordered:
-                    ready = [next(iter(in_flight))]
-                else:
-                    ready = self._first_done(list(in_flight))
-                    if not ready:  # nothing finished within timeout: name the oldest
-                        oldest = self._where(next(iter(in_flight.values())))
-                        raise WindowTimeoutError(
-                            f"{oldest} was not ready after timeout={self._timeout} s "
-                            f"(nor any of the {len(in_flight)} chunks in flight)"
-                        )
-                while ready:
-                    future = ready.pop(0)
-                    block = in_flight[future]
-                    item, report = self._wait(future, lambda b=block: self._where(b))
-                    item = _aligned(item)
-                    del in_flight[future]
-                    self._runner.release(future)
+                ready = self._first_done(list(in_flight))
+                if not ready:  # nothing finished within timeout: name the oldest
+                    oldest = self._where_unit(units[next(iter(in_flight.values()))])
+                    raise WindowTimeoutError(
+                        f"{oldest} was not ready after timeout={self._timeout} s "
+                        f"(nor any of the {len(in_flight)} reads in flight)"
+                    )
+                for future in ready:
+                    arrived = collect(future)
                     del future
-                    self._note(self.source.name, report)
-                    if report.skipped:
-                        self._skip(block)
-                        continue
-                    yield self._deliver(block, item, missing=bool(report.missing_chunks))
+                    top_up()
+                    for one in arrived:
+                        yield from hand_out(one)
         finally:
             for future in in_flight:
                 self._runner.release(future)
             in_flight.clear()
+            held.clear()
+
+    def _where_unit(self, unit: tuple[tuple[int, ...], ...]) -> str:
+        if not self._sharded:
+            return self._where(unit[0])
+        return f"the shard of chunks {unit[0]}..{unit[-1]} of array {self.source.name}" + (
+            "" if self._transform is None else f" ({_name(self._transform)}() on its chunks)"
+        )
 
     def _describe_self(self) -> str:
         order = "ordered" if self._ordered else "unordered"
