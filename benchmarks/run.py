@@ -138,7 +138,9 @@ def run_suite(args: argparse.Namespace) -> None:
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
     first_batch = measure_fast_start(args, data_dir, results)
     print("memory (fresh process per case)")
-    memory_record = memory.memory_cases(ds, data_dir, w.buffer_rows, w.budget)
+    memory_record = memory.memory_cases(
+        ds, data_dir, w.buffer_rows, w.budget, sweep=not args.quick
+    )  # --quick: no exact-shuffle sweep (it generates its own 64 MiB array)
     quality_rows = measure_quality(w)
     run = SuiteRun(
         dataset=ds,

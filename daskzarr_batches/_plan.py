@@ -46,17 +46,37 @@ from ._batching import batches_completed, batches_touching, count_batches, sampl
 
 ShuffleMode = Literal["none", "buffer", "exact"]
 IndexArray = npt.NDArray[np.int64]
+#: sample ids: int32 for the exact shuffle's permutation when it fits (half the memory)
+SampleIds = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 Selector = slice | IndexArray
 
+#: Bytes of index arrays per sample of an exact-shuffle window, counted in
+#: ``memory_budget``: the pieces' ``take`` and ``dest`` and the gather index
+#: (int64 each) held while the window is read and cut, with room for the
+#: temporaries of planning it (``sorting_order``, ``pieces_for``).
+INDEX_BYTES_PER_SAMPLE = 32
+#: An exact-shuffle window may have ``1 / DECODE_SHARE`` of its share of the
+#: budget in decoded chunks in flight (at least one chunk) ...
+DECODE_SHARE = 32
+#: ... each costing about this many times its decoded bytes while it is read
+#: (the stored bytes, the decoded chunk and Zarr's copy of it).
+DECODE_COPIES = 3
+
 __all__ = [
+    "DECODE_COPIES",
+    "DECODE_SHARE",
+    "INDEX_BYTES_PER_SAMPLE",
     "ChunkPiece",
     "EpochPlan",
+    "ExactBudget",
     "PlanSummary",
     "ShardLayout",
     "ShuffleMode",
     "Window",
     "WindowSummary",
     "chunk_offsets",
+    "exact_budget",
+    "permutation",
     "pieces_for",
     "ramp_split",
     "read_amplification",
@@ -141,6 +161,60 @@ def ramp_split(units: int, start: int = RAMP_START_UNITS) -> list[int]:
 def chunk_offsets(chunk_rows: Sequence[int]) -> IndexArray:
     """Start offsets of each chunk plus the end: ``[0, c0, c0 + c1, ..., n]``."""
     return np.concatenate([[0], np.cumsum(np.asarray(chunk_rows, dtype=np.int64))])
+
+
+@dataclass(frozen=True)
+class ExactBudget:
+    """How an exact shuffle spends ``memory_budget`` (see :func:`exact_budget`).
+
+    Attributes
+    ----------
+    window_rows : int
+        Samples per window.
+    decode_bytes : int
+        Decoded bytes of stored chunks one window read may have in flight
+        (the read layer allows at least one chunk).
+    """
+
+    window_rows: int
+    decode_bytes: int
+
+
+def exact_budget(memory_budget: int, row_bytes: int, prefetch: int) -> ExactBudget:
+    """Split ``memory_budget`` between an exact shuffle's windows and their reads.
+
+    The ``prefetch + 1`` windows alive at once share the budget equally.  Of
+    one window's share, ``1 / DECODE_SHARE`` is decoded chunks in flight
+    (charged ``DECODE_COPIES`` times), and the rest holds the window's
+    samples at ``row_bytes + INDEX_BYTES_PER_SAMPLE`` bytes each, so
+    ``window_rows * (row_bytes + INDEX_BYTES_PER_SAMPLE) + DECODE_COPIES *
+    decode_bytes <= memory_budget / (prefetch + 1)`` whenever the share holds
+    one sample (``window_rows`` is at least 1).  The epoch's permutation
+    (:func:`permutation`, 4 bytes per sample) and one chunk being decoded
+    when a chunk is larger than ``decode_bytes`` are not in the budget.
+
+    Examples
+    --------
+    >>> exact_budget(2**20, 256, 0)
+    ExactBudget(window_rows=2958, decode_bytes=65536)
+    """
+    share = memory_budget // (prefetch + 1)
+    decode = share // DECODE_SHARE
+    rows = (share - DECODE_COPIES * decode) // (row_bytes + INDEX_BYTES_PER_SAMPLE)
+    return ExactBudget(window_rows=max(1, rows), decode_bytes=decode)
+
+
+def permutation(rng: np.random.Generator, n: int) -> SampleIds:
+    """``rng.permutation(n)``, as int32 when ``n < 2**31`` (half the memory).
+
+    ``Generator.permutation(n)`` shuffles ``arange(n)``; shuffling an int32
+    ``arange`` makes the same swaps, so the order of a seed is unchanged.
+    """
+    if n >= 2**31:
+        return rng.permutation(n)
+    ids = np.arange(n, dtype=np.int32)
+    rng.shuffle(ids)
+    return ids
 
 
 def sample_units(offsets: Sequence[IndexArray], max_rows: int) -> IndexArray:
@@ -285,7 +359,7 @@ class Window:
 
     index: int
     position: int
-    samples: range | IndexArray
+    samples: range | SampleIds
     pieces: tuple[tuple[ChunkPiece, ...], ...]
 
     @property
@@ -321,7 +395,7 @@ class Window:
 
 
 def pieces_for(
-    samples: range | IndexArray, offsets: IndexArray, order: IndexArray | None = None
+    samples: range | SampleIds, offsets: IndexArray, order: IndexArray | None = None
 ) -> list[ChunkPiece]:
     """Map global sample ids (in output order) to reads of whole chunks.
 
@@ -354,7 +428,7 @@ def pieces_for(
     return pieces
 
 
-def sorting_order(samples: IndexArray) -> IndexArray:
+def sorting_order(samples: SampleIds) -> IndexArray:
     """``argsort(samples, kind="stable")``, faster for the ids windows hold.
 
     Dense distinct ids (span <= 4x their count) are placed by marking
@@ -455,7 +529,7 @@ def _pieces_for_range(samples: range, offsets: IndexArray) -> list[ChunkPiece]:
     return pieces
 
 
-def _as_selector(index: IndexArray) -> Selector:
+def _as_selector(index: SampleIds) -> Selector:
     """A slice when ``index`` is a run of consecutive integers, else itself."""
     spans_run = len(index) and int(index[-1]) - int(index[0]) + 1 == len(index)
     if spans_run and (len(index) == 1 or bool(np.all(np.diff(index) == 1))):
@@ -624,7 +698,7 @@ class EpochPlan:
 
     def windows(self) -> Iterator[Window]:
         """Yield the epoch's windows in delivery order (lazily)."""
-        orders: Iterator[tuple[range | IndexArray, _UnitShuffle | None]]
+        orders: Iterator[tuple[range | SampleIds, _UnitShuffle | None]]
         if self.shuffle == "none":
             orders = ((samples, None) for samples in self._sequential_orders())
         elif self.shuffle == "buffer":
@@ -678,8 +752,8 @@ class EpochPlan:
                 yield self.part(window, lo, hi)
 
     def _truncate(
-        self, orders: Iterator[tuple[range | IndexArray, _UnitShuffle | None]]
-    ) -> Iterator[tuple[range | IndexArray, _UnitShuffle | None]]:
+        self, orders: Iterator[tuple[range | SampleIds, _UnitShuffle | None]]
+    ) -> Iterator[tuple[range | SampleIds, _UnitShuffle | None]]:
         remaining = self.n_used
         for samples, units in orders:
             if remaining <= 0:
@@ -751,8 +825,8 @@ class EpochPlan:
             shuffle = rng.permutation(len(samples))
             yield samples[shuffle], _UnitShuffle.of(starts, stops, shuffle)
 
-    def _exact_orders(self) -> Iterator[IndexArray]:
-        order = self.rng().permutation(self.n_samples)[: self.n_used]
+    def _exact_orders(self) -> Iterator[SampleIds]:
+        order = permutation(self.rng(), self.n_samples)[: self.n_used]
         step = max(self.window_rows, 1)
         for lo in range(0, len(order), step):
             yield order[lo : lo + step]

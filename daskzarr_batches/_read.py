@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import mmap
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -71,6 +72,7 @@ __all__ = [
     "count_tasks",
     "read_threads",
     "read_window",
+    "release_free_memory",
     "shard_graph",
     "shard_units",
     "window_graph",
@@ -143,6 +145,7 @@ def read_window(
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
     plan_order: bool = False,
+    decode_bytes: int | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
@@ -165,6 +168,12 @@ def read_window(
     read that way in the first place), chunk by chunk, so that the error
     names the chunk that fails (or, with ``on_error="skip"``, the chunks that
     do not decode are left out).
+
+    ``decode_bytes`` (the exact shuffle's share of its ``memory_budget``)
+    bounds the decoded rows in flight instead (at least one chunk; two once
+    it reaches half a chunk, so that one is read while one decodes), and each
+    chunk's rows are then always placed as it arrives, so that the chunks of
+    a window are not all held beside its output.
     """
     ledger = Ledger()
 
@@ -177,6 +186,11 @@ def read_window(
     partial = not all(_keeps_all(piece) for piece in pieces)
     if partial:
         limit_rows = min(limit_rows, max(size // 16, largest * (os.cpu_count() or 1)))
+    streaming = partial
+    if decode_bytes is not None:
+        limit_rows, streaming = decode_bytes // max(row_bytes, 1), True
+        if 2 * limit_rows >= largest:  # half a chunk or more: one decoding, the next read
+            limit_rows = max(limit_rows, 2 * largest)
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
     # zarrs reads shards natively; Zarr's own pipeline reads them through _shards
@@ -187,9 +201,16 @@ def read_window(
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
             rows = _owned(np.asarray(read_array(fast, whole, scope)))
             return rows, _report(array, pieces, ledger, ())
-    out = np.empty((size, *array.shape[1:]), dtype=np.dtype(array.dtype))
+    shape, dtype = (size, *array.shape[1:]), np.dtype(array.dtype)
+    out = np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype)
 
-    def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int) -> None:
+    def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int, kept: bool = False) -> None:
+        if kept:  # the rows ``take`` of a one-chunk run, read as such
+            if plan_order:
+                put_rows(out, run[0].dest, slab)
+            else:
+                out[at : at + len(slab)] = slab
+            return
         lo = run[0].start
         for piece in run:
             local = piece.start - lo
@@ -220,8 +241,9 @@ def read_window(
         chunks = [[piece] for run in runs for piece in run]
         try:
             _read_runs_concurrently(
-                inner, chunks, _starts(chunks), place, limit_rows, streaming=partial, scope=scope
-            )
+                inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope,
+                kept_rows=fast is array,  # zarrs reads an orthogonal selection through Zarr
+            )  # fmt: skip
             return out, _report(array, pieces, ledger, ())
         except Exception:  # the other reads were cancelled; read again run by run,
             pass  # so that the error names the chunk that fails
@@ -255,6 +277,44 @@ def read_window(
         )
         out = np.delete(out, drop, axis=0)
     return out, _report(array, pieces, ledger, [p for p, _, _ in skipped])
+
+
+def release_free_memory() -> None:
+    """Return the C heap's free memory to the system (glibc ``malloc_trim``).
+
+    Zarr decodes chunks on several threads; glibc gives each its own arena
+    and keeps freed blocks there, so after a window's chunks are freed the
+    process may hold several chunks' worth per thread.  A no-op elsewhere.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` in memory of its own (an anonymous ``mmap``).
+
+    Its pages return to the system when the array is freed: the C heap
+    neither keeps them nor raises its threshold for mapping large blocks
+    (which would leave later chunk-sized blocks in per-thread arenas).
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < 2**20 or dtype.hasobject:
+        return np.empty(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
 def _views(
@@ -331,6 +391,7 @@ def _read_runs_concurrently(
     limit_rows: int,
     streaming: bool,
     scope: CancelScope | None = None,
+    kept_rows: bool = False,
 ) -> None:
     """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
 
@@ -341,7 +402,12 @@ def _read_runs_concurrently(
     ``streaming``: place each run's rows as it arrives (on the event loop) to
     free its decoded chunks at once; else place them all afterwards on this
     thread, which measured faster when every row is kept (a full copy per run
-    would otherwise hold up the loop).
+    would otherwise hold up the loop).  When streaming, the C heap's free
+    memory is returned after each chunk (:func:`release_free_memory`), and
+    with ``kept_rows`` a one-chunk run that keeps some rows asks Zarr for
+    those rows only (``take``, an orthogonal selection), so Zarr allocates no
+    copy of the whole chunk (not with zarrs, which would hand such a
+    selection back to Zarr's own pipeline).
     """
 
     arrived: list[tuple[Sequence[ChunkPiece], np.ndarray, int]] = []
@@ -357,9 +423,16 @@ def _read_runs_concurrently(
                 await ready.wait_for(lambda: in_flight == 0 or in_flight + rows <= limit_rows)
                 in_flight += rows
             try:
+                if kept_rows and streaming and len(run) == 1 and not isinstance(run[0].take, slice):
+                    kept = (run[0].start + run[0].take,)
+                    place(run, np.asarray(await inner.get_orthogonal_selection(kept)), at, True)
+                    release_free_memory()
+                    return
                 slab = await inner.getitem((slice(run[0].start, run[-1].stop),))
                 if streaming:
                     place(run, np.asarray(slab), at)
+                    del slab
+                    release_free_memory()
                 else:
                     arrived.append((run, np.asarray(slab), at))
             finally:
@@ -664,6 +737,7 @@ def window_graph(
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
     plan_order: bool = False,
+    decode_bytes: int | None = None,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -678,6 +752,9 @@ def window_graph(
     writes each chunk's rows straight to their place in the window's plan
     order instead (the pieces' ``dest``): the scattered write replaces the
     contiguous one on the worker, and the consumer cuts batches by slicing.
+
+    ``decode_bytes``: see :func:`read_window` (shared by the window's arrays, in
+    proportion to their row sizes).
     """
     dsk: dict[Key, Any] = {}
     outputs = []
@@ -689,6 +766,7 @@ def window_graph(
             dsk[out_key] = (
                 read_window, array_key, source.name, window.size, source.row_bytes,
                 tuple(pieces), policy, scope, plan_order,
+                _share(decode_bytes, source, sources),
             )  # fmt: skip
             continue
         assert isinstance(source, DaskSource)
@@ -702,6 +780,14 @@ def window_graph(
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
+
+
+def _share(decode_bytes: int | None, source: Source, sources: Sequence[Source]) -> int | None:
+    """``source``'s part of a window's ``decode_bytes``: its part of the row bytes."""
+    if decode_bytes is None:
+        return None
+    total = sum(other.row_bytes for other in sources)
+    return decode_bytes * source.row_bytes // max(total, 1)
 
 
 def count_tasks(sources: Sequence[Source], window: Window) -> int:

@@ -25,7 +25,7 @@ from typing import Any, get_args
 import numpy as np
 
 from ._errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
-from ._plan import EpochPlan, ShardLayout, ShuffleMode, chunk_offsets
+from ._plan import EpochPlan, ExactBudget, ShardLayout, ShuffleMode, chunk_offsets, exact_budget
 from ._policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
 from ._runners import resolve_client
 from ._sources import SliceSource, Source, as_source
@@ -296,16 +296,29 @@ class StreamSpec:
         """Samples per window, as the shuffle mode sizes it.
 
         Sequential: ``window_bytes // row_bytes``.  Buffered: the shuffle
-        buffer.  Exact: ``memory_budget // (row_bytes * (prefetch + 1))``,
-        since ``prefetch + 1`` windows are alive at once.
+        buffer.  Exact: what ``memory_budget`` holds once split between the
+        ``prefetch + 1`` windows alive at once, their index arrays and their
+        decoded chunks in flight (:func:`~._plan.exact_budget`).
         """
         if self.shuffle == "buffer":
             assert self.shuffle_buffer_size is not None
             return self.shuffle_buffer_size
         if self.shuffle == "exact":
-            assert self.prefetch is not None
-            return max(1, self.memory_budget // (self.row_bytes * (self.prefetch + 1)))
+            return self._exact_budget().window_rows
         return max(1, self.window_bytes // self.row_bytes)
+
+    @property
+    def decode_bytes(self) -> int | None:
+        """Decoded bytes one window read may have in flight (at least a chunk).
+
+        Set for the exact shuffle only (its share of ``memory_budget``);
+        ``None``: the read layer's own bound (``DECODE_GROUP_BYTES``).
+        """
+        return self._exact_budget().decode_bytes if self.shuffle == "exact" else None
+
+    def _exact_budget(self) -> ExactBudget:
+        assert self.prefetch is not None  # resolved in __post_init__
+        return exact_budget(self.memory_budget, self.row_bytes, self.prefetch)
 
     def plan(self) -> EpochPlan:
         """The epoch's plan: windows of chunk reads, pure index math."""

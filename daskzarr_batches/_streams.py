@@ -45,6 +45,7 @@ from ._read import (
     block_graph,
     count_tasks,
     read_threads,
+    release_free_memory,
     shard_graph,
     shard_units,
     window_graph,
@@ -912,7 +913,13 @@ class BatchStream(Stream[Any]):
                 if window is None:
                     return
                 dsk, key = window_graph(
-                    sources, window, self._token, policy, self._runner.scope, plan_order
+                    sources,
+                    window,
+                    self._token,
+                    policy,
+                    self._runner.scope,
+                    plan_order,
+                    spec.decode_bytes,
                 )
                 future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
                 in_flight.append((window, future))
@@ -951,6 +958,8 @@ class BatchStream(Stream[Any]):
                     top_up(spec.prefetch)
                     first = False
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
+                if spec.decode_bytes is not None:
+                    release_free_memory()  # the window's memory, not kept by the C heap
             rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
                 yield deliver(rest)

@@ -179,3 +179,20 @@ def test_fast_start_targets_and_section() -> None:
     text = report.markdown(run, evaluated, command="", now="")
     assert "| sequential: first batch | 10.0 | 2.5 |" in text
     assert report.payload(run, evaluated, command="", now="")["first_batch"]["chunk"] == 0.004
+
+
+def test_exact_sweep_targets_pass_miss_or_are_left_out() -> None:
+    run = fabricated(SPEEDS, {})
+    names = [t.what for t in targets.evaluate(run)]
+    assert not any(name.startswith("exact sweep") for name in names)  # not measured
+    sweep = {
+        str(mib): {"peak": (100 + mib + over) * MiB, "baseline": 100 * MiB, "budget": mib * MiB}
+        for mib, over in ((4, 14), (16, 17), (64, 6), (1024, 80))
+    }
+    run.memory["exact_sweep"] = {"shape": (262_144, 64, 8192), "cases": sweep}
+    rows = {t.what: (t.measured, t.status) for t in targets.evaluate(run)}
+    limit = "RSS over baseline <= budget + 16 MiB"
+    assert rows[f"exact sweep, budget 4 MiB: {limit}"] == ("18 MiB vs 20 MiB", "PASS")
+    assert rows[f"exact sweep, budget 16 MiB: {limit}"] == ("33 MiB vs 32 MiB", "MISS")
+    assert rows[f"exact sweep, budget 64 MiB: {limit}"] == ("70 MiB vs 80 MiB", "PASS")
+    assert rows[f"exact sweep, budget 1 GiB: {limit}"] == ("1104 MiB vs 1040 MiB", "MISS")

@@ -17,6 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import daskzarr_batches as dzb
+from daskzarr_batches._plan import (
+    DECODE_COPIES,
+    DECODE_SHARE,
+    INDEX_BYTES_PER_SAMPLE,
+    exact_budget,
+)
 
 
 @st.composite
@@ -66,7 +72,7 @@ def test_exact_epoch_is_a_permutation_within_budget(case: tuple[da.Array, dict])
         for chunks in window.chunks:
             assert len(chunks) == len(set(chunks))  # each chunk decoded once per window
     # the data is read about once per window: a window decodes each chunk at most once
-    window_rows = setup["memory_budget"] // (row_bytes * (setup["prefetch"] + 1))
+    window_rows = exact_budget(setup["memory_budget"], row_bytes, setup["prefetch"]).window_rows
     assert plan.n_windows == math.ceil(used / window_rows)
     assert all(w.bytes_decoded <= plan.dataset_bytes for w in plan.windows)
 
@@ -91,9 +97,15 @@ def test_epochs_and_seeds_give_different_orders() -> None:
     assert not np.array_equal(base, order_of(array, batch_size=10, seed=2, epoch=0))
 
 
+def budget_for(rows: int, row_bytes: int) -> int:
+    """A budget whose exact windows hold ``rows`` samples (and a few more)."""
+    per_window = rows * (row_bytes + INDEX_BYTES_PER_SAMPLE)
+    return per_window * DECODE_SHARE // (DECODE_SHARE - DECODE_COPIES) + DECODE_SHARE
+
+
 def test_quarter_budget_reads_the_data_four_times() -> None:
     array = da.zeros((10_000, 8), dtype="f4", chunks=(500, 8))
-    budget = 10_000 * 8 * 4 // 4
+    budget = budget_for(10_000 // 4, 8 * 4)  # a quarter of the samples, their indices, decoding
     plan = dzb.plan_epoch(array, 100, shuffle=True, seed=0, memory_budget=budget, prefetch=0)
     assert plan.n_windows == 4
     assert plan.read_amplification == pytest.approx(4.0)
@@ -105,7 +117,7 @@ def test_quarter_budget_reads_the_data_four_times() -> None:
 
 def test_exact_shuffle_spends_the_budget_on_one_window_by_default() -> None:
     array = da.zeros((10_000, 8), dtype="f4", chunks=(500, 8))
-    budget = 10_000 * 8 * 4 // 4
+    budget = budget_for(10_000 // 4, 8 * 4)
     plan = dzb.plan_epoch(array, 100, shuffle=True, seed=0, memory_budget=budget)
     assert plan.read_amplification == pytest.approx(4.0)
     exact = dzb.shuffled_batch_stream(array, 100, seed=0, memory_budget=budget)

@@ -166,8 +166,9 @@ def test_a_failed_read_cancels_the_other_reads_of_its_window() -> None:
     base = _zarr(data, 10).store
     store = FirstReadSlowStore(base, bad="c/0/0")  # read first, beside chunk 1
     array = zarr.open_array(store=store, mode="r")
-    # an exact window of 40 random samples keeps part of every chunk: several runs at once
-    stream = dzb.shuffled_batch_stream(array, 8, seed=0, memory_budget=40 * 16)
+    # an exact window of every sample in random order reads all chunks, several at once
+    # (its budget lets 4 chunks be decoded at a time: one window, 4 * 160 bytes in flight)
+    stream = dzb.shuffled_batch_stream(array, 8, seed=0, memory_budget=32 * 40 * 16)
     started = time.perf_counter()
     with pytest.raises(dzb.ChunkReadError, match=r"chunk 0\b"):
         list(stream)

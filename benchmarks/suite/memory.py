@@ -2,6 +2,7 @@
 
 The parent runs ``python -m benchmarks.suite.memory DATASET [--buffer N | --budget N]
 --prefetch N`` from the repository root; the child prints its peak RSS as JSON.
+``python -m benchmarks.suite.memory --sweep DATA_DIR`` runs the exact-shuffle sweep alone.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ def one_epoch(path: Path, *, buffer: int, budget: int, prefetch: int) -> dict[st
     """In this process: one shuffled epoch; baseline and peak RSS."""
     x = zarr.open_array(path / "features", mode="r")
     baseline = psutil.Process().memory_info().rss
+    started = time.perf_counter()
     with PeakRSS() as rss:
         if budget:
             stream = dzb.shuffled_batch_stream(
@@ -46,7 +49,9 @@ def one_epoch(path: Path, *, buffer: int, budget: int, prefetch: int) -> dict[st
                 x, 256, seed=0, shuffle_buffer_size=buffer, prefetch=prefetch
             )
         _, samples, amplification = drain(stream)
+    seconds = time.perf_counter() - started
     return {
+        "seconds": seconds,
         "baseline": baseline,
         "peak": rss.peak,
         "amplification": amplification,
@@ -75,8 +80,11 @@ def in_fresh_process(
     return epoch
 
 
-def memory_cases(ds: Dataset, data_dir: Path, buffer_rows: int, budget: int) -> dict[str, Any]:
-    """Buffered at 1x and 4x the dataset, exact with and without a fixed mmap threshold."""
+def memory_cases(
+    ds: Dataset, data_dir: Path, buffer_rows: int, budget: int, sweep: bool = True
+) -> dict[str, Any]:
+    """Buffered at 1x and 4x the dataset, exact with and without a fixed mmap threshold,
+    and (``sweep``) the exact-shuffle budget sweep (:func:`exact_sweep`)."""
     big = make_dataset(data_dir, 4 * ds.rows, ds.cols, ds.chunk_rows)
     prefetch = dzb.DEFAULT_PREFETCH
     window_bytes = buffer_rows * ds.row_bytes
@@ -92,6 +100,8 @@ def memory_cases(ds: Dataset, data_dir: Path, buffer_rows: int, budget: int) -> 
             f"  {LABELS[key]:6s} peak RSS {case['peak'] / MiB:7.0f} MiB "
             f"(baseline {case['baseline'] / MiB:.0f} MiB)"
         )
+    if sweep:
+        cases["exact_sweep"] = exact_sweep(data_dir)
     return cases | {
         "bound": bound,
         "window_bytes": window_bytes,
@@ -100,13 +110,44 @@ def memory_cases(ds: Dataset, data_dir: Path, buffer_rows: int, budget: int) -> 
     }
 
 
+#: the exact-shuffle memory sweep (issue 10): budgets in MiB, on a 262,144 x 64 float32 array
+SWEEP_BUDGETS_MIB = (4, 16, 64, 1024)
+SWEEP_SHAPE = (262_144, 64, 8192)  # rows, cols, chunk rows: a 64 MiB array of 256-byte rows
+#: what peak RSS over the baseline may exceed the budget by
+SWEEP_SLACK_MIB = 16
+
+
+def exact_sweep(data_dir: Path) -> dict[str, Any]:
+    """One exact-shuffle epoch per budget of :data:`SWEEP_BUDGETS_MIB`, each in a fresh process.
+
+    Returns ``{"shape": ..., "cases": {"4": epoch, ...}}``, each epoch as
+    :func:`one_epoch` reports it plus its ``budget`` in bytes.
+    """
+    ds = make_dataset(data_dir, *SWEEP_SHAPE)
+    cases: dict[str, Any] = {}
+    for mib in SWEEP_BUDGETS_MIB:
+        case = in_fresh_process(ds.path, budget=mib * MiB, prefetch=0)
+        over = (case["peak"] - case["baseline"]) / MiB
+        print(
+            f"  exact sweep, budget {mib:5d} MiB: RSS over baseline {over:6.1f} MiB "
+            f"(<= {mib + SWEEP_SLACK_MIB} MiB?), read amplification {case['amplification']:.2f}",
+            flush=True,
+        )
+        cases[str(mib)] = case | {"budget": mib * MiB}
+    return {"shape": SWEEP_SHAPE, "cases": cases}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="one epoch; print peak RSS as JSON")
-    parser.add_argument("dataset", type=Path)
+    parser.add_argument("dataset", type=Path, help="a dataset, or with --sweep the data dir")
+    parser.add_argument("--sweep", action="store_true", help="the exact-shuffle sweep instead")
     parser.add_argument("--buffer", type=int, default=0)
     parser.add_argument("--budget", type=int, default=0)
     parser.add_argument("--prefetch", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.sweep:
+        print(json.dumps(exact_sweep(args.dataset)))
+        return
     epoch = one_epoch(args.dataset, buffer=args.buffer, budget=args.budget, prefetch=args.prefetch)
     print(json.dumps(epoch))
 
