@@ -800,12 +800,14 @@ def read_threads(sources: Sequence[Source]) -> int | None:
     """Local read threads that suit windows of ``sources`` (``None``: one per CPU).
 
     A window of Zarr or numpy arrays is one task per array, each decoding its
-    chunks concurrently inside Zarr: two threads per array read two windows at
-    a time, in order, so the first window is ready early and batch cutting
-    overlaps the next reads (the measurement is in docs/benchmarks.md).
+    chunks concurrently inside Zarr: four threads per array read the windows
+    in flight (``prefetch + 1`` windows' worth of samples: the default three,
+    or the fast-start ramp's small windows together) at once, in order, so
+    batch cutting overlaps the next reads and a high-latency store sees every
+    ramp window's requests at once (the measurements are in docs/benchmarks.md).
     """
     if all(isinstance(source, SliceSource) for source in sources):
-        return 2 * len(sources)
+        return 4 * len(sources)
     return None
 
 

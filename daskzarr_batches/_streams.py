@@ -883,7 +883,7 @@ class BatchStream(Stream[Any]):
         self._drop = spec.drop_remainder if drop_remainder is None else drop_remainder
         runner = make_runner(
             spec.client,
-            in_flight=spec.prefetch + 1,
+            in_flight=spec.prefetch + 1 + RAMP_WINDOWS,
             read_workers=read_threads(spec.sources),
             requests=spec.io_concurrency,
         )
@@ -907,11 +907,29 @@ class BatchStream(Stream[Any]):
         policy = spec.policy
         plan_order = self._runner.plan_order  # results arrive in plan order: cut by slicing
 
-        def top_up(limit: int) -> None:
-            while len(in_flight) < limit:
-                window = next(windows, None)
-                if window is None:
+        # Windows in flight are counted by their share of a full window's samples, so
+        # the fast-start ramp's small windows (together one window) are read together:
+        # on a store with high latency each would otherwise cost a round trip.
+        full = max(spec.window_rows, 1)
+        pending: list[Window] = []
+        held = 0.0
+
+        def weight(window: Window) -> float:
+            return min(1.0, window.size / full)
+
+        def top_up(limit: int, most: int | None = None) -> None:
+            nonlocal held
+            while most is None or len(in_flight) < most:
+                if not pending:
+                    upcoming = next(windows, None)
+                    if upcoming is None:
+                        return
+                    pending.append(upcoming)
+                window = pending[0]
+                if in_flight and held + weight(window) > limit + 1e-9:
                     return
+                pending.pop()
+                held += weight(window)
                 dsk, key = window_graph(
                     sources,
                     window,
@@ -928,15 +946,17 @@ class BatchStream(Stream[Any]):
             sources = self._place(spec.sources)
             # Fast start: the first window is read alone (no read competes with it) and
             # its first batch is handed out before the next windows are planned and sent.
-            limit, first = 1, True
+            first = True
+            top_up(1, most=1)
             while True:
-                top_up(limit)
-                limit = spec.prefetch + 1
+                if not first:
+                    top_up(spec.prefetch + 1)
                 if not in_flight:
                     break
                 window, future = in_flight[0]  # stays in flight (released) if this fails
                 results = self._wait(future, lambda w=window: self._where(w))
                 in_flight.popleft()
+                held -= weight(window)
                 self._runner.release(future)  # a distributed result leaves the worker now
                 del future
                 order = None if plan_order else window.gather_index()
@@ -1074,6 +1094,12 @@ def _windows_of(plan: EpochPlan, positions: Ranges) -> Iterator[Window]:
         for window in plan.windows_between(first, end, index):
             yield window
             index = window.index + 1
+
+
+#: Windows beyond ``prefetch + 1`` a stream may have in flight: the fast-start ramp's
+#: small windows, which together count as one (``ramp_split``: about log2 of a window's
+#: chunks).
+RAMP_WINDOWS = 8
 
 
 class _Delivery:

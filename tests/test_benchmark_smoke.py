@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.suite.stores_cases import SUBSET_CHUNKS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,8 +43,8 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     # issue 10: sharded, latency, loopback S3 and codec-pipeline cases with their targets
     for case in (
         "[sharded (8 chunks/shard)] sequential",
-        "[unsharded, 100 ms, 24 chunks] chunk_",
-        "[S3 loopback, 24 chunks] zarr x[:]",
+        f"[unsharded, 100 ms, {SUBSET_CHUNKS} chunks] chunk_",
+        f"[S3 loopback, {SUBSET_CHUNKS} chunks] zarr x[:]",
         "[zarrs codec pipeline] sequential",
     ):
         assert f"| {case}" in report, case

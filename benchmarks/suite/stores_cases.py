@@ -47,7 +47,7 @@ from .measure import Case, Measured, Result, drain, rounds
 #: the latencies per request of the latency cases, seconds
 LATENCIES = (0.020, 0.100)
 #: chunks of the smaller dataset the latency and S3 cases read
-SUBSET_CHUNKS = 24
+SUBSET_CHUNKS = 64
 #: rounds of these cases at most (each keeps its best)
 STORE_REPEATS = 3
 
