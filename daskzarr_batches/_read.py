@@ -402,9 +402,8 @@ def _read_runs_concurrently(
     ``streaming``: place each run's rows as it arrives (on the event loop) to
     free its decoded chunks at once; else place them all afterwards on this
     thread, which measured faster when every row is kept (a full copy per run
-    would otherwise hold up the loop).  When streaming, the C heap's free
-    memory is returned after each chunk (:func:`release_free_memory`), and
-    with ``kept_rows`` a one-chunk run that keeps some rows asks Zarr for
+    would otherwise hold up the loop).  When streaming, with ``kept_rows``
+    a one-chunk run that keeps some rows asks Zarr for
     those rows only (``take``, an orthogonal selection), so Zarr allocates no
     copy of the whole chunk (not with zarrs, which would hand such a
     selection back to Zarr's own pipeline).
@@ -426,13 +425,11 @@ def _read_runs_concurrently(
                 if kept_rows and streaming and len(run) == 1 and not isinstance(run[0].take, slice):
                     kept = (run[0].start + run[0].take,)
                     place(run, np.asarray(await inner.get_orthogonal_selection(kept)), at, True)
-                    release_free_memory()
                     return
                 slab = await inner.getitem((slice(run[0].start, run[-1].stop),))
                 if streaming:
                     place(run, np.asarray(slab), at)
                     del slab
-                    release_free_memory()
                 else:
                     arrived.append((run, np.asarray(slab), at))
             finally:
