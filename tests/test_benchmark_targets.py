@@ -89,12 +89,14 @@ def test_cluster_and_raw_decode_targets_when_measured() -> None:
         f"{cases.RAW_DECODE}, 2 threads (limit)": 400.0,
         cases.CLUSTER_SEQUENTIAL: 60.0,
         cases.CLUSTER_BUFFERED: 90.0,
+        cases.CLUSTER_TRANSFER: 120.0,
         cases.TORCH_LOADER_0: 95.0,
     }
     rows = {t.what: (t.measured, t.status) for t in targets.evaluate(fabricated(speeds, {}))}
     assert rows["sequential >= 0.5x raw-decode limit"] == ("0.38x", "MISS")
     assert rows["LocalCluster >= 0.6x local (sequential)"] == ("0.40x", "MISS")
     assert rows["LocalCluster >= 0.6x local (buffered)"] == ("0.75x", "PASS")
+    assert rows["LocalCluster buffered >= 0.85x transfer-only ceiling"] == ("0.75x", "MISS")
     assert "LocalCluster >= 0.6x local" not in rows
     assert rows["torch DataLoader, 0 workers >= 0.9x Loader (buffered)"] == ("0.95x", "PASS")
 

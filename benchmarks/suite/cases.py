@@ -36,6 +36,7 @@ TORCH_LOADER_0 = "Loader via torch DataLoader, buffered, 0 workers"
 TORCH_LOADER_2 = "Loader via torch DataLoader, buffered, 2 workers"
 CLUSTER_SEQUENTIAL = "LocalCluster: sequential, batch 256"
 CLUSTER_BUFFERED = "LocalCluster: buffered shuffle (8 chunks)"
+CLUSTER_TRANSFER = "LocalCluster: transfer only, 64 MiB results worker -> client"
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,7 @@ def cluster_cases(w: Workload, client: Any) -> list[Case]:
              lambda: drain(dzb.batch_stream(x, 256, client=client))),
         Case(CLUSTER_BUFFERED, "cluster",
              w.shuffled(256, shuffle_buffer_size=w.buffer_rows, client=client)),
-        Case("LocalCluster: transfer only, 64 MiB results worker -> client", "cluster",
+        Case(CLUSTER_TRANSFER, "cluster",
              lambda: transfer_only(client, w.ds.feature_bytes)),
     ]  # fmt: skip
 
