@@ -185,8 +185,9 @@ class StreamSpec:
         Retries of one read after a transient fault (backoff with jitter).
     io_concurrency : int, optional
         Store requests the stream's local reads keep in flight at most;
-        ``None``: no limit beyond the stream's own (two windows read at a
-        time, each requesting its chunks concurrently).  Decoding is bounded
+        ``None``: no limit beyond the stream's own (the windows in flight,
+        ``prefetch + 1`` windows' worth of samples, read at once, each
+        requesting its chunks concurrently).  Decoding is bounded
         separately, by Zarr's executor.  On a cluster, each worker's reads
         are bounded by its threads and Zarr's ``async.concurrency``.
     ramp : bool, default True

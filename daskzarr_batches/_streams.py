@@ -276,9 +276,10 @@ def batch_stream(
         jitter; not-found, permission and decoding errors are never retried.
     io_concurrency : int, optional
         Store requests the stream's local reads keep in flight at most;
-        ``None`` (default): no limit beyond the stream's own, two windows
-        read at a time, each requesting its chunks concurrently (measured to
-        keep up with Zarr's ``x[:]`` at 20-100 ms per request).  Decoding
+        ``None`` (default): no limit beyond the stream's own, the windows in
+        flight (``prefetch + 1`` windows' worth of samples) read at once, each
+        requesting its chunks concurrently (measured to keep up with Zarr's
+        ``x[:]`` at 20-100 ms per request).  Decoding
         runs on Zarr's executor whatever the value.  On a cluster, each
         worker's reads are bounded by its threads and Zarr's
         ``async.concurrency``.
