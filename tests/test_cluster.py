@@ -87,6 +87,39 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[zarr.Array, np.nd
 # Same bytes as the local path
 
 
+@pytest.mark.parametrize("mode", ["sequential", "buffer", "exact", "paired", "chunks"])
+def test_sharded_streams_identical_to_local(client: Any, tmp_path: Any, mode: str) -> None:
+    """Sharded arrays on a cluster: shard-aware windows in plan order, shards per chunk task."""
+    data = np.random.default_rng(3).standard_normal((500, 6)).astype("float32")
+    array = zarr.create_array(
+        zarr.storage.LocalStore(str(tmp_path / "s.zarr")), shape=data.shape, chunks=(20, 4),
+        shards=(80, 8), dtype="float32",
+    )  # fmt: skip
+    array[:] = data
+    labels = np.arange(500, dtype="int64")
+
+    def stream(**kw: Any) -> Any:
+        if mode == "sequential":
+            return dzb.batch_stream(array, 37, window_bytes=6000, **kw)
+        if mode == "buffer":
+            return dzb.shuffled_batch_stream(array, 37, seed=5, shuffle_buffer_size=170, **kw)
+        if mode == "exact":
+            return dzb.shuffled_batch_stream(array, 37, seed=5, memory_budget=20_000, **kw)
+        if mode == "paired":
+            return dzb.paired_shuffled_batch_stream(
+                array, labels, 37, seed=5, shuffle_buffer_size=170, **kw
+            )
+        return dzb.chunk_stream(array, **kw)
+
+    expected = local(stream)
+    with stream(client=client) as remote:
+        got = list(remote)
+    assert_same_batches(got, expected)
+    if mode == "paired":  # row i of the features is the sample of label i
+        for features, ids in got:
+            np.testing.assert_array_equal(features, data[ids])
+
+
 @pytest.mark.parametrize("prefetch", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("buffer", [None, 300])
 def test_shuffled_batches_identical_to_local(
