@@ -69,12 +69,12 @@ from ._sources import DaskSource, SliceSource, Source
 __all__ = [
     "DECODE_GROUP_BYTES",
     "block_graph",
+    "blocks_by_shard",
     "count_tasks",
     "read_threads",
     "read_window",
     "release_free_memory",
     "shard_graph",
-    "shard_units",
     "window_graph",
 ]
 
@@ -539,8 +539,7 @@ def _block_keys(array: Any, block: tuple[int, ...]) -> list[str] | None:
     """The store key of a block of an unsharded Zarr array (``None``: not known)."""
     if not isinstance(array, zarr.Array) or array.shards is not None:
         return None
-    prefix = f"{array.path}/" if array.path else ""
-    return [prefix + array.metadata.encode_chunk_key(block)]
+    return _stored_keys(array, block)
 
 
 def _stored_keys(array: Any, block: tuple[int, ...]) -> list[str]:
@@ -864,7 +863,7 @@ def _whole_shard(view: Any, region: tuple[slice, ...]) -> tuple[Any, tuple[slice
     return zarr.Array(AsyncArray(metadata, inner.store_path, config=inner.config)), whole
 
 
-def shard_units(source: Source) -> list[tuple[tuple[int, ...], ...]] | None:
+def blocks_by_shard(source: Source) -> list[tuple[tuple[int, ...], ...]] | None:
     """``source``'s stored blocks grouped by shard (``None``: not a sharded Zarr array).
 
     Shards in C order, each with its non-empty inner blocks in C order; a

@@ -43,11 +43,11 @@ from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, Read
 from ._read import (
     ShardItem,
     block_graph,
+    blocks_by_shard,
     count_tasks,
     read_threads,
     release_free_memory,
     shard_graph,
-    shard_units,
     window_graph,
 )
 from ._runners import Runner, make_runner, resolve_client
@@ -199,7 +199,7 @@ def build_chunk_stream(
     source = as_source(array)
     client = resolve_client(client)
     requests = _io_concurrency(concurrency, io_concurrency)
-    units = shard_units(source)
+    units = blocks_by_shard(source)
     if requests is None:
         requests = _default_io_concurrency(client, source, units)
     return ChunkStream(
