@@ -28,6 +28,7 @@ from ._errors import (
     MissingChunkError,
     MissingChunksWarning,
     SkippedChunksWarning,
+    StoreGoneError,
     WindowError,
     WindowTimeoutError,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "PlanSummary",
     "SkippedChunk",
     "SkippedChunksWarning",
+    "StoreGoneError",
     "Stream",
     "StreamSpec",
     "StreamStats",

@@ -37,6 +37,7 @@ from ._errors import (
     SkippedChunksWarning,
     WindowError,
     WindowTimeoutError,
+    warn_caller,
 )
 from ._plan import EpochPlan, PlanSummary, Window, read_amplification
 from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy, ReadReport
@@ -713,7 +714,7 @@ class Stream(Generic[T]):
         self._closed = False
         self._lock = threading.Lock()
         self._missing = missing
-        self._first_missing: str | None = None
+        self._missing_seen: set[tuple[str, object]] = set()  # (array, chunk), each counted once
         self._warned = False
 
     def _produce(self) -> Iterator[T]:
@@ -766,27 +767,44 @@ class Stream(Generic[T]):
                 items.close()  # type: ignore[attr-defined]
         finally:
             self._runner.close()  # releases anything the generator could not
-        self._warn_missing()
 
-    def _note(self, name: str, report: ReadReport) -> None:
-        """Count what the read policy saw in one task."""
+    def _note(self, name: str, report: ReadReport, chunks: Sequence[object] | None = None) -> None:
+        """Count what the read policy saw in one task; warn at the first missing chunk.
+
+        ``chunks``: the chunks the report's missing keys stand for (default:
+        its axis-0 chunks); each (array, chunk) is counted once per stream,
+        however many windows read it (an exact shuffle reads a chunk in
+        several).
+        """
         self.stats.retries += report.retries
-        self.stats.chunks_missing += len(report.missing_chunks)
-        if report.missing_keys and self._first_missing is None:
-            self._first_missing = f"{report.missing_keys[0]!r} of array {name}"
+        if not report.missing_keys:
+            return
+        found = report.missing_chunks if chunks is None else chunks
+        new = {(name, chunk) for chunk in found} - self._missing_seen
+        self._missing_seen |= new
+        self.stats.chunks_missing += len(new)
+        self._warn_missing(name, report.missing_keys[0])
 
-    def _warn_missing(self) -> None:
-        """One warning per stream for chunks read as the fill value (``missing="warn"``)."""
-        if self._first_missing is None or self._warned or self._missing != "warn":
+    def _warn_missing(self, name: str, key: str) -> None:
+        """One warning per stream, at its first missing chunk (``missing="warn"``).
+
+        Attributed to the caller's line (the first frame outside the package),
+        from the ``next()`` that hands out the first item holding the chunk.
+        """
+        if self._warned or self._missing != "warn":
             return
         self._warned = True
-        warnings.warn(
+        count = self.stats.chunks_missing
+        warn_caller(
             MissingChunksWarning(
-                f"{self.stats.chunks_missing} chunk(s) were missing from the store and read as "
-                f"the fill value (first: {self._first_missing}); pass missing='fill' if the "
-                "array leaves empty chunks unwritten on purpose, or missing='error' to raise"
-            ),
-            stacklevel=4,
+                f"{count} chunk(s) of array {name} were missing from the store and read as the "
+                f"fill value (first: {key!r}; stream.stats.chunks_missing counts them all); "
+                "pass missing='fill' if the array leaves empty chunks unwritten on purpose, "
+                "or missing='error' to raise",
+                array=name,
+                key=key,
+                count=count,
+            )
         )
 
     def __enter__(self) -> Self:
@@ -1214,7 +1232,7 @@ class ChunkStream(Stream[Any]):
 
         def hand_out(entry: ShardItem) -> Iterator[Any]:
             block, item, report, error = entry
-            self._note(self.source.name, report)
+            self._note(self.source.name, report, [block] if report.missing_chunks else ())
             if error is not None:
                 raise WindowError(
                     f"{self._where(block)} failed: {type(error).__name__}: {error}"
@@ -1295,12 +1313,11 @@ class ChunkStream(Stream[Any]):
         samples = range(slices[0].start, slices[0].stop)
         self.stats.skipped.append(SkippedChunk(self.source.name, block, samples))
         self.stats.windows_read += 1
-        warnings.warn(
+        warn_caller(
             SkippedChunksWarning(
                 f"skipped chunk {block} (samples {samples.start}:{samples.stop}) of array "
                 f"{self.source.name}: it does not decode (on_error='skip')"
-            ),
-            stacklevel=4,
+            )
         )
 
     def _deliver(self, block: tuple[int, ...], item: Any, missing: bool = False) -> Any:
