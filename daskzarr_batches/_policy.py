@@ -319,6 +319,9 @@ class CancelScope:
 
     async def _limited(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` with this scope's request limit (tasks it starts inherit it)."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(_retrieved)
         _REQUESTS.set(self._limit)  # this task's own context: nothing to reset
         return await coro
 
@@ -329,6 +332,18 @@ class CancelScope:
             futures = list(self._futures)
         for future in futures:
             future.cancel()
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Mark a read's error as seen: :meth:`CancelScope.cancel` may have stopped the wait.
+
+    A read that fails as it is cancelled (a task group whose reads raised
+    while being cancelled ends with their errors, or one that failed just
+    before) has nobody left to take its error, and asyncio would print
+    "Task exception was never retrieved" with a traceback when it is freed.
+    """
+    if not task.cancelled():
+        task.exception()
 
 
 def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | None) -> Any:

@@ -764,7 +764,11 @@ class Stream(Generic[T]):
         items, self._items = self._items, None
         try:
             if items is not None:
-                items.close()  # type: ignore[attr-defined]
+                # A stream collected in a reference cycle (a suspended Loader at interpreter
+                # exit) has its weak references cleared before this runs: the generator's
+                # cleanup then finds its proxy of the stream dead and stops there.
+                with contextlib.suppress(ReferenceError):
+                    items.close()  # type: ignore[attr-defined]
         finally:
             self._runner.close()  # releases anything the generator could not
 
