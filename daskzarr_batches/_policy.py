@@ -92,7 +92,9 @@ class ReadPolicy:
         A chunk the store does not hold: filled with the fill value as Zarr
         does, with one warning per stream (``"warn"``) or silently
         (``"fill"``, for arrays that leave empty chunks unwritten on
-        purpose), or :class:`MissingChunkError` (``"error"``).
+        purpose), or :class:`MissingChunkError` (``"error"``).  Not an
+        array that is gone (its metadata absent too): that is
+        :class:`StoreGoneError` whatever ``missing`` says.
     on_error : {"raise", "skip"}, default "raise"
         A chunk whose bytes do not decode: :class:`CorruptChunkError`
         (``"raise"``), or its samples leave the epoch with a warning

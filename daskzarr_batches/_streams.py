@@ -650,7 +650,8 @@ class StreamStats:
         Time the consumer spent blocked in ``next()`` waiting for data.
     chunks_missing : int
         Chunks (batch streams: axis-0 chunks per array) with stored objects
-        absent from the store, read as the fill value; not in ``chunks_read``.
+        absent from the store, read as the fill value; each counted once per
+        stream, however many windows read it; not in ``chunks_read``.
     retries : int
         Reads retried after a transient fault.
     skipped : list of SkippedChunk

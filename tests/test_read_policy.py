@@ -116,6 +116,20 @@ def test_the_missing_chunk_warning_points_at_the_loop_through_a_loader(tmp_path:
     assert loader.stats is not None and loader.stats.chunks_missing == 1
 
 
+def test_the_missing_chunk_warning_points_at_the_loop_through_the_torch_adapter(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    from daskzarr_batches.torch import ZarrIterableDataset
+
+    x = write(tmp_path)
+    chunk_file(tmp_path, 3).unlink()
+    with pytest.warns(dzb.MissingChunksWarning) as caught:
+        for _ in ZarrIterableDataset(dzb.Loader({"x": x}, 8)):  # the warning's line
+            pass
+    assert len(caught) == 1 and caught[0].filename == __file__
+
+
 @pytest.mark.parametrize("kind", STREAMS)
 def test_missing_fill_is_silent_and_missing_error_raises_naming_the_key(
     tmp_path: Path, kind: str
