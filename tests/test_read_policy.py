@@ -194,6 +194,36 @@ def test_array_metadata_gone_is_an_outage_and_unwritten_chunks_are_not(tmp_path:
         list(dzb.batch_stream(x, 8, missing="fill"))
 
 
+class MetadataGets(zarr.storage.WrapperStore[Any]):
+    """Counts ``get`` calls of the array's metadata document."""
+
+    def __init__(self, store: Any, counts: list[int] | None = None) -> None:
+        super().__init__(store)
+        self.counts = [0] if counts is None else counts
+
+    def _with_store(self, store: Any) -> MetadataGets:
+        return type(self)(store, self.counts)
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        self.counts[0] += key.endswith("zarr.json")
+        return await self._store.get(key, prototype, byte_range)
+
+
+def test_a_sparse_array_pays_one_metadata_lookup_per_read_task(tmp_path: Path) -> None:
+    x = zarr.create_array(tmp_path / "x.zarr", shape=(ROWS, COLS), chunks=(CHUNK, COLS), dtype="f4")
+    x[:CHUNK] = 1  # one chunk written, five never were
+    store = MetadataGets(zarr.storage.LocalStore(tmp_path / "x.zarr", read_only=True))
+    sparse = zarr.open_array(store, mode="r")
+    opened = store.counts[0]
+    stream = dzb.shuffled_batch_stream(sparse, 8, seed=1, memory_budget=30 * 12, missing="fill")
+    assert len(rows_of(list(stream))) == ROWS
+    windows = stream.stats.windows_read
+    assert windows > 1 and stream.stats.chunks_missing == 5
+    absent_reads = sum(p.chunk > 0 for w in stream.plan.windows() for p in w.pieces[0])
+    assert absent_reads > windows  # 33 reads of absent chunks in 9 windows
+    assert store.counts[0] - opened <= windows  # one lookup per read task, not per chunk
+
+
 # --------------------------------------------------------------------------
 # Chunks that do not decode
 
