@@ -5,9 +5,12 @@ epoch's :class:`StreamSpec` (same seed, the epoch's number) and a
 :class:`BatchStream` over this rank's share of the epoch's positions
 (``_batching.share``): the order is drawn once for all ranks from
 ``(seed, epoch)`` and then cut into equal, consecutive shares, so each rank
-reads mostly its own chunks and every rank takes the same number of steps.
-Its state is the epoch and the batches this rank has consumed in it, plain
-JSON, from which a new process continues exactly where the old one stopped.
+reads mostly its own chunks and every rank takes the same number of steps
+(samples of chunks skipped as undecodable are filled from the start of the
+rank's share).  Its state is the epoch, the batches this rank has yielded and
+its *position* in its share (samples skipped included), plain JSON, from
+which a new process continues exactly where the old one stopped; every field
+is checked before a state is applied.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ from ._batching import (
     share,
     worker_part,
 )
-from ._errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError, LoaderBusyError
+from ._errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    DaskZarrBatchesError,
+    LoaderBusyError,
+    StreamFailedError,
+)
 from ._policy import DEFAULT_RETRIES, MissingMode, OnError
 from ._sources import is_xarray
 from ._spec import (
@@ -91,10 +100,18 @@ timeout, missing, on_error, retries, io_concurrency
     (``set_epoch(e)`` chooses the epoch of the next iteration instead).
     ``len()`` is the number of batches this rank yields in a whole epoch.
     ``state_dict()`` / ``load_state_dict()`` save and restore the epoch and
-    the batches consumed in it: a loader restored from the state taken after
+    the position reached in it: a loader restored from the state taken after
     batch ``k`` yields exactly batches ``k + 1, ...`` of the uninterrupted
-    run, also in a new process.  Restored with another ``world_size``, the
-    new ranks share the samples the old ones had not yet consumed.
+    run, also in a new process and after skipped chunks.  Restored with
+    another ``world_size``, the new ranks share the samples the old ones had
+    not yet used.
+
+    With ``on_error="skip"`` and ``world_size > 1`` a rank fills the samples
+    of skipped chunks from the start of its own share, so every rank takes
+    ``len()`` steps (``stats.samples_filled``); with one rank the epoch ends
+    earlier instead.  A second iteration while one is running raises
+    :class:`LoaderBusyError`; after an iteration raised, its next ``next()``
+    raises :class:`StreamFailedError`.
     """
 
     def __init__(
@@ -189,6 +206,10 @@ timeout, missing, on_error, retries, io_concurrency
         return count_batches(self._share_size(), self.spec.batch_size, self.drop_remainder)
 
     def __iter__(self) -> Iterator[Any]:
+        return _Epoch(self._run())
+
+    def _run(self) -> Iterator[Any]:
+        """The current epoch's batches (the generator behind an iteration)."""
         if not self._busy.acquire(blocking=False):
             raise LoaderBusyError(
                 f"this Loader is already being iterated (epoch {self._epoch}, batch "
@@ -483,6 +504,44 @@ def _structure(arrays: Any) -> tuple[tuple[str, ...] | None, bool, tuple[Any, ..
             raise ArgumentValueError("arrays is empty")
         return None, len(arrays) == 1, tuple(arrays)
     return None, False, (arrays,)
+
+
+class _Epoch:
+    """An iteration of a :class:`Loader`: its batches, and after an error, that error.
+
+    A generator that raised is finished, so a ``next()`` after a caught
+    error would end the epoch quietly; here it raises
+    :class:`StreamFailedError` naming the first error instead.
+    """
+
+    __slots__ = ("_batches", "_failure")
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._batches = batches
+        self._failure: BaseException | None = None
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._failure is not None:
+            error = StreamFailedError(
+                "this Loader iteration stopped at an earlier error and yields nothing more: "
+                f"{type(self._failure).__name__}: {self._failure}; iterate the loader again "
+                "(or resume it from its state_dict()) to go on"
+            )
+            raise error from self._failure
+        try:
+            return next(self._batches)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self._failure = exc
+            raise
+
+    def close(self) -> None:
+        """Stop the iteration (as a generator's ``close()``): its stream is released."""
+        self._batches.close()  # type: ignore[attr-defined]
 
 
 def _size(ranges: Ranges) -> int:
