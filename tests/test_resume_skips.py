@@ -212,9 +212,12 @@ def test_a_garbled_state_is_refused_naming_the_field(change: dict[str, Any], mat
     del state["epoch"]
     with pytest.raises(dzb.ArgumentValueError, match=r"lacks the field\(s\) \['epoch'\]"):
         fresh.load_state_dict(state)
-    assert fresh.state_dict() == dzb.Loader(
-        np.arange(100, dtype="i8"), 10, shuffle=True, seed=1, shuffle_buffer_size=30
-    ).state_dict()  # a refused state changes nothing
+    assert (
+        fresh.state_dict()
+        == dzb.Loader(
+            np.arange(100, dtype="i8"), 10, shuffle=True, seed=1, shuffle_buffer_size=30
+        ).state_dict()
+    )  # a refused state changes nothing
 
 
 json_values = st.recursive(
