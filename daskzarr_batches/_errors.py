@@ -27,8 +27,12 @@ well as ``except dzb.DaskZarrBatchesError``::
     │                                       names array, key and samples
     ├── WindowError(RuntimeError)           the scheduler failed a window of
     │                                       work (e.g. all workers died)
-    └── WindowTimeoutError(TimeoutError)    a window took longer than
-                                            ``timeout`` seconds
+    ├── WindowTimeoutError(TimeoutError)    a window took longer than
+    │                                       ``timeout`` seconds
+    ├── StreamFailedError(RuntimeError)     ``next()`` on a stream that has
+    │                                       already raised; names that error
+    └── LoaderBusyError(RuntimeError)       a second iteration of a Loader
+                                            while one is running
 """
 
 from __future__ import annotations
@@ -47,10 +51,12 @@ __all__ = [
     "DaskZarrBatchesError",
     "InvalidMetadataError",
     "LengthMismatchError",
+    "LoaderBusyError",
     "MissingChunkError",
     "MissingChunksWarning",
     "SkippedChunksWarning",
     "StoreGoneError",
+    "StreamFailedError",
     "WindowError",
     "WindowTimeoutError",
 ]
@@ -185,6 +191,29 @@ class WindowError(DaskZarrBatchesError, RuntimeError):
 
 class WindowTimeoutError(DaskZarrBatchesError, TimeoutError):
     """A window was not ready within ``timeout`` seconds."""
+
+
+class StreamFailedError(DaskZarrBatchesError, RuntimeError):
+    """``next()`` was called on a stream that had already raised an error.
+
+    A stream stops at its first error (a chunk that cannot be read, a window
+    that failed or timed out, an interrupt); every later ``next()`` raises
+    this error, naming the first one (chained as ``__cause__``), instead of a
+    ``StopIteration`` that would read as a finished epoch with the rest of
+    the data silently gone.  Make a new stream (or resume a ``Loader`` from
+    its ``state_dict()``) to go on.
+    """
+
+
+class LoaderBusyError(DaskZarrBatchesError, RuntimeError):
+    """A :class:`Loader` was iterated again while an iteration of it is running.
+
+    Two iterations at once (two threads, or a second ``for`` loop while the
+    first one's iterator is still alive) would each yield the same epoch and
+    advance the epoch twice.  Finish or close the first iterator (``break``
+    out of its loop and drop it, or call its ``close()``), or give each
+    thread a loader of its own.
+    """
 
 
 def warn_caller(warning: Warning) -> None:
