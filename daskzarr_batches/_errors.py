@@ -162,7 +162,9 @@ class MissingChunksWarning(UserWarning):
         count is ``stream.stats.chunks_missing``).
     """
 
-    def __init__(self, message: str = "", *, array: str = "", key: str = "", count: int = 0):
+    def __init__(
+        self, message: str = "", *, array: str = "", key: str = "", count: int = 0
+    ) -> None:
         super().__init__(message)
         self.array = array
         self.key = key
