@@ -19,7 +19,6 @@ import os
 import threading
 import time
 import uuid
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -1199,12 +1198,11 @@ class BatchStream(Stream[Any]):
                     self.stats.skipped.append(skipped)
                     names.append(f"axis-0 chunk {chunk} (samples {lo}:{hi}) of {source.name}")
         if names:
-            warnings.warn(
+            warn_caller(
                 SkippedChunksWarning(
                     f"skipped {len(names)} chunk(s) that do not decode, and their samples in "
                     f"every array (on_error='skip'): {'; '.join(names)}"
-                ),
-                stacklevel=4,
+                )
             )
         return tuple(kept), renumbered, gone
 

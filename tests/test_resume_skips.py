@@ -301,3 +301,12 @@ def test_a_loader_iterated_twice_at_once_refuses_the_second() -> None:
     assert len(got) == 1 and isinstance(got[0], dzb.LoaderBusyError)
     del first  # the first iteration ends (its generator is closed): the loader is free
     assert [int(i) for b in loader for i in b] == list(range(4, 40))
+
+
+@pytest.mark.filterwarnings("default::daskzarr_batches.SkippedChunksWarning")
+def test_the_skip_warning_points_at_the_training_loop_through_a_loader() -> None:
+    arrays = corrupt_arrays(60, 10, {2})
+    for mode in MODES:
+        with pytest.warns(dzb.SkippedChunksWarning, match="samples 20:30") as caught:
+            batches(make(arrays, mode, 8))
+        assert [w.filename for w in caught] == [__file__], mode
