@@ -39,7 +39,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
 import numpy as np
 
 from ._batching import Ranges, positions_between, skip
-from ._errors import ArgumentTypeError, ArgumentValueError
+from ._errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
 from ._loader import Loader
 
 __all__ = ["ZarrIterableDataset"]
@@ -212,7 +212,11 @@ class ZarrIterableDataset(IterableDataset):
             _reset_event_loops()
         if info is None:
             return self._main_epoch()
-        return self._worker_epoch(self._start_run(info.id, info.num_workers, info.seed))
+        try:
+            run = self._start_run(info.id, info.num_workers, info.seed)
+        except DaskZarrBatchesError as error:  # raised at the first batch, which the
+            return _raise(error)  # DataLoader hands to the main process as it is
+        return self._worker_epoch(run)
 
     def _main_epoch(self) -> Iterator[Any]:
         mem = self._shared_view()
@@ -339,6 +343,11 @@ class ZarrIterableDataset(IterableDataset):
         return f"<ZarrIterableDataset of {self.loader!r}>"
 
 
+def _raise(error: Exception) -> Iterator[Any]:
+    raise error
+    yield  # a generator
+
+
 class _Run:
     """What one worker serves in one iteration: its part of one epoch."""
 
@@ -398,7 +407,7 @@ def _worker_loader(loader: Loader, worker: int, workers: int) -> Loader:
     """``loader.worker(worker, workers)``: worker ``worker``'s part of what is left."""
     part = copy.copy(loader)
     part.__class__ = _WorkerLoader
-    part.__dict__.update(_part=(worker, workers, loader.epoch, loader._consumed))
+    part.__dict__.update(_part=(worker, workers, loader.epoch, loader._consumed), _consumed=0)
     part.stats = copy.copy(loader.stats)
     return part
 

@@ -169,6 +169,20 @@ def test_main_process_state_and_set_epoch_with_persistent_workers(
     epoch3 = [key(b) for b in loader]  # as without workers: the next epoch
     assert Counter(epoch3) == Counter(loader_epoch(arrays, 3)) != Counter(epoch0)
     assert ds.state_dict()["epoch"] == 4
+    ds.load_state_dict(state)  # too late for these workers: said, not ignored
+    with pytest.raises(dzb.ArgumentValueError, match="persistent workers started"):
+        list(loader)
+
+
+def test_workers_finish_an_epoch_resumed_from_a_loader_state(arrays: Any) -> None:
+    reference = make(arrays)
+    it = iter(reference)
+    head = [key(next(it)) for _ in range(3)]
+    ds = ZarrIterableDataset(make(arrays))
+    ds.load_state_dict(reference.state_dict())
+    rest = [key(b) for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)]
+    assert Counter(head + rest) == Counter(loader_epoch(arrays, 0))
+    assert ds.state_dict()["epoch"] == 1
 
 
 def test_byte_swapped_arrays_become_native_tensors() -> None:
