@@ -9,13 +9,22 @@ its batches converted to tensors with ``torch.from_numpy`` (no copy).  Under a
 reads a disjoint, contiguous part of this rank's positions, cut at whole
 batches, so the workers together yield the same batches as the loader alone
 (in another interleaving), every sample of the rank's share exactly once.
+
+Workers and the process that made the dataset share a small block of memory
+(a ``torch`` tensor in shared memory, handed to ``fork`` and ``spawn`` workers
+with the dataset): it carries the epoch the next iteration runs (so
+``set_epoch`` reaches persistent workers, and the epoch advances after every
+whole epoch, as with ``num_workers=0``) and, per worker, which epoch it is
+running or has finished (so ``state_dict()`` in the main process refuses a
+state it cannot know).  With torchdata's ``StatefulDataLoader`` each worker
+reports its own state, and a resumed run continues every worker's part.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 try:
@@ -28,6 +37,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
 
 import numpy as np
 
+from ._errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
 from ._loader import Loader
 
 __all__ = ["ZarrIterableDataset"]
@@ -35,19 +45,46 @@ __all__ = ["ZarrIterableDataset"]
 #: the process whose inherited event loops were reset (once per worker process)
 _reset_in: list[int | None] = [None]
 
+#: version of the per-worker state (``StatefulDataLoader``)
+WORKER_STATE_VERSION = 1
+
+#: most DataLoader workers one dataset serves (one slot each in the shared block)
+MAX_WORKERS = 256
+
+# The shared block: a header, then one slot per worker.
+_GEN = 0  # bumped by set_epoch / load_state_dict in the main process
+_EPOCH = 1  # the epoch the next iteration runs
+_KIND = 2  # what the last bump was: _SET (set_epoch) or _LOADED (load_state_dict)
+_WORKERS = 3  # num_workers of the latest run
+_SLOTS = 4
+_SET, _LOADED = 0, 1
+# A slot is one int64 (one store, one load): run id << 40 | epoch << 2 | status.
+_EMPTY, _RUNNING, _DONE = 0, 1, 2
+_EPOCH_BITS = (1 << 38) - 1
+_RUN_BITS = (1 << 23) - 1
+
 
 class ZarrIterableDataset(IterableDataset):
     """A :class:`Loader` as a PyTorch ``IterableDataset`` of ready-made batches.
 
-    Use it with ``torch.utils.data.DataLoader(dataset, batch_size=None, ...)``:
-    the loader already makes the batches.  Batches keep the loader's
-    structure (an array, a tuple, a dict of named arrays); every numpy array
-    in it becomes a tensor sharing its memory (``torch.from_numpy``).
+    Use it with ``torch.utils.data.DataLoader(dataset, batch_size=None, ...)``
+    (or torchdata's ``StatefulDataLoader``): the loader already makes the
+    batches.  Batches keep the loader's structure (an array, a tuple, a dict
+    of named arrays); every numpy array in it becomes a tensor sharing its
+    memory (``torch.from_numpy``), but an array in non-native byte order,
+    which is converted to native order first (one copy of that array).
 
     Parameters
     ----------
     loader : Loader
         The epochs, shuffle, rank share and state to serve.
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``loader`` is not a :class:`Loader`, or (without a ``transform``) one
+        of its arrays has a dtype torch cannot hold (datetime64, timedelta64,
+        structured, strings, objects; naming the array and the dtype).
 
     Notes
     -----
@@ -56,35 +93,110 @@ class ZarrIterableDataset(IterableDataset):
       ``k + 1``.
     - ``num_workers=N``: worker ``i`` reads part ``i`` of the ``N`` contiguous,
       whole-batch parts of what is left of this rank's epoch, on local
-      threads (a ``distributed`` client is not used in workers).  The workers
-      iterate copies of the dataset, so its epoch does not advance in your
-      process: call ``dataset.set_epoch(epoch)`` before each epoch, as with
-      ``DistributedSampler``.  (With ``persistent_workers=True`` the copies
-      advance their own epoch and ``set_epoch`` no longer reaches them.)
-      ``state_dict()`` is then exact at epoch boundaries only.
+      threads (a ``distributed`` client is not used in workers).  After an
+      epoch every worker finished, the next iteration runs the next epoch,
+      as without workers; ``set_epoch(epoch)`` picks one, also for
+      persistent workers.  An iteration interrupted mid-epoch is run again
+      from where it started.
+    - ``state_dict()`` in the main process is exact whenever no worker is
+      mid-epoch, and raises :class:`ArgumentValueError` otherwise: the main
+      process cannot know which of the workers' batches were consumed.  For
+      a mid-epoch state with workers use torchdata's ``StatefulDataLoader``
+      and its ``state_dict()``: each worker reports its part's state, and a
+      new ``StatefulDataLoader`` (over a new dataset with the same settings
+      and ``num_workers``) loaded with it yields exactly the batches the
+      uninterrupted run had left, in the same order.
     - Worker processes started with ``fork`` get fresh event loops for Zarr
-      and fsspec before they read; ``spawn`` works as well.
+      and fsspec before they read; ``spawn`` works as well (slower to start:
+      ``docs/benchmarks.md``).
     """
 
     def __init__(self, loader: Loader) -> None:
         if not isinstance(loader, Loader):
-            raise TypeError(f"loader must be a daskzarr_batches.Loader, got {loader!r}")
+            raise ArgumentTypeError(f"loader must be a daskzarr_batches.Loader, got {loader!r}")
+        if loader.transform is None:
+            for source in loader.spec.sources:
+                _check_dtype(source.dtype, f"array {source.name!r}")
         self.loader = loader
         self._pid = os.getpid()
+        self._shared = torch.zeros(_SLOTS + MAX_WORKERS, dtype=torch.int64).share_memory_()
+        self._mem: np.ndarray | None = None
+        self._gen = 0  # the generation of the main process's positioning this copy holds
+        self._shared_view()[_EPOCH] = loader.epoch
+        # in a worker: the run being served, and a state loaded for the next one
+        self._iterations = 0
+        self._run: _Run | None = None
+        self._pending: Mapping[str, Any] | None = None
 
     # ------------------------------------------------------------ forwarding
 
     def set_epoch(self, epoch: int) -> None:
-        """Run epoch ``epoch`` in the next iteration (from its start)."""
+        """Run epoch ``epoch`` in the next iteration (from its start), in every worker."""
         self.loader.set_epoch(epoch)
+        self._position(_SET)
 
     def state_dict(self) -> dict[str, Any]:
-        """The loader's :meth:`Loader.state_dict`."""
+        """The state to resume from.
+
+        In the main process: the loader's :meth:`Loader.state_dict`, the
+        epochs workers finished included.  In a DataLoader worker (as
+        torchdata's ``StatefulDataLoader`` asks): this worker's part.
+
+        Raises
+        ------
+        ArgumentValueError
+            In the main process, while DataLoader workers are mid-epoch.
+        """
+        if get_worker_info() is not None:
+            return self._worker_state()
+        mem = self._shared_view()
+        _advance_if_complete(mem)
+        epoch = int(mem[_EPOCH])
+        workers = int(mem[_WORKERS])
+        busy = [
+            w
+            for w, (_, slot_epoch, status) in enumerate(
+                map(_decode, mem[_SLOTS : _SLOTS + workers])
+            )
+            if status == _RUNNING or (status == _DONE and slot_epoch == epoch)
+        ]
+        if busy:
+            raise ArgumentValueError(
+                f"DataLoader workers {busy} of {workers} are mid-epoch {epoch}: the main "
+                "process cannot know which of their batches were consumed; use torchdata's "
+                "StatefulDataLoader (its state_dict() holds every worker's part) or take the "
+                "state at an epoch boundary"
+            )
+        if epoch != self.loader.epoch:  # workers finished the loader's epoch
+            self.loader.set_epoch(epoch)
         return self.loader.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """The loader's :meth:`Loader.load_state_dict`."""
+        """Continue from ``state`` (from :meth:`state_dict`).
+
+        In the main process: a loader state (:meth:`Loader.load_state_dict`);
+        the next iteration continues from it, with or without workers (load
+        it before the workers start).  In a worker (torchdata's
+        ``StatefulDataLoader``): that worker's part, served by its next
+        iteration.
+
+        Raises
+        ------
+        ArgumentValueError
+            ``state`` is not a state of this dataset's kind (see
+            :meth:`Loader.load_state_dict`), or a worker's state given in the
+            main process or for another worker.
+        """
+        if get_worker_info() is not None:
+            self._pending = _check_worker_state(state)
+            return
+        if isinstance(state, Mapping) and "workers" in state:  # a worker's, not a loader's
+            raise ArgumentValueError(
+                "this is one DataLoader worker's state (from StatefulDataLoader): load the "
+                "StatefulDataLoader's own state_dict() into a StatefulDataLoader instead"
+            )
         self.loader.load_state_dict(state)
+        self._position(_LOADED)
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (over all workers)."""
@@ -96,37 +208,261 @@ class ZarrIterableDataset(IterableDataset):
         info = get_worker_info()
         if os.getpid() not in (self._pid, _reset_in[0]):
             _reset_event_loops()
-        if info is None or info.num_workers <= 1:
-            for batch in self.loader:
-                yield to_tensors(batch)
-            return
-        yield from self._worker_part(info.id, info.num_workers)
+        if info is None:
+            return self._main_epoch()
+        try:
+            run = self._start_run(info.id, info.num_workers, info.seed)
+        except DaskZarrBatchesError as error:  # raised at the first batch, which the
+            return _raise(error)  # DataLoader hands to the main process as it is
+        return self._worker_epoch(run)
 
-    def _worker_part(self, worker: int, workers: int) -> Iterator[Any]:
-        loader = self.loader
-        part = loader.worker(worker, workers)
-        part.spec = dataclasses.replace(part.spec, client=None)
+    def _main_epoch(self) -> Iterator[Any]:
+        mem = self._shared_view()
+        _advance_if_complete(mem)
+        if int(mem[_EPOCH]) != self.loader.epoch:  # workers ran epochs meanwhile
+            self.loader.set_epoch(int(mem[_EPOCH]))
+        mem[_SLOTS:] = _EMPTY  # whatever workers left is superseded
+        convert: Callable[[Any], Any] | None = None
+        for batch in self.loader:
+            if convert is None:
+                convert = _converter(batch)
+            yield convert(batch)
+        mem[_EPOCH] = self.loader.epoch  # the next epoch, also for later workers
+        mem[_SLOTS:] = _EMPTY
+
+    def _start_run(self, worker: int, workers: int, seed: int) -> _Run:
+        """Decide (in worker ``worker``) what this iteration serves, and record it."""
+        if workers > MAX_WORKERS:
+            raise ArgumentValueError(
+                f"num_workers={workers}: ZarrIterableDataset serves at most {MAX_WORKERS}"
+            )
+        mem = self._shared_view()
+        if self.loader.spec.client is not None:  # inherited through fork: read locally
+            import dask
+
+            with dask.config.set(scheduler="threads"):
+                self.loader.spec = dataclasses.replace(self.loader.spec, client=None)
+        self._iterations += 1
+        # The same for every worker of one DataLoader iteration: the DataLoader's base
+        # seed (new per iterator) and the iterations of this (persistent) worker.
+        run = (hash((seed - worker, self._iterations)) & _RUN_BITS) or 1
+        mem[_WORKERS] = workers
+        pending, self._pending = self._pending, None
+        if pending is not None:  # StatefulDataLoader resuming this worker's part
+            if (pending["worker"], pending["workers"]) != (worker, workers):
+                raise ArgumentValueError(
+                    f"the state is of worker {pending['worker']} of {pending['workers']}, "
+                    f"not of worker {worker} of {workers}"
+                )
+            self.loader.load_state_dict(pending["rank"])
+            part = self.loader.worker(worker, workers)
+            if pending["part"] is not None:
+                part.load_state_dict(pending["part"])
+            epoch = int(pending["epoch"])
+            mem[_EPOCH] = epoch
+            done = pending["part"] is None
+            self._run = _Run(worker, workers, run, epoch, pending["rank"], part, done)
+            mem[_SLOTS + worker] = _encode(run, epoch, _DONE if done else _RUNNING)
+            if done:
+                _advance_if_complete(mem)
+            return self._run
+        if int(mem[_GEN]) != self._gen:  # the main process moved after this copy
+            if int(mem[_KIND]) == _LOADED:
+                raise ArgumentValueError(
+                    "load_state_dict() was called after the DataLoader's persistent "
+                    "workers started: load the state before iterating, or make a new "
+                    "DataLoader"
+                )
+            self._gen = int(mem[_GEN])
+            self.loader.set_epoch(int(mem[_EPOCH]))
+        epoch = -1
+        while epoch != int(mem[_EPOCH]):  # again if the epoch moved on meanwhile
+            _advance_if_complete(mem)
+            epoch = int(mem[_EPOCH])
+            if epoch != self.loader.epoch:  # the epochs before were finished
+                self.loader.set_epoch(epoch)
+            mem[_SLOTS + worker] = _encode(run, epoch, _RUNNING)
+        rank_state = self.loader.state_dict()
+        self._run = _Run(worker, workers, run, epoch, rank_state, None, False)
+        self._run.part = self.loader.worker(worker, workers)
+        return self._run
+
+    def _worker_epoch(self, run: _Run) -> Iterator[Any]:
+        if run.done or run.part is None:
+            return
         import dask
 
+        convert: Callable[[Any], Any] | None = None
         with dask.config.set(scheduler="threads"):  # never an inherited distributed client
-            for batch in part:
-                loader.stats = part.stats
-                yield to_tensors(batch)
-        loader.set_epoch(loader.epoch + 1)  # this copy's next epoch (persistent workers)
+            for batch in run.part:
+                if convert is None:
+                    convert = _converter(batch)
+                yield convert(batch)
+        run.done = True
+        mem = self._shared_view()
+        mem[_SLOTS + run.worker] = _encode(run.run, run.epoch, _DONE)
+        _advance_if_complete(mem)
+
+    def _worker_state(self) -> dict[str, Any]:
+        run = self._run
+        if run is None:
+            raise ArgumentValueError("state_dict() in a DataLoader worker before its iteration")
+        return {
+            "version": WORKER_STATE_VERSION,
+            "worker": run.worker,
+            "workers": run.workers,
+            "epoch": run.epoch,
+            "rank": run.rank_state,
+            "part": None if run.done or run.part is None else run.part.state_dict(),
+        }
+
+    # ------------------------------------------------------------ shared block
+
+    def _shared_view(self) -> np.ndarray:
+        if self._mem is None:
+            self._mem = self._shared.numpy()
+        return self._mem
+
+    def _position(self, kind: int) -> None:
+        """Tell every worker, present and future, where the next iteration starts."""
+        mem = self._shared_view()
+        mem[_SLOTS:] = _EMPTY
+        mem[_EPOCH] = self.loader.epoch
+        mem[_KIND] = kind
+        mem[_GEN] += 1
+        self._gen = int(mem[_GEN])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_mem"] = None  # a view; the shared tensor itself travels
+        return state
 
     def __repr__(self) -> str:
         return f"<ZarrIterableDataset of {self.loader!r}>"
 
 
+def _raise(error: Exception) -> Iterator[Any]:
+    raise error
+    yield  # a generator
+
+
+class _Run:
+    """What one worker serves in one iteration: its part of one epoch."""
+
+    __slots__ = ("done", "epoch", "part", "rank_state", "run", "worker", "workers")
+
+    def __init__(
+        self,
+        worker: int,
+        workers: int,
+        run: int,
+        epoch: int,
+        rank_state: dict[str, Any],
+        part: Loader | None,
+        done: bool,
+    ) -> None:
+        self.worker, self.workers, self.run, self.epoch = worker, workers, run, epoch
+        self.rank_state, self.part, self.done = rank_state, part, done
+
+
+def _encode(run: int, epoch: int, status: int) -> int:
+    return (run << 40) | ((epoch & _EPOCH_BITS) << 2) | status
+
+
+def _decode(slot: Any) -> tuple[int, int, int]:
+    value = int(slot)
+    return value >> 40, (value >> 2) & _EPOCH_BITS, value & 3
+
+
+def _advance_if_complete(mem: np.ndarray) -> None:
+    """Move the shared epoch on once every worker of one iteration finished it."""
+    workers = int(mem[_WORKERS])
+    if workers == 0:
+        return
+    slots = {_decode(slot) for slot in mem[_SLOTS : _SLOTS + workers]}
+    if len(slots) == 1:
+        _, epoch, status = slots.pop()
+        if status == _DONE and epoch == int(mem[_EPOCH]):
+            mem[_EPOCH] = epoch + 1
+
+
+def _check_worker_state(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    keys = {"version", "worker", "workers", "epoch", "rank", "part"}
+    if (
+        not isinstance(state, Mapping)
+        or state.get("version") != WORKER_STATE_VERSION
+        or not keys <= set(state)
+    ):
+        raise ArgumentValueError(
+            f"not a ZarrIterableDataset worker state of version {WORKER_STATE_VERSION} "
+            f"(StatefulDataLoader with the same num_workers): {state!r}"
+        )
+    return state
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def _check_dtype(dtype: np.dtype[Any], what: str) -> None:
+    """Raise unless torch holds ``dtype`` (in native byte order)."""
+    try:
+        torch.from_numpy(np.empty(0, dtype=dtype.newbyteorder("=")))
+    except (TypeError, ValueError) as error:
+        raise ArgumentTypeError(
+            f"{what} has dtype {dtype} ({dtype.str}), which torch tensors cannot hold; "
+            "convert it (e.g. with the Loader's transform=) to a numeric or bool dtype"
+        ) from error
+
+
+def _tensor(value: Any) -> Any:
+    """``value`` as a tensor if it is a numpy array (anything else: :func:`to_tensors`)."""
+    try:
+        return torch.from_numpy(value)
+    except (TypeError, ValueError):
+        if not isinstance(value, np.ndarray):
+            return to_tensors(value)
+        if not value.dtype.isnative:  # one copy, in native byte order
+            return torch.from_numpy(value.astype(value.dtype.newbyteorder("=")))
+        _check_dtype(value.dtype, "a batch array (after the Loader's transform)")
+        raise
+
+
 def to_tensors(batch: Any) -> Any:
-    """``batch`` with every numpy array in it (dict, tuple, list) as a tensor, uncopied."""
+    """``batch`` with every numpy array in it (dict, tuple, list) as a tensor, uncopied.
+
+    Arrays in non-native byte order are converted (one copy).
+
+    Raises
+    ------
+    ArgumentTypeError
+        An array has a dtype torch cannot hold.
+    """
     if isinstance(batch, np.ndarray):
-        return torch.from_numpy(batch)
+        return _tensor(batch)
     if isinstance(batch, Mapping):
         return {key: to_tensors(value) for key, value in batch.items()}
     if isinstance(batch, tuple | list):
         return type(batch)(to_tensors(value) for value in batch)
     return batch
+
+
+def _from_dict(batch: Any) -> Any:
+    return {key: _tensor(value) for key, value in batch.items()}
+
+
+def _from_tuple(batch: Any) -> Any:
+    return tuple(map(_tensor, batch))
+
+
+def _converter(batch: Any) -> Callable[[Any], Any]:
+    """The conversion for batches shaped like ``batch`` (each still checked as it goes)."""
+    if type(batch) is np.ndarray:
+        return _tensor
+    if type(batch) is dict and all(type(v) is np.ndarray for v in batch.values()):
+        return _from_dict
+    if type(batch) is tuple and all(type(v) is np.ndarray for v in batch):
+        return _from_tuple
+    return to_tensors
 
 
 def _reset_event_loops() -> None:

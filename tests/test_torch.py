@@ -1,4 +1,8 @@
-"""The PyTorch adapter: tensors, worker parts (fork and spawn), epochs, state, pinning."""
+"""The PyTorch adapter: tensors, dtypes, worker parts (fork and spawn), epochs, state, pinning.
+
+Worker tests are slow (each DataLoader iteration starts processes): they share
+one tiny store and make as few DataLoaders as they can.
+"""
 
 from __future__ import annotations
 
@@ -108,6 +112,99 @@ def test_workers_yield_the_rank_share_once(arrays: Any, context: str | None, dro
     samples = [i for b in got for i in key(b)]
     assert sorted(samples) == sorted(i for b in expected for i in b)
     assert len(samples) == len(set(samples)) == (24 if drop else 25)
+
+
+def loader_epoch(arrays: Any, epoch: int, **kw: Any) -> list[tuple[int, ...]]:
+    """The batches of the Loader's epoch ``epoch``, without torch."""
+    reference = make(arrays, **kw)
+    reference.set_epoch(epoch)
+    return [key(b) for b in reference]
+
+
+# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+def test_stateful_dataloader_resumes_mid_epoch_with_workers_exactly(arrays: Any) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def stateful(dataset: ZarrIterableDataset) -> Any:
+        return StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+
+    first = stateful(ZarrIterableDataset(make(arrays)))
+    it = iter(first)
+    head = [key(next(it)) for _ in range(3)]  # of 7 (worker parts of 3 and 4 batches)
+    state = first.state_dict()
+    whole = head + [key(b) for b in it]  # the uninterrupted run
+    assert Counter(whole) == Counter(loader_epoch(arrays, 0))
+    ds = ZarrIterableDataset(make(arrays))  # a new dataset, as in a new process
+    resumed = stateful(ds)
+    resumed.load_state_dict(state)
+    rest = [key(b) for b in resumed]
+    assert head + rest == whole  # the same batches in the same order, each sample once
+    assert ds.state_dict()["epoch"] == 1 and ds.state_dict()["batches"] == 0
+    assert Counter(key(b) for b in resumed) == Counter(loader_epoch(arrays, 1))  # epoch 1
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_main_process_state_and_set_epoch_with_persistent_workers(
+    arrays: Any, context: str
+) -> None:
+    ds = ZarrIterableDataset(make(arrays))
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, persistent_workers=True,
+        multiprocessing_context=context,
+    )  # fmt: skip
+    it = iter(loader)
+    head = [key(next(it))]
+    with pytest.raises(dzb.ArgumentValueError, match=r"mid-epoch.*StatefulDataLoader"):
+        ds.state_dict()  # the main process cannot know which batches were consumed
+    epoch0 = head + [key(b) for b in it]
+    assert Counter(epoch0) == Counter(loader_epoch(arrays, 0))
+    state = ds.state_dict()  # at the boundary: the next epoch, from its start
+    assert (state["epoch"], state["batches"]) == (1, 0)
+    ds.set_epoch(2)  # reaches the persistent workers
+    assert Counter(key(b) for b in loader) == Counter(loader_epoch(arrays, 2))
+    epoch3 = [key(b) for b in loader]  # as without workers: the next epoch
+    assert Counter(epoch3) == Counter(loader_epoch(arrays, 3)) != Counter(epoch0)
+    assert ds.state_dict()["epoch"] == 4
+    ds.load_state_dict(state)  # too late for these workers: said, not ignored
+    with pytest.raises(dzb.ArgumentValueError, match="persistent workers started"):
+        list(loader)
+
+
+def test_workers_finish_an_epoch_resumed_from_a_loader_state(arrays: Any) -> None:
+    reference = make(arrays)
+    it = iter(reference)
+    head = [key(next(it)) for _ in range(3)]
+    ds = ZarrIterableDataset(make(arrays))
+    ds.load_state_dict(reference.state_dict())
+    rest = [key(b) for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)]
+    assert Counter(head + rest) == Counter(loader_epoch(arrays, 0))
+    assert ds.state_dict()["epoch"] == 1
+
+
+def test_byte_swapped_arrays_become_native_tensors() -> None:
+    x = np.arange(12, dtype=">i4").reshape(6, 2)
+    y = np.arange(6, dtype=">f8")
+    ds = ZarrIterableDataset(dzb.Loader({"x": x, "y": y}, 4))
+    batches = list(ds)
+    assert batches[0]["x"].dtype == torch.int32 and batches[0]["y"].dtype == torch.float64
+    np.testing.assert_array_equal(torch.cat([b["x"] for b in batches]).numpy(), x)
+    np.testing.assert_array_equal(torch.cat([b["y"] for b in batches]).numpy(), y)
+    assert torch.equal(to_tensors(x), torch.from_numpy(x.astype("<i4")))
+
+
+@pytest.mark.parametrize("dtype", ["M8[ns]", "m8[s]", [("a", "<i4"), ("b", "<f4")], "V8"])
+def test_dtypes_torch_cannot_hold_are_refused_at_construction(dtype: Any) -> None:
+    values = np.zeros(6, dtype=dtype)
+    loader = dzb.Loader({"x": np.zeros(6, "f4"), "when": values}, 4)
+    with pytest.raises(dzb.ArgumentTypeError, match=r"array .*has dtype .*torch") as info:
+        ZarrIterableDataset(loader)
+    assert str(np.dtype(dtype)) in str(info.value)
+
+
+def test_a_non_loader_is_a_library_error() -> None:
+    with pytest.raises(dzb.ArgumentTypeError, match="Loader"):
+        ZarrIterableDataset(np.zeros(3))  # type: ignore[arg-type]
 
 
 def test_state_dict_forwards_to_the_loader(arrays: Any) -> None:
