@@ -16,7 +16,7 @@ Modules, each importing only those listed before it (``docs/architecture.md``):
 - ``_mapreduce``: per-chunk map and reduce; ``_cli``: the command line.
 """
 
-from ._errors import (
+from .errors import (
     ArgumentTypeError,
     ArgumentValueError,
     ArrayNotFoundError,
@@ -34,18 +34,11 @@ from ._errors import (
     WindowError,
     WindowTimeoutError,
 )
-from ._loader import Loader
-from ._mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
-from ._plan import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
-from ._sources import open_array
-from ._spec import (
-    DEFAULT_IO_CONCURRENCY,
-    DEFAULT_MEMORY_BUDGET,
-    DEFAULT_PREFETCH,
-    DEFAULT_WINDOW_BYTES,
-    StreamSpec,
-)
-from ._streams import (
+from .loader import Loader
+from .mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
+from .plan.epoch import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
+from .store.sources import open_array
+from .streams.core import (
     BatchStream,
     ChunkStream,
     SkippedChunk,
@@ -58,6 +51,13 @@ from ._streams import (
     paired_shuffled_batch_stream,
     plan_epoch,
     shuffled_batch_stream,
+)
+from .streams.spec import (
+    DEFAULT_IO_CONCURRENCY,
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_PREFETCH,
+    DEFAULT_WINDOW_BYTES,
+    StreamSpec,
 )
 
 __version__ = "0.1.0"

@@ -37,8 +37,8 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
 
 import numpy as np
 
-from ._errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
-from ._loader import Loader
+from .errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
+from .loader import Loader
 
 __all__ = ["ZarrIterableDataset"]
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import property_settings
 
-from daskzarr_batches._batching import (
+from daskzarr_batches.plan.batching import (
     Batcher,
     batches_completed,
     batches_touching,

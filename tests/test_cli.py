@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from daskzarr_batches import _cli
-from daskzarr_batches._cli import main
+from daskzarr_batches.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import zarr
 
 import daskzarr_batches as dzb
 from daskzarr_batches import _cli
-from daskzarr_batches._cli import main
+from daskzarr_batches.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A generated bench dataset small enough for a test: 2,000 x 4 in 256-row chunks.
@@ -434,7 +434,7 @@ def test_bars_go_to_a_terminal_unless_quiet(
     store = make_group(tmp_path / "g.zarr")
     terminal = FakeTerminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr("daskzarr_batches._bench.POSTFIX_INTERVAL", 0.0)
+    monkeypatch.setattr("daskzarr_batches.tools.bench.POSTFIX_INTERVAL", 0.0)
     assert main(["bench", "--batch-size", "16", *SMALL]) == 0
     bars = terminal.getvalue()
     assert "epoch 0" in bars and "samples/s" in bars and "MB/s" in bars and "wait" in bars

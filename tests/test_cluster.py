@@ -33,7 +33,7 @@ from scheduler_state import our_tasks
 from zarr.testing.store import LatencyStore
 
 import daskzarr_batches as dzb
-from daskzarr_batches._runners import ClientRunner, ThreadRunner
+from daskzarr_batches.execute.runners import ClientRunner, ThreadRunner
 
 distributed = pytest.importorskip("distributed")
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import daskzarr_batches as dzb
-from daskzarr_batches._plan import (
+from daskzarr_batches.plan.epoch import (
     DECODE_COPIES,
     INDEX_BYTES_PER_SAMPLE,
     EpochPlan,

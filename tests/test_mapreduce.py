@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from scheduler_state import our_tasks
 
 import daskzarr_batches as dzb
-from daskzarr_batches._mapreduce import _PairwiseFold
+from daskzarr_batches.mapreduce import _PairwiseFold
 
 distributed = pytest.importorskip("distributed")
 

@@ -33,8 +33,8 @@ CASES = {
     # the stream stopped waiting (cancel) and the read then failed: nobody took its error
     "a read that fails as it is cancelled": """
         import asyncio, gc, threading, time
-        from daskzarr_batches._errors import ReadCancelledError
-        from daskzarr_batches._policy import CancelScope
+        from daskzarr_batches.errors import ReadCancelledError
+        from daskzarr_batches.store.policy import CancelScope
 
         async def read():
             try:
@@ -103,6 +103,6 @@ def test_stderr_holds_only_the_expected_error(tmp_path: Path, case: str) -> None
     if case == "a store deleted mid-epoch":
         assert done.returncode == 1 and err.count("Traceback") == 1, err
         last = err.strip().splitlines()[-1]
-        assert last.startswith("daskzarr_batches._errors.StoreGoneError: array "), err
+        assert last.startswith("daskzarr_batches.errors.StoreGoneError: array "), err
     else:
         assert done.returncode == 0 and err == "", err

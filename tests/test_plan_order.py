@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from strategies import make_data, property_settings, seeds, to_zarr
 from test_plan import plans
 
-from daskzarr_batches._plan import EpochPlan, Window, chunk_offsets
-from daskzarr_batches._read import join_pieces, read_window
+from daskzarr_batches.plan.epoch import EpochPlan, Window, chunk_offsets
+from daskzarr_batches.read.tasks import join_pieces, read_window
 
 FAST = property_settings(40)
 

@@ -22,7 +22,7 @@ from stores import FaultStore
 from strategies import property_settings
 
 import daskzarr_batches as dzb
-from daskzarr_batches._policy import is_transient
+from daskzarr_batches.store.policy import is_transient
 
 ROWS, COLS, CHUNK = 60, 3, 10
 

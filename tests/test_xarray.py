@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import daskzarr_batches as dzb
-from daskzarr_batches._sources import DaskSource, as_source
+from daskzarr_batches.store.sources import DaskSource, as_source
 
 xr = pytest.importorskip("xarray")
 

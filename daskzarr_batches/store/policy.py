@@ -35,14 +35,14 @@ import zarr.storage
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from ._errors import (
+from ..errors import (
     ArgumentTypeError,
     ArgumentValueError,
     MissingChunkError,
     ReadCancelledError,
     StoreGoneError,
 )
-from ._sources import codec_pipeline_of, zarr_pipeline
+from .sources import codec_pipeline_of, zarr_pipeline
 
 __all__ = [
     "DEFAULT_POLICY",

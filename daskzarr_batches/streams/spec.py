@@ -24,11 +24,18 @@ from typing import Any, get_args
 
 import numpy as np
 
-from ._errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
-from ._plan import EpochPlan, ExactBudget, ShardLayout, ShuffleMode, chunk_offsets, exact_budget
-from ._policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
-from ._runners import resolve_client
-from ._sources import SliceSource, Source, as_source
+from ..errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
+from ..execute.runners import resolve_client
+from ..plan.epoch import (
+    EpochPlan,
+    ExactBudget,
+    ShardLayout,
+    ShuffleMode,
+    chunk_offsets,
+    exact_budget,
+)
+from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
+from ..store.sources import SliceSource, Source, as_source
 
 __all__ = [
     "DEFAULT_IO_CONCURRENCY",

@@ -33,9 +33,9 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ._errors import ArgumentTypeError, ArgumentValueError
-from ._policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
-from ._streams import ChunkStream, build_chunk_stream
+from .errors import ArgumentTypeError, ArgumentValueError
+from .store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
+from .streams.core import ChunkStream, build_chunk_stream
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
 

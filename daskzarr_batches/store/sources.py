@@ -38,7 +38,7 @@ import zarr
 import zarr.abc.store
 from dask.tokenize import normalize_token
 
-from ._errors import (
+from ..errors import (
     ArgumentTypeError,
     ArgumentValueError,
     ArrayNotFoundError,

@@ -34,7 +34,7 @@ import zarr
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from ._plan import ChunkPiece, reads_whole_shard
+from ..plan.epoch import ChunkPiece, reads_whole_shard
 
 __all__ = ["read_sharded", "sharding_codec"]
 

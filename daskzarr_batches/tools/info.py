@@ -37,8 +37,8 @@ import zarr
 import zarr.abc.store
 from tqdm import tqdm
 
-from . import ArgumentValueError, ArrayNotFoundError, DaskZarrBatchesError, InvalidMetadataError
-from . import open_array as _open_array
+from .. import ArgumentValueError, ArrayNotFoundError, DaskZarrBatchesError, InvalidMetadataError
+from .. import open_array as _open_array
 
 __all__ = [
     "ArrayReport",

@@ -34,7 +34,7 @@ import numpy as np
 import zarr
 from tqdm import tqdm
 
-from . import (
+from .. import (
     ArgumentValueError,
     ArrayNotFoundError,
     BatchStream,

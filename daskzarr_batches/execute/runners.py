@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import dask.threaded
 
-from ._errors import ArgumentTypeError
-from ._policy import CancelScope
-from ._sources import SliceSource, Source
+from ..errors import ArgumentTypeError
+from ..store.policy import CancelScope
+from ..store.sources import SliceSource, Source
 
 __all__ = ["ClientRunner", "Fetched", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
 

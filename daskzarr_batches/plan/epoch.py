@@ -42,7 +42,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ._batching import batches_completed, batches_touching, count_batches, samples_used
+from .batching import batches_completed, batches_touching, count_batches, samples_used
 
 ShuffleMode = Literal["none", "buffer", "exact"]
 IndexArray = npt.NDArray[np.int64]

@@ -46,7 +46,7 @@ import numpy as np
 import zarr
 from tqdm import tqdm
 
-from . import (
+from .. import (
     DaskZarrBatchesError,
     MissingChunksWarning,
     __version__,
@@ -55,8 +55,8 @@ from . import (
     count_batches,
     paired_shuffled_batch_stream,
 )
-from ._bench import CHUNK_ROWS, FEATURES, ROWS, BenchSettings, run_bench
-from ._info import run_info
+from .bench import CHUNK_ROWS, FEATURES, ROWS, BenchSettings, run_bench
+from .info import run_info
 
 __all__ = ["build_parser", "demo_arrays", "format_stats", "main", "run_demo"]
 

@@ -27,9 +27,7 @@ from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 
-from ._batching import Batcher, Ranges, positions_between
-from ._batching import count_batches as _count
-from ._errors import (
+from ..errors import (
     ArgumentValueError,
     ChunkReadError,
     MissingChunksWarning,
@@ -39,9 +37,11 @@ from ._errors import (
     WindowTimeoutError,
     warn_caller,
 )
-from ._plan import EpochPlan, PlanSummary, Window, read_amplification
-from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy, ReadReport
-from ._read import (
+from ..execute.runners import Runner, make_runner, resolve_client
+from ..plan.batching import Batcher, Ranges, positions_between
+from ..plan.batching import count_batches as _count
+from ..plan.epoch import EpochPlan, PlanSummary, Window, read_amplification
+from ..read.tasks import (
     ShardItem,
     block_graph,
     blocks_by_shard,
@@ -51,9 +51,16 @@ from ._read import (
     shard_graph,
     window_graph,
 )
-from ._runners import Runner, make_runner, resolve_client
-from ._sources import SliceSource, Source, as_source
-from ._spec import (
+from ..store.policy import (
+    DEFAULT_POLICY,
+    DEFAULT_RETRIES,
+    MissingMode,
+    OnError,
+    ReadPolicy,
+    ReadReport,
+)
+from ..store.sources import SliceSource, Source, as_source
+from .spec import (
     DEFAULT_IO_BYTES,
     DEFAULT_IO_CONCURRENCY,
     DEFAULT_MEMORY_BUDGET,

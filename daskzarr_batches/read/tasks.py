@@ -47,16 +47,16 @@ import numpy as np
 import zarr
 from dask.optimization import cull
 
-from ._batching import join_rows
-from ._errors import (
+from ..errors import (
     ChunkReadError,
     CorruptChunkError,
     MissingChunkError,
     ReadCancelledError,
     StoreGoneError,
 )
-from ._plan import ChunkPiece, Selector, Window
-from ._policy import (
+from ..plan.batching import join_rows
+from ..plan.epoch import ChunkPiece, Selector, Window
+from ..store.policy import (
     DEFAULT_POLICY,
     NO_REPORT,
     CancelScope,
@@ -69,8 +69,8 @@ from ._policy import (
     read_array,
     storage_keys,
 )
-from ._shards import read_sharded, sharding_codec
-from ._sources import DaskSource, SliceSource, Source
+from ..store.shards import read_sharded, sharding_codec
+from ..store.sources import DaskSource, SliceSource, Source
 
 __all__ = [
     "DECODE_GROUP_BYTES",

@@ -22,7 +22,14 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ._batching import (
+from .errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    DaskZarrBatchesError,
+    LoaderBusyError,
+    StreamFailedError,
+)
+from .plan.batching import (
     Ranges,
     complement,
     count_batches,
@@ -31,16 +38,10 @@ from ._batching import (
     share,
     worker_part,
 )
-from ._errors import (
-    ArgumentTypeError,
-    ArgumentValueError,
-    DaskZarrBatchesError,
-    LoaderBusyError,
-    StreamFailedError,
-)
-from ._policy import DEFAULT_RETRIES, MissingMode, OnError
-from ._sources import is_xarray
-from ._spec import (
+from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
+from .store.sources import is_xarray
+from .streams.core import BatchStream, StreamStats
+from .streams.spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_WINDOW_BYTES,
     StreamSpec,
@@ -48,7 +49,6 @@ from ._spec import (
     non_negative_int,
     positive_int,
 )
-from ._streams import BatchStream, StreamStats
 
 __all__ = ["Loader"]
 

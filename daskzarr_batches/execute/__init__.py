@@ -1,0 +1,1 @@
+"""Running graphs: the threaded and distributed runners, cancellation."""

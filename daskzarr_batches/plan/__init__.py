@@ -1,0 +1,1 @@
+"""Planning: pure index math (batches, windows, shards, budgets); numpy only."""

@@ -1,0 +1,1 @@
+"""Reading: task functions and the dask graphs built from them."""

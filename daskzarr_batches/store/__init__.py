@@ -1,0 +1,1 @@
+"""Zarr layout: sources, opening, codec pipelines, the read policy, shards."""

@@ -1,0 +1,1 @@
+"""Streams: validated settings, the stream iterators and their public constructors."""

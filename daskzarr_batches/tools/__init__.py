@@ -1,0 +1,1 @@
+"""The command line: ``demo``, ``info`` and ``bench``."""
