@@ -36,7 +36,9 @@ from .errors import (
 )
 from .loader import Loader
 from .mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
-from .plan.epoch import ChunkPiece, EpochPlan, PlanSummary, Window, WindowSummary
+from .plan.epoch import EpochPlan
+from .plan.summary import PlanSummary, WindowSummary
+from .plan.windows import ChunkPiece, Window
 from .store.sources import open_array
 from .streams.core import (
     BatchStream,

@@ -13,14 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import daskzarr_batches as dzb
-from daskzarr_batches.plan.epoch import (
-    DECODE_COPIES,
-    INDEX_BYTES_PER_SAMPLE,
-    EpochPlan,
-    chunk_offsets,
-    exact_budget,
-    permutation,
-)
+from daskzarr_batches.plan.budget import DECODE_COPIES, INDEX_BYTES_PER_SAMPLE, exact_budget
+from daskzarr_batches.plan.epoch import EpochPlan, permutation
+from daskzarr_batches.plan.windows import chunk_offsets
 
 MiB = 2**20
 

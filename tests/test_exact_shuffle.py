@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import daskzarr_batches as dzb
-from daskzarr_batches.plan.epoch import (
+from daskzarr_batches.plan.budget import (
     DECODE_COPIES,
     DECODE_SHARE,
     INDEX_BYTES_PER_SAMPLE,

@@ -14,7 +14,8 @@ from strategies import irregular_chunks, make_data, property_settings, seeds, to
 
 import daskzarr_batches as dzb
 from daskzarr_batches.plan.batching import count_batches
-from daskzarr_batches.plan.epoch import EpochPlan, Window, chunk_offsets, pieces_for, ramp_split
+from daskzarr_batches.plan.epoch import EpochPlan
+from daskzarr_batches.plan.windows import Window, chunk_offsets, pieces_for, ramp_split
 
 MODES = ("none", "buffer", "exact")
 FAST = property_settings(60)

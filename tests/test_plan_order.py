@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from strategies import make_data, property_settings, seeds, to_zarr
 from test_plan import plans
 
-from daskzarr_batches.plan.epoch import EpochPlan, Window, chunk_offsets
+from daskzarr_batches.plan.epoch import EpochPlan
+from daskzarr_batches.plan.windows import Window, chunk_offsets
 from daskzarr_batches.read.tasks import join_pieces, read_window
 
 FAST = property_settings(40)

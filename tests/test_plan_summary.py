@@ -16,7 +16,7 @@ from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
 import daskzarr_batches as dzb
-from daskzarr_batches.plan.epoch import sorting_order
+from daskzarr_batches.plan.windows import sorting_order
 
 METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 

@@ -25,7 +25,7 @@ from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, cpu, default_buffer_prototype
 
 import daskzarr_batches as dzb
-from daskzarr_batches.plan.epoch import ShardLayout
+from daskzarr_batches.plan.shards import ShardLayout
 
 
 class RequestLog(zarr.storage.WrapperStore[Any]):

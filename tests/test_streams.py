@@ -639,7 +639,7 @@ def test_same_batches_on_the_threaded_scheduler_and_a_distributed_client() -> No
                 strict=True,
             ):
                 np.testing.assert_array_equal(x, y)
-    assert dzb._runners.resolve_client(None) is None  # the closed client is not used later
+    assert dzb.execute.runners.resolve_client(None) is None  # the closed client is not used later
 
 
 SUBPROCESS_EPOCH = """

@@ -80,7 +80,7 @@ def quarter_windows_budget(rows: int, row_bytes: int) -> int:
     samples' bytes makes five windows.  The library's own arithmetic
     (``_plan.exact_budget``) gives the budget of four.
     """
-    from daskzarr_batches.plan.epoch import exact_budget
+    from daskzarr_batches.plan.budget import exact_budget
 
     need = -(-rows // 4)
     budget = need * row_bytes

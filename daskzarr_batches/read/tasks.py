@@ -55,7 +55,7 @@ from ..errors import (
     StoreGoneError,
 )
 from ..plan.batching import join_rows
-from ..plan.epoch import ChunkPiece, Selector, Window
+from ..plan.windows import ChunkPiece, Selector, Window
 from ..store.policy import (
     DEFAULT_POLICY,
     NO_REPORT,

@@ -34,7 +34,8 @@ import zarr
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from ..plan.epoch import ChunkPiece, reads_whole_shard
+from ..plan.shards import reads_whole_shard
+from ..plan.windows import ChunkPiece
 
 __all__ = ["read_sharded", "sharding_codec"]
 

@@ -40,7 +40,9 @@ from ..errors import (
 from ..execute.runners import Runner, make_runner, resolve_client
 from ..plan.batching import Batcher, Ranges, positions_between
 from ..plan.batching import count_batches as _count
-from ..plan.epoch import EpochPlan, PlanSummary, Window, read_amplification
+from ..plan.epoch import EpochPlan
+from ..plan.summary import PlanSummary, read_amplification
+from ..plan.windows import Window
 from ..read.tasks import (
     ShardItem,
     block_graph,

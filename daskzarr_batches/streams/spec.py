@@ -26,14 +26,10 @@ import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
 from ..execute.runners import resolve_client
-from ..plan.epoch import (
-    EpochPlan,
-    ExactBudget,
-    ShardLayout,
-    ShuffleMode,
-    chunk_offsets,
-    exact_budget,
-)
+from ..plan.budget import ExactBudget, exact_budget
+from ..plan.epoch import EpochPlan
+from ..plan.shards import ShardLayout
+from ..plan.windows import ShuffleMode, chunk_offsets
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
 from ..store.sources import SliceSource, Source, as_source
 
