@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 import daskzarr_batches as dzb  # noqa: E402
 from benchmarks.suite.cases import raw_decode  # noqa: E402
 from benchmarks.suite.dataset import default_shape, make_dataset  # noqa: E402
-from daskzarr_batches.store.sources import _zarr_behind, codec_pipeline_of  # noqa: E402
+from daskzarr_batches.store.pipelines import codec_pipeline_of  # noqa: E402
+from daskzarr_batches.store.sources import _zarr_behind  # noqa: E402
 
 
 def drain(stream: Any) -> None:

@@ -39,7 +39,7 @@ from .mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from .plan.epoch import EpochPlan
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
-from .store.sources import open_array
+from .store.open import open_array
 from .streams.core import (
     BatchStream,
     ChunkStream,

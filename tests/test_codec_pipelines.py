@@ -22,7 +22,8 @@ from stores import is_chunk_key
 from strategies import local_path, make_data, to_zarr
 
 import daskzarr_batches as dzb
-from daskzarr_batches.store.sources import CODEC_PIPELINE_ENV, _zarr_behind, codec_pipeline_of
+from daskzarr_batches.store.pipelines import CODEC_PIPELINE_ENV, codec_pipeline_of
+from daskzarr_batches.store.sources import _zarr_behind
 
 pytest.importorskip("zarrs")
 

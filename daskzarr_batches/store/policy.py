@@ -42,7 +42,7 @@ from ..errors import (
     ReadCancelledError,
     StoreGoneError,
 )
-from .sources import codec_pipeline_of, zarr_pipeline
+from .pipelines import codec_pipeline_of, zarr_pipeline
 
 __all__ = [
     "DEFAULT_POLICY",
