@@ -21,7 +21,8 @@ from test_plan import plans
 
 from daskzarr_batches.plan.epoch import EpochPlan
 from daskzarr_batches.plan.windows import Window, chunk_offsets
-from daskzarr_batches.read.tasks import join_pieces, read_window
+from daskzarr_batches.read.tasks import join_pieces
+from daskzarr_batches.read.window import read_window
 
 FAST = property_settings(40)
 

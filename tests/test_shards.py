@@ -201,7 +201,7 @@ def test_each_shard_index_is_fetched_at_most_once_per_window() -> None:
     stream = dzb.shuffled_batch_stream(x, 50, seed=2, memory_budget=100 * 16)
     plan = stream.spec.plan()
     windows = list(plan.windows())
-    from daskzarr_batches.read.tasks import read_window
+    from daskzarr_batches.read.window import read_window
 
     for window in windows:
         log.log.clear()

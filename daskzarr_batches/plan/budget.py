@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DECODE_COPIES", "DECODE_SHARE", "INDEX_BYTES_PER_SAMPLE", "ExactBudget", "exact_budget"]
+__all__ = [
+    "DECODE_COPIES",
+    "DECODE_GROUP_BYTES",
+    "DECODE_SHARE",
+    "INDEX_BYTES_PER_SAMPLE",
+    "ExactBudget",
+    "exact_budget",
+]
 
 
 #: Bytes of index arrays per sample of an exact-shuffle window, counted in
@@ -63,3 +70,8 @@ def exact_budget(memory_budget: int, row_bytes: int, prefetch: int) -> ExactBudg
     decode = share // DECODE_SHARE
     rows = (share - DECODE_COPIES * decode) // (row_bytes + INDEX_BYTES_PER_SAMPLE)
     return ExactBudget(window_rows=max(1, rows), decode_bytes=decode)
+
+
+#: Decoded bytes of stored chunks one window read holds at once (at least one
+#: chunk); bounds the transient memory of an exact-shuffle window.
+DECODE_GROUP_BYTES = 64 * 2**20

@@ -43,16 +43,16 @@ from ..plan.batching import count_batches as _count
 from ..plan.epoch import EpochPlan
 from ..plan.summary import PlanSummary, read_amplification
 from ..plan.windows import Window
-from ..read.tasks import (
-    ShardItem,
+from ..read.graphs import (
     block_graph,
     blocks_by_shard,
     count_tasks,
     read_threads,
-    release_free_memory,
     shard_graph,
     window_graph,
 )
+from ..read.tasks import ShardItem
+from ..read.window import release_free_memory
 from ..store.policy import (
     DEFAULT_POLICY,
     DEFAULT_RETRIES,

@@ -1,0 +1,214 @@
+"""Graph builders: one dask graph per window, or per stored block or shard, of task functions.
+
+Task functions take the array object as an argument (not a key of its own), so
+distributed sends it with each task and no worker is pinned by a shared key."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+from dask.optimization import cull
+
+from ..plan.windows import ChunkPiece, Window
+from ..store.policy import (
+    DEFAULT_POLICY,
+    CancelScope,
+    ReadPolicy,
+)
+from ..store.sources import DaskSource, SliceSource, Source
+from .tasks import (
+    Key,
+    apply_transform,
+    assemble_rows,
+    join_pieces,
+    read_block,
+    read_block_result,
+    read_shard,
+)
+from .window import read_window
+
+__all__ = [
+    "block_graph",
+    "blocks_by_shard",
+    "count_tasks",
+    "read_threads",
+    "shard_graph",
+    "window_graph",
+]
+
+
+def window_graph(
+    sources: Sequence[Source],
+    window: Window,
+    token: str,
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+    plan_order: bool = False,
+    decode_bytes: int | None = None,
+) -> tuple[dict[Key, Any], Key]:
+    """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
+
+    Each array holds the window's samples in *ascending sample order* (chunk
+    by chunk, ``take`` ascending), the same order for every source, so each
+    array is filled with contiguous copies.  The window's own order is applied
+    while batches are cut (``window.gather_index()``), in the copy that makes
+    each batch an owned array anyway: permuting here as well would cost a
+    scattered write of the whole window.
+
+    ``plan_order=True`` (results that travel to another process: a cluster)
+    writes each chunk's rows straight to their place in the window's plan
+    order instead (the pieces' ``dest``): the scattered write replaces the
+    contiguous one on the worker, and the consumer cuts batches by slicing.
+
+    ``decode_bytes``: see :func:`read_window` (shared by the window's arrays, in
+    proportion to their row sizes).
+    """
+    dsk: dict[Key, Any] = {}
+    outputs = []
+    for position, (source, pieces) in enumerate(zip(sources, window.pieces, strict=True)):
+        out_key = (f"dzb-array-{token}", window.index, position)
+        outputs.append(out_key)
+        if isinstance(source, SliceSource):
+            array_key = _place_array(dsk, source)
+            dsk[out_key] = (
+                read_window, array_key, source.name, window.size, source.row_bytes,
+                tuple(pieces), policy, scope, plan_order,
+                _share(decode_bytes, source, sources),
+            )  # fmt: skip
+            continue
+        assert isinstance(source, DaskSource)
+        piece_keys = []
+        for piece in pieces:
+            key = (f"dzb-read-{token}", window.index, position, piece.chunk)
+            _add_dask_rows(dsk, source, key, piece)
+            piece_keys.append(key)
+        dests = [piece.dest for piece in pieces] if plan_order else None
+        dsk[out_key] = (join_pieces, piece_keys, dests)
+    window_key = (f"dzb-window-{token}", window.index)
+    dsk[window_key] = (tuple, outputs)
+    return dsk, window_key
+
+
+def _share(decode_bytes: int | None, source: Source, sources: Sequence[Source]) -> int | None:
+    """``source``'s part of a window's ``decode_bytes``: its part of the row bytes."""
+    if decode_bytes is None:
+        return None
+    total = sum(other.row_bytes for other in sources)
+    return decode_bytes * source.row_bytes // max(total, 1)
+
+
+def count_tasks(sources: Sequence[Source], window: Window) -> int:
+    """Tasks of :func:`window_graph` for ``window`` (data entries excluded)."""
+    dsk, _ = window_graph(sources, window, "count")
+    return len(dsk)
+
+
+def read_threads(sources: Sequence[Source]) -> int | None:
+    """Local read threads that suit windows of ``sources`` (``None``: one per CPU).
+
+    A window of Zarr or numpy arrays is one task per array, each decoding its
+    chunks concurrently inside Zarr: four threads per array read the windows
+    in flight (``prefetch + 1`` windows' worth of samples: the default three,
+    or the fast-start ramp's small windows together) at once, in order, so
+    batch cutting overlaps the next reads and a high-latency store sees every
+    ramp window's requests at once (the measurements are in docs/benchmarks.md).
+    """
+    if all(isinstance(source, SliceSource) for source in sources):
+        return 4 * len(sources)
+    return None
+
+
+def block_graph(
+    source: Source,
+    block: tuple[int, ...],
+    token: str,
+    transform: Callable[[np.ndarray], Any] | None = None,
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+) -> tuple[dict[Key, Any], Key]:
+    """The dask graph reading one stored block (all axes) of ``source``.
+
+    With ``transform``, a second task applies it to the block; the scheduler
+    runs it where the block was read, so only its result moves.
+    """
+    dsk: dict[Key, Any] = {}
+    key = (f"dzb-block-{token}", *block)
+    if isinstance(source, SliceSource):
+        array_key = _place_array(dsk, source)
+        dsk[key] = (
+            read_block, array_key, source.name, block, source.block_slices(block), policy, scope
+        )  # fmt: skip
+    else:
+        assert isinstance(source, DaskSource)
+        block_key = (source.array.name, *block)
+        dsk.update(cull(source.graph, [block_key])[0])
+        dsk[key] = (read_block_result, block_key)
+    if transform is None:
+        return dsk, key
+    mapped = (f"dzb-map-{token}", *block)
+    dsk[mapped] = (apply_transform, transform, key, scope)
+    return dsk, mapped
+
+
+def blocks_by_shard(source: Source) -> list[tuple[tuple[int, ...], ...]] | None:
+    """``source``'s stored blocks grouped by shard (``None``: not a sharded Zarr array).
+
+    Shards in C order, each with its non-empty inner blocks in C order; a
+    shard's first block comes before the next shard's in the C order of the
+    blocks.
+    """
+    if not isinstance(source, SliceSource) or not isinstance(source.array, zarr.Array):
+        return None
+    shards = source.array.shards
+    if shards is None:
+        return None
+    per_shard = [
+        max(shard // chunk, 1) for shard, chunk in zip(shards, source.array.chunks, strict=True)
+    ]
+    units: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for block in source.blocks():
+        shard = tuple(i // n for i, n in zip(block, per_shard, strict=True))
+        units.setdefault(shard, []).append(block)
+    return [tuple(blocks) for blocks in units.values()]
+
+
+def shard_graph(
+    source: SliceSource,
+    blocks: Sequence[tuple[int, ...]],
+    token: str,
+    transform: Callable[[np.ndarray], Any] | None = None,
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+) -> tuple[dict[Key, Any], Key]:
+    """The dask graph reading the inner ``blocks`` of one shard with one task.
+
+    Its result is a list of :data:`ShardItem`, one per block, in order.
+    """
+    dsk: dict[Key, Any] = {}
+    array_key = _place_array(dsk, source)
+    key = (f"dzb-shard-{token}", *blocks[0])
+    slices = tuple(source.block_slices(block) for block in blocks)
+    dsk[key] = (
+        read_shard, array_key, source.name, tuple(blocks), slices, policy, scope, transform
+    )  # fmt: skip
+    return dsk, key
+
+
+def _place_array(dsk: dict[Key, Any], source: SliceSource) -> Any:
+    """The array object as a read task's argument: inline, not a key of its own."""
+    return source.array
+
+
+def _add_dask_rows(dsk: dict[Key, Any], source: DaskSource, key: Key, piece: ChunkPiece) -> None:
+    """Add task ``key``: rows ``piece.take`` of an axis-0 chunk of a dask array."""
+    grid = [range(len(sizes)) for sizes in source.chunks[1:]]
+    keys = [(source.array.name, piece.chunk, *rest) for rest in itertools.product(*grid)]
+    dsk.update(cull(source.graph, keys)[0])
+    layout = tuple(len(sizes) for sizes in source.chunks[1:])
+    dsk[key] = (
+        assemble_rows, source.name, piece.chunk, piece.start, piece.stop, piece.take, layout, keys
+    )  # fmt: skip

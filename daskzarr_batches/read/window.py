@@ -1,0 +1,399 @@
+"""Reading one window of one array: its chunk pieces decoded concurrently into the window's rows.
+
+The task behind every batch stream's window of a Zarr or numpy array
+(:func:`read_window`), with the exact shuffle's memory care (an output in its
+own mmap, the C heap trimmed after each window) and the fallback that names a
+chunk that failed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    ChunkReadError,
+    CorruptChunkError,
+    MissingChunkError,
+    ReadCancelledError,
+    StoreGoneError,
+)
+from ..plan.budget import DECODE_GROUP_BYTES
+from ..plan.windows import ChunkPiece
+from ..store.policy import (
+    DEFAULT_POLICY,
+    CancelScope,
+    Ledger,
+    ReadPolicy,
+    ReadReport,
+    read_array,
+    storage_keys,
+)
+from ..store.shards import read_sharded, sharding_codec
+from .tasks import _owned, _views, chunk_error, put_rows
+
+__all__ = ["read_rows", "read_window", "release_free_memory"]
+
+
+def read_rows(
+    array: Any, name: str, piece: ChunkPiece, ledger: Ledger, scope: CancelScope | None = None
+) -> np.ndarray:
+    """Decode the axis-0 chunk of ``piece`` and keep its rows ``take``.
+
+    A failure becomes an error naming the array, the chunk, its key(s) and
+    samples: :class:`MissingChunkError` as raised by the policy store,
+    :class:`ChunkReadError` when the store failed (after its retries),
+    :class:`CorruptChunkError` when the bytes arrived and did not decode.
+    """
+    try:
+        slab = np.asarray(read_array(array, (slice(piece.start, piece.stop),), scope))
+    except (MissingChunkError, StoreGoneError, ReadCancelledError):
+        raise
+    except Exception as exc:
+        raise chunk_error(array, name, f"axis-0 chunk {piece.chunk}", piece, ledger, exc) from exc
+    return slab[piece.take]
+
+
+def read_window(
+    array: Any,
+    name: str,
+    size: int,
+    row_bytes: int,
+    pieces: Sequence[ChunkPiece],
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+    plan_order: bool = False,
+    decode_bytes: int | None = None,
+) -> tuple[np.ndarray, ReadReport]:
+    """Read the rows of one window from a Zarr or numpy array, by sample id.
+
+    Returns the rows, in ascending sample order (see :func:`window_graph`),
+    or with ``plan_order`` in the window's plan order (each chunk's rows
+    written to the pieces' ``dest``), and a :class:`ReadReport` of what the
+    read policy saw: missing chunks, retries, chunks skipped because they do
+    not decode (their rows are left out, in either order).
+
+    A window that is one run of consecutive chunks in order (sequential) is
+    read with one slice and returned as read.  Otherwise Zarr arrays read
+    their chunks concurrently on Zarr's event loop, each chunk's rows
+    ``take`` copied into place as soon as it is decoded, while the chunks in
+    flight hold at most ``DECODE_GROUP_BYTES`` of decoded rows (at least one
+    chunk).  When the window keeps only some rows of its chunks (exact
+    shuffle), that limit is also at most ``max(window / 16, one chunk per
+    CPU)``, so decoding adds little to the window's memory.  Each chunk is
+    its own read on the event loop, so a failure cancels every other read of
+    the window before the window is read again run by run (numpy arrays are
+    read that way in the first place), chunk by chunk, so that the error
+    names the chunk that fails (or, with ``on_error="skip"``, the chunks that
+    do not decode are left out).
+
+    ``decode_bytes`` (the exact shuffle's share of its ``memory_budget``)
+    bounds the decoded rows in flight instead (at least one chunk; two once
+    it reaches half a chunk, so that one is read while one decodes), and each
+    chunk's rows are then always placed as it arrives, so that the chunks of
+    a window are not all held beside its output.
+    """
+    ledger = Ledger()
+
+    def keys() -> list[str]:  # the store keys of the window's chunk rows
+        return [key for piece in pieces for key in storage_keys(array, piece.start, piece.stop)]
+
+    fast, array = _views(array, name, policy, ledger, keys, scope)
+    largest = max(piece.rows for piece in pieces)
+    limit_rows = DECODE_GROUP_BYTES // max(row_bytes, 1)
+    partial = not all(_keeps_all(piece) for piece in pieces)
+    if partial:
+        limit_rows = min(limit_rows, max(size // 16, largest * (os.cpu_count() or 1)))
+    streaming = partial
+    if decode_bytes is not None:
+        limit_rows, streaming = decode_bytes // max(row_bytes, 1), True
+        if 2 * limit_rows >= largest:  # half a chunk or more: one decoding, the next read
+            limit_rows = max(limit_rows, 2 * largest)
+    limit_rows = max(limit_rows, largest)
+    runs = _runs(pieces, limit_rows)
+    # zarrs reads shards natively; Zarr's own pipeline reads them through _shards
+    sharded = fast is array and sharding_codec(array) is not None
+    whole_run = len(runs) == 1 and _is_whole(runs[0], size)
+    if whole_run and not sharded and (not plan_order or _in_plan_order(runs[0])):
+        with contextlib.suppress(Exception):  # read again below, chunk by chunk
+            whole = (slice(runs[0][0].start, runs[0][-1].stop),)
+            rows = _owned(np.asarray(read_array(fast, whole, scope)))
+            return rows, _report(array, pieces, ledger, ())
+    shape, dtype = (size, *array.shape[1:]), np.dtype(array.dtype)
+    out = np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype)
+
+    def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int, kept: bool = False) -> None:
+        if kept:  # the rows ``take`` of a one-chunk run, read as such
+            if plan_order:
+                put_rows(out, run[0].dest, slab)
+            else:
+                out[at : at + len(slab)] = slab
+            return
+        lo = run[0].start
+        for piece in run:
+            local = piece.start - lo
+            rows = slab[local : local + piece.rows][piece.take]
+            if plan_order:
+                put_rows(out, piece.dest, rows)
+            else:
+                out[at : at + len(rows)] = rows
+            at += len(rows)
+
+    if sharded:
+        ordered = [piece for run in runs for piece in run]
+        shard_rows = max(array.shards[0], 1)
+        try:
+            coro = read_sharded(
+                array, ordered, _starts([[p] for p in ordered]), out, _keeps_all,
+                shards_in_flight=max(2, limit_rows // shard_rows),
+                scatter=(lambda p, rows: put_rows(out, p.dest, rows)) if plan_order else None,
+            )  # fmt: skip
+            _run(coro, scope)
+            return out, _report(array, pieces, ledger, ())
+        except ReadCancelledError:
+            raise
+        except Exception:  # the other reads were cancelled; read again run by run,
+            pass  # so that the error names the chunk that fails
+    inner = getattr(fast, "_async_array", None)
+    if inner is not None and not sharded and (len(runs) > 1 or fast is not array):
+        chunks = [[piece] for run in runs for piece in run]
+        try:
+            _read_runs_concurrently(
+                inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope,
+                kept_rows=fast is array,  # zarrs reads an orthogonal selection through Zarr
+            )  # fmt: skip
+            return out, _report(array, pieces, ledger, ())
+        except Exception:  # the other reads were cancelled; read again run by run,
+            pass  # so that the error names the chunk that fails
+    _raise_failed_read(array, name, pieces, ledger)  # retries spent: do not read it again
+    skipped: list[tuple[ChunkPiece, int, CorruptChunkError]] = []
+    for run, at in zip(runs, _starts(runs), strict=True):
+        try:
+            span = (slice(run[0].start, run[-1].stop),)
+            place(run, _owned(np.asarray(read_array(array, span, scope))), at)
+            continue
+        except Exception:
+            pass  # chunk by chunk, so that the error names the chunk that fails
+        for piece, where in zip(run, _starts([[p] for p in run]), strict=True):
+            try:
+                rows = read_rows(array, name, piece, ledger, scope)
+            except CorruptChunkError as exc:
+                if policy.on_error != "skip":
+                    raise
+                skipped.append((piece, at + where, exc))
+                continue
+            if plan_order:
+                put_rows(out, piece.dest, rows)
+            else:
+                out[at + where : at + where + len(rows)] = rows
+    if skipped:
+        drop = np.concatenate(
+            [
+                np.arange(size)[p.dest] if plan_order else np.arange(w, w + _taken(p))
+                for p, w, _ in skipped
+            ]
+        )
+        out = np.delete(out, drop, axis=0)
+    return out, _report(array, pieces, ledger, [p for p, _, _ in skipped])
+
+
+def release_free_memory() -> None:
+    """Return the C heap's free memory to the system (glibc ``malloc_trim``).
+
+    Zarr decodes chunks on several threads; glibc gives each its own arena
+    and keeps freed blocks there, so after a window's chunks are freed the
+    process may hold several chunks' worth per thread.  A no-op elsewhere.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` in memory of its own (an anonymous ``mmap``).
+
+    Its pages return to the system when the array is freed: the C heap
+    neither keeps them nor raises its threshold for mapping large blocks
+    (which would leave later chunk-sized blocks in per-thread arenas).
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < 2**20 or dtype.hasobject:
+        return np.empty(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+
+
+def _raise_failed_read(array: Any, name: str, pieces: Sequence[ChunkPiece], ledger: Ledger) -> None:
+    """Raise the error of a key whose read failed for good, naming its chunk.
+
+    First :class:`StoreGoneError` if the array turned out to be gone: its
+    chunks are not read again one by one.
+    """
+    ledger.check_gone()
+    for key, exc in ledger.failed.items():
+        for piece in pieces:
+            if key in storage_keys(array, piece.start, piece.stop):
+                what = f"axis-0 chunk {piece.chunk}"
+                raise chunk_error(array, name, what, piece, ledger, exc) from exc
+        raise ChunkReadError(
+            f"could not read {key!r} of array {name} after {ledger.retries} retries: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _report(
+    array: Any, pieces: Sequence[ChunkPiece], ledger: Ledger, skipped: Sequence[ChunkPiece]
+) -> ReadReport:
+    """What the policy saw while reading ``pieces`` (cheap when nothing happened)."""
+    missing_keys = tuple(dict.fromkeys(ledger.missing))
+    missing_chunks: tuple[int, ...] = ()
+    if missing_keys:
+        absent = set(missing_keys)
+        missing_chunks = tuple(
+            piece.chunk
+            for piece in pieces
+            if absent.intersection(storage_keys(array, piece.start, piece.stop))
+        )
+    return ReadReport(
+        missing_keys=missing_keys,
+        missing_chunks=missing_chunks,
+        retries=ledger.retries,
+        skipped=tuple((p.chunk, p.start, p.stop) for p in skipped),
+    )
+
+
+def _starts(runs: Sequence[Sequence[ChunkPiece]]) -> list[int]:
+    """Where each run's rows start in the window's output."""
+    return np.cumsum([0] + [sum(_taken(p) for p in run) for run in runs[:-1]]).tolist()
+
+
+def _taken(piece: ChunkPiece) -> int:
+    take = piece.take
+    return len(range(piece.rows)[take]) if isinstance(take, slice) else len(take)
+
+
+def _read_runs_concurrently(
+    inner: Any,
+    runs: Sequence[Sequence[ChunkPiece]],
+    starts: Sequence[int],
+    place: Any,
+    limit_rows: int,
+    streaming: bool,
+    scope: CancelScope | None = None,
+    kept_rows: bool = False,
+) -> None:
+    """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
+
+    When one run fails, the others are cancelled (a task group) before the
+    error propagates.  Zarr does not cancel the other chunks of a failed
+    multi-chunk slice, so callers pass runs of one chunk each: then no read
+    of the window is left running.
+    ``streaming``: place each run's rows as it arrives (on the event loop) to
+    free its decoded chunks at once; else place them all afterwards on this
+    thread, which measured faster when every row is kept (a full copy per run
+    would otherwise hold up the loop).  When streaming, with ``kept_rows``
+    a one-chunk run that keeps some rows asks Zarr for
+    those rows only (``take``, an orthogonal selection), so Zarr allocates no
+    copy of the whole chunk (not with zarrs, which would hand such a
+    selection back to Zarr's own pipeline).
+    """
+
+    arrived: list[tuple[Sequence[ChunkPiece], np.ndarray, int]] = []
+
+    async def read_all() -> None:
+        ready = asyncio.Condition()
+        in_flight = 0
+
+        async def one(run: Sequence[ChunkPiece], at: int) -> None:
+            nonlocal in_flight
+            rows = run[-1].stop - run[0].start
+            async with ready:
+                await ready.wait_for(lambda: in_flight == 0 or in_flight + rows <= limit_rows)
+                in_flight += rows
+            try:
+                if kept_rows and streaming and len(run) == 1 and not isinstance(run[0].take, slice):
+                    kept = (run[0].start + run[0].take,)
+                    place(run, np.asarray(await inner.get_orthogonal_selection(kept)), at, True)
+                    return
+                slab = await inner.getitem((slice(run[0].start, run[-1].stop),))
+                if streaming:
+                    place(run, np.asarray(slab), at)
+                    del slab
+                else:
+                    arrived.append((run, np.asarray(slab), at))
+            finally:
+                async with ready:
+                    in_flight -= rows
+                    ready.notify_all()
+
+        async with asyncio.TaskGroup() as group:  # a failure cancels the siblings
+            for run, at in zip(runs, starts, strict=True):
+                group.create_task(one(run, at))
+
+    _run(read_all(), scope)
+    for run, slab, at in arrived:
+        place(run, slab, at)
+
+
+def _run(coro: Any, scope: CancelScope | None) -> Any:
+    """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
+    from zarr.core.sync import sync
+
+    return sync(coro) if scope is None else scope.run(coro)
+
+
+def _runs(pieces: Sequence[ChunkPiece], max_rows: int) -> list[list[ChunkPiece]]:
+    """Pieces grouped into runs of consecutive chunks of at most ``max_rows``."""
+    ordered = sorted(pieces, key=lambda piece: piece.chunk)
+    runs: list[list[ChunkPiece]] = []
+    rows = 0
+    for piece in ordered:
+        if runs and runs[-1][-1].chunk + 1 == piece.chunk and rows + piece.rows <= max_rows:
+            runs[-1].append(piece)
+            rows += piece.rows
+        else:
+            runs.append([piece])
+            rows = piece.rows
+    return runs
+
+
+def _is_whole(run: Sequence[ChunkPiece], size: int) -> bool:
+    """Whether ``run`` is the whole window: every row of its chunks.
+
+    The output is in ascending sample order whatever the plan order (``dest``,
+    applied when batches are cut), so such a window is the slice as read: a
+    buffered window of one chunk (the fast-start ramp's first) too.
+    """
+    if run[-1].stop - run[0].start != size:
+        return False
+    return all(_keeps_all(piece) for piece in run)
+
+
+def _in_plan_order(run: Sequence[ChunkPiece]) -> bool:
+    """Whether a whole run, as read, is also in the window's plan order (sequential)."""
+    lo = run[0].start
+    return all(
+        isinstance(p.dest, slice) and p.dest == slice(p.start - lo, p.stop - lo) for p in run
+    )
+
+
+def _keeps_all(piece: ChunkPiece) -> bool:
+    """Whether the window keeps every row of the chunk, in chunk order."""
+    return isinstance(piece.take, slice) and piece.take == slice(0, piece.rows)
