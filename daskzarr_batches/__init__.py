@@ -40,12 +40,10 @@ from .plan.epoch import EpochPlan
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
 from .store.open import open_array
-from .streams.core import (
-    BatchStream,
-    ChunkStream,
-    SkippedChunk,
-    Stream,
-    StreamStats,
+from .streams.base import SkippedChunk, Stream, StreamStats
+from .streams.batch import BatchStream
+from .streams.chunk import ChunkStream
+from .streams.constructors import (
     batch_stream,
     chunk_stream,
     count_batches,

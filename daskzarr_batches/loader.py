@@ -40,7 +40,8 @@ from .plan.batching import (
 )
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .store.sources import is_xarray
-from .streams.core import BatchStream, StreamStats
+from .streams.base import StreamStats
+from .streams.batch import BatchStream
 from .streams.spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_WINDOW_BYTES,

@@ -35,7 +35,7 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
-from .streams.core import ChunkStream, build_chunk_stream
+from .streams.chunk import ChunkStream, build_chunk_stream
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
 

@@ -178,7 +178,7 @@ def test_a_failed_read_cancels_the_other_reads_of_its_window() -> None:
 
 
 def test_unaligned_results_are_copied_to_aligned_memory() -> None:
-    from daskzarr_batches.streams.core import _aligned
+    from daskzarr_batches.streams.base import _aligned
 
     raw = np.frombuffer(bytearray(4 * 12 + 1), dtype="f4", offset=1, count=12).reshape(6, 2)
     assert not raw.flags.aligned  # as a worker's result can arrive

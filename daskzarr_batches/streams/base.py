@@ -1,0 +1,339 @@
+"""The stream base: one pass, ``len()``, ``close()``, ``with``, a lock around ``next()``, stats.
+
+A stream stops at its first error and names it on every later ``next()``;
+everything its generator holds is released on exhaustion, ``close()``, errors
+and garbage collection."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Self, TypeVar
+
+import numpy as np
+
+from ..errors import (
+    ChunkReadError,
+    MissingChunksWarning,
+    StreamFailedError,
+    WindowError,
+    WindowTimeoutError,
+    warn_caller,
+)
+from ..execute.runners import Runner
+from ..plan.summary import read_amplification
+from ..store.policy import (
+    ReadReport,
+)
+from ..store.sources import Source
+
+__all__ = ["SkippedChunk", "Stream", "StreamStats", "T"]
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SkippedChunk:
+    """A chunk whose samples left the epoch because it does not decode.
+
+    Attributes
+    ----------
+    array : str
+        The array's name.
+    chunk : int or tuple of int
+        The axis-0 chunk (batch streams) or block index (chunk streams).
+    samples : range
+        The samples the chunk holds.
+    """
+
+    array: str
+    chunk: int | tuple[int, ...]
+    samples: range
+
+
+@dataclass
+class StreamStats:
+    """Counters of one stream, updated as items are consumed.
+
+    Attributes
+    ----------
+    chunks_read : int
+        Stored chunks decoded (for batch streams: axis-0 chunks, each covering
+        every stored chunk along the other axes; per paired array).
+    bytes_read : int
+        Decoded bytes of those chunks.
+    bytes_yielded : int
+        Bytes of the arrays handed to the consumer.
+    items_yielded : int
+        Batches (or chunks) handed to the consumer.
+    samples_yielded : int
+        Samples (rows of axis 0) handed to the consumer.
+    windows_read : int
+        Dask graphs whose results were consumed.
+    wait_seconds : float
+        Time the consumer spent blocked in ``next()`` waiting for data.
+    chunks_missing : int
+        Chunks (batch streams: axis-0 chunks per array) with stored objects
+        absent from the store, read as the fill value; each counted once per
+        stream, however many windows read it; not in ``chunks_read``.
+    retries : int
+        Reads retried after a transient fault.
+    skipped : list of SkippedChunk
+        Chunks left out because they do not decode (``on_error="skip"``).
+    samples_filled : int
+        Samples yielded in place of skipped ones so that a rank keeps its
+        steps: a :class:`Loader` with ``world_size > 1`` fills the shortfall
+        of skipped chunks from the start of the rank's own share, as
+        ``even_batches`` pads.
+    time_to_first_batch : float or None
+        Seconds from the stream's creation to the first batch (chunk streams:
+        the first chunk) handed out; ``None`` before it.  The start-up cost:
+        sequential and buffered streams read a one-unit window first, so it is
+        about one chunk read (``docs/architecture.md``, *Fast start*).
+    """
+
+    chunks_read: int = 0
+    bytes_read: int = 0
+    bytes_yielded: int = 0
+    items_yielded: int = 0
+    samples_yielded: int = 0
+    windows_read: int = 0
+    wait_seconds: float = 0.0
+    chunks_missing: int = 0
+    retries: int = 0
+    skipped: list[SkippedChunk] = field(default_factory=list)
+    samples_filled: int = 0
+    time_to_first_batch: float | None = None
+
+    @property
+    def read_amplification(self) -> float:
+        """``bytes_read / bytes_yielded`` (1.0 means every byte read once).
+
+        0.0 when nothing was read or yielded, ``inf`` when bytes were read
+        but nothing yielded: the rule ``PlanSummary`` follows too.
+        """
+        return read_amplification(self.bytes_read, self.bytes_yielded)
+
+
+class Stream(Generic[T]):
+    """An iterator with ``len()``, ``close()``, context-manager use and stats.
+
+    One pass: once exhausted (or closed) it stays exhausted, as Python's
+    iterators do.  Once ``next()`` has raised an error (a chunk that cannot
+    be read, a timeout, an interrupt), every later ``next()`` raises
+    :class:`StreamFailedError` naming it: an epoch cut short never looks
+    finished.  ``next()`` may be called from several threads: calls are
+    serialised, and each item goes to exactly one caller.
+
+    Subclasses provide ``_produce()``, a generator of items; everything it
+    holds (futures, threads) is released in its ``finally`` block, which runs
+    on exhaustion, ``close()``, errors, and when the stream is dropped
+    (``break`` out of a ``for`` loop over it, or garbage collection).  The
+    generator sees the stream through a weak proxy, so the stream and its
+    generator form no reference cycle: a stream dropped after ``break`` is
+    finalised at once by reference counting, and its work in flight is
+    released right away.
+    """
+
+    def __init__(
+        self, length: int, runner: Runner, timeout: float | None, missing: str = "warn"
+    ) -> None:
+        self._created = time.perf_counter()
+        self.stats = StreamStats()
+        self._length = length
+        self._runner = runner
+        self._timeout = timeout
+        self._token = uuid.uuid4().hex[:12]
+        self._items: Iterator[T] | None = None
+        self._closed = False
+        self._failure: BaseException | None = None  # the error that stopped the stream
+        self._lock = threading.Lock()
+        self._missing = missing
+        self._missing_seen: set[tuple[str, object]] = set()  # (array, chunk), each counted once
+        self._warned = False
+
+    def _produce(self) -> Iterator[T]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> T:
+        with self._lock:
+            if self._failure is not None:
+                raise self._failed()
+            if self._closed:
+                raise StopIteration
+            if self._items is None:
+                proxy: Any = weakref.proxy(self)
+                self._items = type(self)._produce(proxy)
+            try:
+                return next(self._items)
+            except BaseException as exc:  # StopIteration included: exhausted
+                closed_elsewhere = self._closed  # close() from another thread stopped it
+                if not closed_elsewhere and not isinstance(exc, StopIteration):
+                    self._failure = exc  # every later next() names it
+                self._close(force=True)
+                if closed_elsewhere:
+                    raise StopIteration from None
+                raise
+
+    def _failed(self) -> StreamFailedError:
+        """The error a ``next()`` after the stream's first error raises."""
+        first = self._failure
+        assert first is not None
+        error = StreamFailedError(
+            f"this stream stopped at an earlier error and yields nothing more "
+            f"({self.stats.items_yielded} of {len(self)} items were yielded): "
+            f"{type(first).__name__}: {first}; make a new stream (a Loader resumes from "
+            "its state_dict()) to go on"
+        )
+        error.__cause__ = first
+        return error
+
+    def close(self) -> None:
+        """Stop the stream: cancel work in flight and release its results.
+
+        From another thread while ``next()`` runs, the stream stops handing
+        out items once that call returns.
+        """
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close()
+            finally:
+                self._lock.release()
+        else:  # next() is running on another thread: stop its work, it returns
+            self._closed = True
+            self._runner.close()
+
+    def _close(self, force: bool = False) -> None:
+        if self._items is None and self._closed and not force:
+            return
+        self._closed = True
+        items, self._items = self._items, None
+        try:
+            if items is not None:
+                # A stream collected in a reference cycle (a suspended Loader at interpreter
+                # exit) has its weak references cleared before this runs: the generator's
+                # cleanup then finds its proxy of the stream dead and stops there.
+                with contextlib.suppress(ReferenceError):
+                    items.close()  # type: ignore[attr-defined]
+        finally:
+            self._runner.close()  # releases anything the generator could not
+
+    def _note(self, name: str, report: ReadReport, chunks: Sequence[object] | None = None) -> None:
+        """Count what the read policy saw in one task; warn at the first missing chunk.
+
+        ``chunks``: the chunks the report's missing keys stand for (default:
+        its axis-0 chunks); each (array, chunk) is counted once per stream,
+        however many windows read it (an exact shuffle reads a chunk in
+        several).
+        """
+        self.stats.retries += report.retries
+        if not report.missing_keys:
+            return
+        found = report.missing_chunks if chunks is None else chunks
+        new = {(name, chunk) for chunk in found} - self._missing_seen
+        self._missing_seen |= new
+        self.stats.chunks_missing += len(new)
+        self._warn_missing(name, report.missing_keys[0])
+
+    def _warn_missing(self, name: str, key: str) -> None:
+        """One warning per stream, at its first missing chunk (``missing="warn"``).
+
+        Attributed to the caller's line (the first frame outside the package),
+        from the ``next()`` that hands out the first item holding the chunk.
+        """
+        if self._warned or self._missing != "warn":
+            return
+        self._warned = True
+        count = self.stats.chunks_missing
+        warn_caller(
+            MissingChunksWarning(
+                f"{count} chunk(s) of array {name} were missing from the store and read as the "
+                f"fill value (first: {key!r}; stream.stats.chunks_missing counts them all); "
+                "pass missing='fill' if the array leaves empty chunks unwritten on purpose, "
+                "or missing='error' to raise",
+                array=name,
+                key=key,
+                count=count,
+            )
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<{type(self).__name__} {self._describe_self()}, {state}>"
+
+    def _describe_self(self) -> str:
+        raise NotImplementedError
+
+    def _place(self, sources: Sequence[Source]) -> list[Source]:
+        """Sources as the runner wants them in graphs (sent to a cluster once)."""
+        try:
+            return self._runner.place(sources, self._timeout)
+        except Exception as exc:
+            names = ", ".join(source.name for source in sources)
+            error = WindowTimeoutError if isinstance(exc, TimeoutError) else WindowError
+            raise error(
+                f"could not send {names} to the cluster's workers: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _submit(
+        self, dsk: dict[Any, Any], key: Any, priority: int, what: Callable[..., str]
+    ) -> Any:
+        """Hand a graph to the runner; a refusal (e.g. a closed client) names the work."""
+        try:
+            return self._runner.submit(dsk, key, priority)
+        except Exception as exc:
+            raise WindowError(
+                f"{what()} could not be submitted: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _wait(self, future: Any, what: Callable[..., str]) -> Any:
+        """Block for ``future``'s result, turning failures into our errors."""
+        started = time.perf_counter()
+        try:
+            return future.result(timeout=self._timeout)
+        except ChunkReadError:
+            raise
+        except TimeoutError as exc:
+            if future.done():  # the task itself raised a TimeoutError
+                raise WindowError(f"{what()} failed: {exc!r}") from exc
+            raise WindowTimeoutError(
+                f"{what()} was not ready after timeout={self._timeout} s"
+            ) from exc
+        except Exception as exc:
+            raise WindowError(f"{what()} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.stats.wait_seconds += time.perf_counter() - started
+
+
+def _aligned(value: Any) -> Any:
+    """``value``, copied if it is an array whose data is not aligned for its dtype.
+
+    A result received from a distributed worker sits wherever the message put
+    it; on an unaligned address ``np.take`` is many times slower (see
+    docs/benchmarks.md), so one copy of the window pays for itself.
+    """
+    if isinstance(value, np.ndarray) and not value.flags.aligned:
+        return np.require(value, requirements=["A"])
+    return value

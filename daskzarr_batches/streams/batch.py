@@ -1,0 +1,444 @@
+"""Batch streams: an epoch plan read window by window and cut into batches.
+
+A :class:`BatchStream` keeps a bounded number of window graphs in flight on a
+runner, consumes them in plan order, leaves out undecodable samples, fills a
+rank's shortfall, and cuts owned batches (``plan.batching.Batcher``)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    ArgumentValueError,
+    ChunkReadError,
+    SkippedChunksWarning,
+    warn_caller,
+)
+from ..execute.runners import make_runner
+from ..plan.batching import Batcher, Ranges, positions_between
+from ..plan.batching import count_batches as _count
+from ..plan.epoch import EpochPlan
+from ..plan.summary import PlanSummary
+from ..plan.windows import Window
+from ..read.graphs import (
+    count_tasks,
+    read_threads,
+    window_graph,
+)
+from ..read.window import release_free_memory
+from ..store.policy import (
+    ReadReport,
+)
+from ..store.sources import Source
+from .base import SkippedChunk, Stream, StreamStats, _aligned
+from .spec import (
+    StreamSpec,
+)
+
+__all__ = ["RAMP_WINDOWS", "BatchStream"]
+
+
+def _summary(spec: StreamSpec) -> PlanSummary:
+    """The plan of ``spec`` in numbers (shared by ``plan_epoch`` and ``summary()``)."""
+    return spec.plan().summary(task_count=lambda window: count_tasks(spec.sources, window))
+
+
+class BatchStream(Stream[Any]):
+    """Batches along axis 0, computed window by window from an epoch plan.
+
+    Yields one ``numpy.ndarray`` per batch, or a tuple of them (one per
+    array) for paired streams.  Created by :func:`batch_stream` and friends
+    from a :class:`StreamSpec`.
+
+    Attributes
+    ----------
+    spec : StreamSpec
+        The validated settings of the epoch.
+    plan : EpochPlan
+        The epoch's plan (pure, inspectable without reading data).
+    seed : int or None
+        The entropy behind the shuffle; pass it as ``seed=`` to repeat an
+        epoch drawn with ``seed=None``.
+    positions : list of (int, int)
+        The epoch positions the stream walks, in order (the whole epoch, a
+        rank's share, a worker's part).
+    position : int
+        Where the stream is in ``positions``: the offset after the last
+        sample it has yielded (skipped samples before it included), from
+        which a stream started with ``start=position`` yields exactly the
+        batches this one has still to yield.
+    stats : StreamStats
+
+    Notes
+    -----
+    ``positions``, ``start``, ``quota`` and ``fill`` are how a
+    :class:`Loader` runs a rank's share and resumes it: the stream walks the
+    offsets ``start, start + 1, ...`` of ``positions``; it stops after
+    ``quota`` samples (all of them: ``None``); with ``fill=True`` it goes on
+    past the end of ``positions``, wrapping around to their start, until it
+    has yielded ``quota`` samples, so that samples skipped as undecodable
+    (``on_error="skip"``) do not cost a rank a step.
+    """
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        positions: Ranges | None = None,
+        drop_remainder: bool | None = None,
+        start: int = 0,
+        quota: int | None = None,
+        fill: bool = False,
+    ) -> None:
+        created = time.perf_counter()
+        self.spec = spec
+        self.plan = spec.plan()
+        assert spec.prefetch is not None  # resolved by the spec
+        #: epoch positions this stream yields, in order (a rank's share, the rest of an epoch)
+        self.positions: Ranges = (
+            [(0, self.plan.n_used)] if positions is None else [r for r in positions if r[1] > r[0]]
+        )
+        self._total = sum(b - a for a, b in self.positions)
+        if start < 0 or (start > self._total and not fill):
+            raise ArgumentValueError(
+                f"start={start} is outside the stream's {self._total} positions"
+            )
+        if fill and quota is None:
+            raise ArgumentValueError("fill=True needs a quota of samples to fill up to")
+        self._start = start
+        self._fill = fill and self._total > 0
+        self._drop = spec.drop_remainder if drop_remainder is None else drop_remainder
+        self._quota = quota
+        runner = make_runner(
+            spec.client,
+            in_flight=spec.prefetch + 1 + RAMP_WINDOWS,
+            read_workers=read_threads(spec.sources),
+            requests=spec.io_concurrency,
+        )
+        planned = max(self._total - start, 0) if quota is None else quota
+        length = _count(planned, spec.batch_size, self._drop)
+        super().__init__(length, runner, spec.timeout, spec.missing)
+        self._created = created
+        # offsets (from ``start``) of the samples left out as undecodable, ascending
+        self._skipped: list[np.ndarray] = []
+
+    @property
+    def seed(self) -> int | None:
+        """The entropy behind the shuffle (``None`` for a sequential stream)."""
+        return self.spec.seed
+
+    @property
+    def position(self) -> int:
+        """Offset in ``positions`` after the last sample yielded (skipped ones included)."""
+        yielded = self.stats.samples_yielded
+        if yielded == 0:
+            return self._start
+        if not self._skipped:
+            return self._start + yielded
+        skipped = np.concatenate(self._skipped)
+        # the k-th kept offset is k plus the number of skipped offsets below it
+        below = int(np.searchsorted(skipped - np.arange(len(skipped)), yielded - 1, "right"))
+        return self._start + yielded + below
+
+    def _produce(self) -> Iterator[Any]:
+        spec = self.spec
+        assert spec.prefetch is not None
+        windows = _WindowSource(self.plan, self.positions, self._start, self._fill)
+        in_flight: deque[tuple[Window, int, Any]] = deque()
+        batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
+        sources: list[Source] = []
+        deliver = _Delivery(self.stats, spec.paired, self._created)
+        policy = spec.policy
+        plan_order = self._runner.plan_order  # results arrive in plan order: cut by slicing
+        quota = self._quota
+        fed = 0  # samples handed to the batcher
+        skipped = 0  # samples left out as undecodable, in windows read so far
+        filled_read = filled_kept = 0  # samples read, and kept, past the positions' end
+
+        # Windows in flight are counted by their share of a full window's samples, so
+        # the fast-start ramp's small windows (together one window) are read together:
+        # on a store with high latency each would otherwise cost a round trip.
+        full = max(spec.window_rows, 1)
+        pending: list[tuple[Window, int]] = []
+        held = 0.0
+
+        def weight(window: Window) -> float:
+            return min(1.0, window.size / full)
+
+        def top_up(limit: int, most: int | None = None) -> None:
+            nonlocal held
+            while most is None or len(in_flight) < most:
+                if not pending:
+                    # past the positions' end: only what the skipped samples left short
+                    short = 0 if quota is None else quota - (windows.planned - skipped)
+                    upcoming = windows.next(short)
+                    if upcoming is None:
+                        return
+                    pending.append(upcoming)
+                window, offset = pending[0]
+                if in_flight and held + weight(window) > limit + 1e-9:
+                    return
+                pending.pop()
+                held += weight(window)
+                dsk, key = window_graph(
+                    sources,
+                    window,
+                    f"{self._token}-{offset}",  # unique: a wrapped share meets a window again
+                    policy,
+                    self._runner.scope,
+                    plan_order,
+                    spec.decode_bytes,
+                )
+                future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
+                in_flight.append((window, offset, future))
+
+        try:
+            sources = self._place(spec.sources)
+            # Fast start: the first window is read alone (no read competes with it) and
+            # its first batch is handed out before the next windows are planned and sent.
+            first = True
+            top_up(1, most=1)
+            while True:
+                if not first:
+                    top_up(spec.prefetch + 1)
+                if not in_flight:
+                    break
+                window, offset, future = in_flight[0]  # stays in flight (released) if this fails
+                results = self._wait(future, lambda w=window: self._where(w))
+                in_flight.popleft()
+                held -= weight(window)
+                self._runner.release(future)  # a distributed result leaves the worker now
+                del future
+                order = None if plan_order else window.gather_index()
+                # slices copy fast from any address; np.take needs aligned rows
+                outputs = tuple(rows if order is None else _aligned(rows) for rows, _ in results)
+                reports = [report for _, report in results]
+                del results
+                self._count_reads(window, reports)
+                size = window.size
+                if any(report.skipped for report in reports):
+                    outputs, order, gone = self._skip(window, outputs, order, reports)
+                    self._skipped.append(offset + gone)
+                    skipped += len(gone)
+                    size -= len(gone)
+                if quota is not None and fed + size > quota:  # the quota's last window
+                    size = quota - fed
+                    outputs, order = _first_rows(outputs, order, size)
+                fed += size
+                if offset >= self._total - self._start:  # a window past the end: filling
+                    self.stats.samples_filled += size
+                    filled_read += window.size
+                    filled_kept += size
+                    if filled_read >= self._total and not filled_kept:
+                        raise ChunkReadError(
+                            f"cannot fill the {(quota or 0) - fed} samples still due to keep this "
+                            f"stream's {len(self)} steps: every sample of its positions was "
+                            "skipped as undecodable (on_error='skip')"
+                        )
+                if not first:
+                    top_up(spec.prefetch)
+                for batch in batcher.feed(outputs, order):
+                    yield deliver(batch)
+                    if first:
+                        top_up(spec.prefetch)
+                        first = False
+                if first:  # the window completed no batch
+                    top_up(spec.prefetch)
+                    first = False
+                del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
+                if spec.decode_bytes is not None:
+                    release_free_memory()  # the window's memory, not kept by the C heap
+                if quota is not None and fed >= quota:
+                    break
+            rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
+            if rest is not None:
+                yield deliver(rest)
+        finally:
+            for _, _, future in in_flight:
+                self._runner.release(future)
+            in_flight.clear()
+
+    def summary(self) -> PlanSummary:
+        """The epoch's plan in numbers, per window and in total; reads nothing.
+
+        Returns
+        -------
+        PlanSummary
+            Chunks read, decoded bytes, bytes held, samples, batches and dask
+            tasks per window; read amplification, peak window bytes and task
+            count for the epoch.  About ``prefetch + 1`` windows are held at
+            once.  The same as :func:`plan_epoch` with this stream's arguments.
+        """
+        return _summary(self.spec)
+
+    def _describe_self(self) -> str:
+        names = ", ".join(source.name for source in self.spec.sources)
+        return (
+            f"{names}: batch_size={self.spec.batch_size}, shuffle={self.spec.shuffle!r}, "
+            f"batch {self.stats.items_yielded}/{len(self)}"
+        )
+
+    def _where(self, window: Window) -> str:
+        batches = window.batch_range(self.spec.batch_size)
+        chunks = [[piece.chunk for piece in pieces] for pieces in window.pieces]
+        names = ", ".join(source.name for source in self.spec.sources)
+        return (
+            f"window {window.index} (batches {batches.start}..{batches.stop - 1}, "
+            f"axis-0 chunks {chunks if self.spec.paired else chunks[0]} of {names})"
+        )
+
+    def _count_reads(self, window: Window, reports: Sequence[ReadReport]) -> None:
+        stats = self.stats
+        stats.windows_read += 1
+        for source, pieces, report in zip(self.spec.sources, window.pieces, reports, strict=True):
+            self._note(source.name, report)
+            gone = set(report.missing_chunks) | {chunk for chunk, _, _ in report.skipped}
+            read = [piece for piece in pieces if piece.chunk not in gone]
+            stats.chunks_read += len(read)
+            stats.bytes_read += sum(piece.rows for piece in read) * source.row_bytes
+
+    def _skip(
+        self,
+        window: Window,
+        outputs: tuple[np.ndarray, ...],
+        order: np.ndarray | None,
+        reports: Sequence[ReadReport],
+    ) -> tuple[tuple[np.ndarray, ...], np.ndarray | None, np.ndarray]:
+        """Leave out the samples of undecodable chunks, from every array.
+
+        Each output holds the window's samples in ascending order (``order``
+        maps plan positions to them), or in plan order (``order`` is
+        ``None``), less its own skipped chunks; the samples skipped by any
+        array are removed from all, so pairs stay aligned, and the plan order
+        is renumbered.  Also returns the plan positions (within the window)
+        of the samples left out, ascending.
+        """
+        if order is None:  # outputs in plan order (also sequential windows: ascending)
+            ascending = np.asarray(window.samples)
+        else:
+            ascending = np.concatenate(
+                [p.start + np.arange(p.rows)[p.take] for p in window.pieces[0]]
+            )
+        dropped_by = [
+            np.concatenate(
+                [np.arange(lo, hi) for _, lo, hi in report.skipped] or [np.empty(0, np.int64)]
+            )
+            for report in reports
+        ]
+        keep = ~np.isin(ascending, np.concatenate(dropped_by))
+        kept = []
+        for rows, dropped in zip(outputs, dropped_by, strict=True):
+            kept.append(rows[keep[~np.isin(ascending, dropped)]])
+        renumbered = None
+        kept_in_plan = keep
+        if order is not None:
+            kept_in_plan = keep[order]
+            positions = order[kept_in_plan]
+            renumbered = (np.cumsum(keep) - 1)[positions].astype(np.int64)
+        gone = np.flatnonzero(~kept_in_plan)
+        names = []
+        for source, report in zip(self.spec.sources, reports, strict=True):
+            for chunk, lo, hi in report.skipped:
+                skipped = SkippedChunk(source.name, chunk, range(lo, hi))
+                if skipped not in self.stats.skipped:  # an exact shuffle reads it again
+                    self.stats.skipped.append(skipped)
+                    names.append(f"axis-0 chunk {chunk} (samples {lo}:{hi}) of {source.name}")
+        if names:
+            warn_caller(
+                SkippedChunksWarning(
+                    f"skipped {len(names)} chunk(s) that do not decode, and their samples in "
+                    f"every array (on_error='skip'): {'; '.join(names)}"
+                )
+            )
+        return tuple(kept), renumbered, gone
+
+
+def _windows_of(plan: EpochPlan, positions: Ranges, index: int = 0) -> Iterator[Window]:
+    """The windows delivering ``positions`` (epoch positions, in order), numbered on."""
+    for first, end in positions:
+        for window in plan.windows_between(first, end, index):
+            yield window
+            index = window.index + 1
+
+
+class _WindowSource:
+    """The windows a batch stream reads, each with its offset from the stream's start.
+
+    First the windows of offsets ``start:total`` of ``positions``; then, with
+    ``fill``, windows past the end (wrapping around to the positions' start),
+    each asked for as many samples as are still short (:meth:`next`).  Holds
+    the plan and positions, never the stream: a stream dropped with windows
+    left is still finalised by reference counting.
+    """
+
+    def __init__(self, plan: EpochPlan, positions: Ranges, start: int, fill: bool) -> None:
+        self.plan = plan
+        self.positions = positions
+        self.fill = fill
+        self.start = start
+        total = sum(stop - first for first, stop in positions)
+        self.planned = 0  # offsets (from start) covered by the windows handed out
+        self.index = 0
+        self._windows: Iterator[Window] = iter(())
+        if start < total:
+            self._windows = _windows_of(plan, positions_between(positions, start, total))
+
+    def next(self, short: int) -> tuple[Window, int] | None:
+        """The next window and its offset; past the end, one of ``short`` samples at most."""
+        window = next(self._windows, None)
+        if window is None and self.fill and short > 0:
+            at = self.start + self.planned  # wraps: positions_between counts modulo the total
+            self._windows = _windows_of(
+                self.plan, positions_between(self.positions, at, at + short), self.index
+            )
+            window = next(self._windows, None)
+        if window is None:
+            return None
+        offset = self.planned
+        self.planned += window.size
+        self.index = window.index + 1
+        return window, offset
+
+
+def _first_rows(
+    outputs: tuple[np.ndarray, ...], order: np.ndarray | None, size: int
+) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
+    """The first ``size`` samples (in plan order) of a window's outputs."""
+    if order is None:
+        return tuple(rows[:size] for rows in outputs), None
+    return outputs, order[:size]
+
+
+#: Windows beyond ``prefetch + 1`` a stream may have in flight: the fast-start ramp's
+#: small windows, which together count as one (``ramp_split``: about log2 of a window's
+#: chunks).
+RAMP_WINDOWS = 8
+
+
+class _Delivery:
+    """Counts a batch in ``stats`` and hands it out (the per-batch hot path)."""
+
+    __slots__ = ("created", "paired", "stats")
+
+    def __init__(self, stats: StreamStats, paired: bool, created: float) -> None:
+        self.stats = stats
+        self.paired = paired
+        self.created = created
+
+    def __call__(self, batch: tuple[np.ndarray, ...]) -> Any:
+        stats = self.stats
+        first = batch[0]
+        if stats.time_to_first_batch is None:
+            stats.time_to_first_batch = time.perf_counter() - self.created
+        stats.items_yielded += 1
+        stats.samples_yielded += len(first)
+        if self.paired:
+            stats.bytes_yielded += sum(part.nbytes for part in batch)
+            return batch
+        stats.bytes_yielded += first.nbytes
+        return first

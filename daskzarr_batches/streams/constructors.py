@@ -1,0 +1,484 @@
+"""Streams: the public constructors and the iterators they return.
+
+A constructor validates its arguments into a :class:`StreamSpec` (``_spec``)
+and hands it to a stream.  A :class:`BatchStream` plans the epoch from the
+spec (``_plan``), turns each window into a dask graph (``_read``), keeps a
+bounded number of graphs in flight on a runner (``_runners``), consumes the
+results in plan order and cuts them into batches (``_batching``).  A
+:class:`ChunkStream` does the same with one graph per stored block, in order
+or as reads complete.  Both count what they read and yield in
+:class:`StreamStats`, and release every future on exhaustion, ``close()``,
+``break``, an exception in the consumer, or garbage collection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..plan.batching import count_batches as _count
+from ..plan.summary import PlanSummary
+from ..store.policy import (
+    DEFAULT_RETRIES,
+    MissingMode,
+    OnError,
+    ReadPolicy,
+)
+from ..store.sources import as_source
+from .batch import BatchStream, _summary
+from .chunk import ChunkStream, build_chunk_stream
+from .spec import (
+    DEFAULT_IO_CONCURRENCY,
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_PREFETCH,
+    DEFAULT_WINDOW_BYTES,
+    StreamSpec,
+    flag,
+    positive_int,
+    shuffle_mode,
+)
+
+__all__ = [
+    "DEFAULT_IO_CONCURRENCY",
+    "DEFAULT_MEMORY_BUDGET",
+    "DEFAULT_PREFETCH",
+    "DEFAULT_WINDOW_BYTES",
+    "batch_stream",
+    "chunk_stream",
+    "count_batches",
+    "paired_batch_stream",
+    "paired_shuffled_batch_stream",
+    "plan_epoch",
+    "shuffled_batch_stream",
+]
+
+
+# --------------------------------------------------------------------------
+# Public constructors
+
+
+def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) -> int:
+    """Number of batches a batch stream over ``array`` yields.
+
+    Parameters
+    ----------
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+        Samples along axis 0.
+    batch_size : int
+        Samples per batch (>= 1).
+    drop_remainder : bool, default False
+        Whether a short last batch is dropped.
+
+    Returns
+    -------
+    int
+        ``ceil(n / batch_size)``, or ``n // batch_size`` with
+        ``drop_remainder``; 0 for an empty array.
+    """
+    size = positive_int("batch_size", batch_size)
+    drop = flag("drop_remainder", drop_remainder)
+    return _count(as_source(array).n_samples, size, drop)
+
+
+def chunk_stream(
+    array: Any,
+    *,
+    concurrency: int | None = None,
+    ordered: bool = True,
+    with_index: bool = False,
+    client: Any = None,
+    timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
+) -> ChunkStream:
+    """Stream one numpy array per stored chunk, over the whole chunk grid.
+
+    Parameters
+    ----------
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+        Any number of dimensions >= 1.  Numpy arrays are split along axis 0
+        into blocks of dask's default chunk size.
+    concurrency : int, optional
+        The former name of ``io_concurrency`` (the same meaning); prefer
+        ``io_concurrency``.  Giving both with different values is an error.
+    ordered : bool, default True
+        ``True``: C order of block index.  ``False``: as reads complete.
+    with_index : bool, default False
+        Yield ``(block_index, chunk)`` tuples instead of bare arrays.
+    client : distributed.Client, optional
+        Compute on this cluster; default: dask's active scheduler.
+    timeout : float, optional
+        Seconds to wait for one chunk before raising
+        :class:`WindowTimeoutError`.
+    missing, on_error, retries
+        The read policy, as for :func:`batch_stream`; a skipped chunk is not
+        yielded.
+    io_concurrency : int, optional
+        Reads kept in flight (at most this many; each is one store request
+        of one chunk, or of one shard of a sharded array, whose inner chunks
+        are then yielded one by one).  Locally the stream's store requests are
+        also capped at this number; decoding runs on Zarr's executor,
+        whatever the value.  Default: one read per CPU for a store known to
+        be local (``LocalStore``, ``MemoryStore``, ``ZipStore``, numpy and
+        dask arrays), where more reads measured more CPU time and no gain;
+        ``DEFAULT_IO_CONCURRENCY`` (16) for any other store (object stores,
+        fsspec, wrappers), lowered for large chunks or shards so that the
+        reads in flight hold at most 256 MiB decoded (to no fewer than the
+        CPU count); on a cluster, twice its worker threads (futures in
+        flight).
+
+    Returns
+    -------
+    ChunkStream
+        An iterator with ``len()`` (number of non-empty stored chunks),
+        ``close()``, context-manager use and ``.stats``.  Edge chunks are
+        cropped to the array; every chunk is an array the caller owns.
+    """
+    return build_chunk_stream(
+        array,
+        concurrency=concurrency,
+        io_concurrency=io_concurrency,
+        ordered=ordered,
+        with_index=with_index,
+        client=client,
+        timeout=timeout,
+        policy=ReadPolicy(missing, on_error, retries),
+    )
+
+
+def batch_stream(
+    array: Any,
+    batch_size: int,
+    *,
+    drop_remainder: bool = False,
+    prefetch: int = DEFAULT_PREFETCH,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    client: Any = None,
+    timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
+) -> BatchStream:
+    """Stream minibatches along axis 0, in order.
+
+    Batch ``k`` is rows ``[k * batch_size, (k + 1) * batch_size)`` with all
+    other axes whole; a batch may cross chunk boundaries.  Each stored chunk
+    is decoded exactly once per epoch, whatever the batch size.
+
+    Parameters
+    ----------
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+        Samples along axis 0.
+    batch_size : int
+        Samples per batch (>= 1; numpy integers accepted).
+    drop_remainder : bool, default False
+        Drop the short last batch instead of yielding it.
+    prefetch : int, default 2
+        Windows computed ahead of the one being consumed (0: compute on
+        demand).  About ``prefetch + 1`` windows are held at once.
+    window_bytes : int, default 32 MiB
+        Target decoded size of one window of work (rounded to whole chunks;
+        at least one chunk).  A window's consecutive chunks are read with one
+        Zarr call, which decodes them concurrently (how the default was chosen:
+        ``docs/benchmarks.md``).
+    client : distributed.Client, optional
+        Compute windows on this cluster.  Default: a ``distributed`` client if
+        dask's configuration points at one, else the local threaded scheduler.
+    timeout : float, optional
+        Seconds to wait for one window before raising
+        :class:`WindowTimeoutError`; ``None`` or ``float("inf")`` wait
+        forever.
+    missing : {"warn", "fill", "error"}, default "warn"
+        Chunks absent from the store are read as the fill value, as Zarr
+        does, with one :class:`MissingChunksWarning` per stream naming how
+        many and the first key (``"warn"``), silently (``"fill"``: for arrays
+        that leave empty chunks unwritten on purpose), or raise
+        :class:`MissingChunkError` (``"error"``).
+    on_error : {"raise", "skip"}, default "raise"
+        Chunks whose bytes do not decode raise :class:`CorruptChunkError`
+        from ``next()``; with ``"skip"`` their samples leave the epoch (from
+        every array of a paired stream), a :class:`SkippedChunksWarning`
+        names them and ``stats.skipped`` lists them; the stream then yields
+        fewer samples than ``len()`` promised.
+    retries : int, default 3
+        Retries of one read after a transient fault (connection errors,
+        timeouts, HTTP 5xx / 429 / throttling), with exponential backoff and
+        jitter; not-found, permission and decoding errors are never retried.
+    io_concurrency : int, optional
+        Store requests the stream's local reads keep in flight at most;
+        ``None`` (default): no limit beyond the stream's own, the windows in
+        flight (``prefetch + 1`` windows' worth of samples) read at once, each
+        requesting its chunks concurrently (measured to keep up with Zarr's
+        ``x[:]`` at 20-100 ms per request).  Decoding
+        runs on Zarr's executor whatever the value.  On a cluster, each
+        worker's reads are bounded by its threads and Zarr's
+        ``async.concurrency``.
+
+    Returns
+    -------
+    BatchStream
+        Iterator of owned ``numpy.ndarray`` batches with ``len()``,
+        ``close()``, context-manager use, ``.stats``, ``.spec`` and ``.plan``.
+        One pass: an exhausted stream stays exhausted; make a new stream
+        (with ``epoch=``) for the next epoch.
+    """
+    return BatchStream(
+        StreamSpec(
+            (array,),
+            batch_size,
+            shuffle="none",
+            drop_remainder=drop_remainder,
+            prefetch=prefetch,
+            window_bytes=window_bytes,
+            client=client,
+            timeout=timeout,
+            missing=missing,
+            on_error=on_error,
+            retries=retries,
+            io_concurrency=io_concurrency,
+        )
+    )
+
+
+def shuffled_batch_stream(
+    array: Any,
+    batch_size: int,
+    *,
+    seed: int | None = None,
+    shuffle_buffer_size: int | None = None,
+    drop_remainder: bool = False,
+    epoch: int = 0,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    prefetch: int | None = None,
+    client: Any = None,
+    timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
+) -> BatchStream:
+    """Stream minibatches of shuffled samples.
+
+    Every sample appears exactly once per epoch (before ``drop_remainder``).
+
+    Parameters
+    ----------
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+        Samples along axis 0.
+    batch_size : int
+        Samples per batch.
+    seed : int, optional
+        Makes the order repeatable: the same ``(seed, epoch)`` gives the same
+        batches across runs, processes, prefetch, concurrency and scheduler.
+        ``None`` draws fresh entropy (see the stream's ``.seed`` to repeat it).
+    shuffle_buffer_size : int, optional
+        ``None``: an exact uniform permutation of all samples; out of core
+        that reads the data about ``ceil(dataset bytes / window bytes)``
+        times, with windows sized from ``memory_budget``.
+        An int ``S``: a shuffle buffer.  The order of chunks is permuted,
+        about ``S`` samples (rounded up to whole chunks) are held at a time
+        and drawn from at random.  Each chunk is read once and memory stays
+        at about ``(prefetch + 1) * S`` samples, but samples only mix with
+        those in the same buffer: a larger buffer shuffles better.  The first
+        buffer is read as windows of 1, 1, 2, 4, ... chunks, so the first batch
+        waits for one chunk, and those first batches mix fewer chunks.
+    drop_remainder : bool, default False
+        Drop the short last batch.
+    epoch : int, default 0
+        Mixed into the seed: each epoch of a seed has its own order.
+    memory_budget : int, default 1 GiB
+        Exact shuffle only: bytes of samples the stream may hold at once.
+        The ``prefetch + 1`` windows alive at once share it, so a window
+        holds ``memory_budget / (prefetch + 1)`` bytes of samples and the
+        data is decoded about ``dataset bytes / window bytes`` times per
+        epoch (``stream.summary().read_amplification`` tells before reading;
+        ``prefetch=0``, the exact shuffle's default, gives the fewest reads).
+        Decoding adds about 1/16 of a window; the allocator may keep more
+        (``docs/benchmarks.md``).
+    prefetch : int, optional
+        Windows computed ahead of the one being consumed.  Default: 2 with a
+        shuffle buffer; 0 for the exact shuffle, whose windows would
+        otherwise split ``memory_budget`` and multiply the reads.
+    client, timeout, missing, on_error, retries, io_concurrency
+        As for :func:`batch_stream`.
+    """
+    return BatchStream(
+        StreamSpec(
+            (array,),
+            batch_size,
+            shuffle=shuffle_mode(True, shuffle_buffer_size),
+            seed=seed,
+            shuffle_buffer_size=shuffle_buffer_size,
+            drop_remainder=drop_remainder,
+            epoch=epoch,
+            memory_budget=memory_budget,
+            prefetch=prefetch,
+            client=client,
+            timeout=timeout,
+            missing=missing,
+            on_error=on_error,
+            retries=retries,
+            io_concurrency=io_concurrency,
+        )
+    )
+
+
+def paired_batch_stream(
+    features: Any,
+    labels: Any,
+    batch_size: int,
+    *,
+    drop_remainder: bool = False,
+    prefetch: int = DEFAULT_PREFETCH,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    client: Any = None,
+    timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
+) -> BatchStream:
+    """Stream ``(features_batch, labels_batch)`` pairs in order.
+
+    Row ``i`` of both arrays of a pair is the same sample, also when the two
+    arrays are chunked differently along axis 0.  Parameters are those of
+    :func:`batch_stream`; ``features`` and ``labels`` must have the same
+    length (else :class:`LengthMismatchError`).
+    """
+    return BatchStream(
+        StreamSpec(
+            (features, labels),
+            batch_size,
+            shuffle="none",
+            drop_remainder=drop_remainder,
+            prefetch=prefetch,
+            window_bytes=window_bytes,
+            client=client,
+            timeout=timeout,
+            missing=missing,
+            on_error=on_error,
+            retries=retries,
+            io_concurrency=io_concurrency,
+        )
+    )
+
+
+def paired_shuffled_batch_stream(
+    features: Any,
+    labels: Any,
+    batch_size: int,
+    *,
+    seed: int | None = None,
+    shuffle_buffer_size: int | None = None,
+    drop_remainder: bool = False,
+    epoch: int = 0,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    prefetch: int | None = None,
+    client: Any = None,
+    timeout: float | None = None,
+    missing: MissingMode = "warn",
+    on_error: OnError = "raise",
+    retries: int = DEFAULT_RETRIES,
+    io_concurrency: int | None = None,
+) -> BatchStream:
+    """Stream shuffled ``(features_batch, labels_batch)`` pairs.
+
+    Features and labels are drawn with the same sample indices, so row ``i``
+    of both is the same sample.  Parameters are those of
+    :func:`shuffled_batch_stream`.
+    """
+    return BatchStream(
+        StreamSpec(
+            (features, labels),
+            batch_size,
+            shuffle=shuffle_mode(True, shuffle_buffer_size),
+            seed=seed,
+            shuffle_buffer_size=shuffle_buffer_size,
+            drop_remainder=drop_remainder,
+            epoch=epoch,
+            memory_budget=memory_budget,
+            prefetch=prefetch,
+            client=client,
+            timeout=timeout,
+            missing=missing,
+            on_error=on_error,
+            retries=retries,
+            io_concurrency=io_concurrency,
+        )
+    )
+
+
+def plan_epoch(
+    array: Any,
+    batch_size: int,
+    *,
+    labels: Any = None,
+    shuffle: bool = False,
+    seed: int | None = None,
+    shuffle_buffer_size: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    prefetch: int | None = None,
+    drop_remainder: bool = False,
+    epoch: int = 0,
+) -> PlanSummary:
+    """What an epoch would read and yield, without reading any data.
+
+    Takes the arguments of the stream constructors and returns the plan the
+    matching stream would follow (``stream.summary()`` gives the same for a
+    stream that exists).  Use it to choose a shuffle buffer or a memory
+    budget before a long run.
+
+    Parameters
+    ----------
+    array : zarr.Array, dask.array.Array or numpy.ndarray
+        Samples along axis 0 (the features of a paired stream).
+    batch_size : int
+        Samples per batch.
+    labels : array, optional
+        Second array of a paired stream.
+    shuffle : bool, default False
+        ``False``: the plan of :func:`batch_stream` (``window_bytes``);
+        ``True``: that of :func:`shuffled_batch_stream` (``seed``,
+        ``shuffle_buffer_size``, ``memory_budget``).
+    seed, shuffle_buffer_size, memory_budget, window_bytes, prefetch, \
+drop_remainder, epoch
+        As for the stream constructors, and validated exactly as they are
+        (whatever the mode uses).  ``prefetch`` matters to the exact
+        shuffle, whose windows share ``memory_budget`` with the windows
+        prefetched.  With ``seed=None`` the shuffle order is a random draw.
+
+    Returns
+    -------
+    PlanSummary
+        Per window: samples, batches, chunks read, decoded bytes, bytes held,
+        dask tasks; for the epoch: read amplification, peak window bytes,
+        number of dask tasks.  ``print()`` it for a table.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.zeros((10_000, 4), dtype="f4")
+    >>> plan = plan_epoch(x, 100, shuffle=True, seed=0, memory_budget=40_000, prefetch=0)
+    >>> plan.n_windows, round(plan.read_amplification, 1)
+    (4, 4.0)
+    """
+    spec = StreamSpec(
+        (array,) if labels is None else (array, labels),
+        batch_size,
+        shuffle=shuffle_mode(shuffle, shuffle_buffer_size),
+        seed=seed,
+        epoch=epoch,
+        shuffle_buffer_size=shuffle_buffer_size,
+        memory_budget=memory_budget,
+        window_bytes=window_bytes,
+        prefetch=prefetch,
+        drop_remainder=drop_remainder,
+    )
+    return _summary(spec)
+
+
+# --------------------------------------------------------------------------
+# Stream iterators
