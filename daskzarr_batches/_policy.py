@@ -37,6 +37,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 
 from ._errors import ArgumentTypeError, ArgumentValueError, MissingChunkError, ReadCancelledError
 from ._sources import codec_pipeline_of, zarr_pipeline
+from ._threads import zarr_loop
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -254,13 +255,11 @@ class CancelScope:
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on Zarr's event loop and wait for it, unless cancelled."""
-        from zarr.core.sync import _get_loop
-
         with self._lock:
             if self.cancelled:
                 coro.close()
                 raise ReadCancelledError("the stream was closed; no read is issued any more")
-            future = asyncio.run_coroutine_threadsafe(self._limited(coro), _get_loop())
+            future = asyncio.run_coroutine_threadsafe(self._limited(coro), zarr_loop())
             self._futures.add(future)
         try:
             return future.result()
@@ -312,6 +311,7 @@ def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> An
         return array
     from zarr.storage import StorePath
 
+    zarr_loop()  # Zarr's blocking I/O on daemon threads, before any read of a task
     inner = array._async_array
     store = PolicyStore(inner.store_path.store, policy, ledger, name)
     view = copy.copy(inner)  # a frozen dataclass: set its fields as its __init__ does

@@ -29,6 +29,7 @@ import dask.threaded
 from ._errors import ArgumentTypeError
 from ._policy import CancelScope
 from ._sources import SliceSource, Source
+from ._threads import DaemonExecutor
 
 __all__ = ["ClientRunner", "Fetched", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
 
@@ -82,8 +83,9 @@ class ThreadRunner:
         self, in_flight: int, read_workers: int | None = None, requests: int | None = None
     ) -> None:
         workers = read_workers or max(os.cpu_count() or 1, in_flight)
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "dzb-read")
-        self._drivers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-window")
+        # daemon threads: one stuck in a read that never returns cannot block the exit
+        self._pool = DaemonExecutor(workers, "dzb-read")
+        self._drivers = DaemonExecutor(max(in_flight, 1), "dzb-window")
         self.scope: CancelScope | None = CancelScope(requests)
         self.plan_order = False  # the consumer gathers the plan order while cutting batches
 
@@ -132,7 +134,7 @@ class ClientRunner:
         self._live: dict[int, Fetched] = {}  # id -> future, submitted and not released
         self._scattered: dict[str, Any] = {}  # graph key -> future of a scattered array
         # one thread per graph in flight brings its result here as soon as it is ready
-        self._fetchers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-fetch")
+        self._fetchers = DaemonExecutor(max(in_flight, 1), "dzb-fetch")
         self.peak_in_flight = 0
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
