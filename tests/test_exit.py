@@ -71,6 +71,15 @@ try:
         clean = dzb.open_array(path + ".clean", codec_pipeline=pipeline)
         print("clean sum", sum(float(b.sum()) for b in dzb.batch_stream(clean, 4, timeout=5)))
         stopped("capacity")
+    elif action == "cluster timeout":  # the worker's one thread blocks on the FIFO
+        from distributed import Client, LocalCluster
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)
+        client = Client(cluster)
+        try:
+            list(dzb.chunk_stream(x, timeout=1, client=client))
+        except dzb.WindowTimeoutError as error:
+            print("message", error, flush=True)
+            raise
     elif action == "sigint":
         stream = dzb.batch_stream(x, 4)  # no timeout: only the user can stop it
         print("ready", flush=True)
@@ -145,6 +154,13 @@ def test_the_process_exits_promptly_when_a_read_never_returns(
         assert "KeyboardInterrupt" in err, err[-2000:]
     elif action == "close":
         assert "batches 2" in out, out  # the batches before the stuck chunk, then the end
+
+
+def test_on_a_cluster_the_timeout_names_the_blocked_worker_thread(tmp_path: Path) -> None:
+    """distributed cannot stop a running task: the error says so, and the client still exits."""
+    seconds, out, err = run_child(tmp_path, "zarr", "cluster timeout")
+    assert "worker thread stays blocked" in out and "client.restart()" in out, out
+    assert seconds < EXIT_WITHIN, f"the child took {seconds:.1f} s to exit: {out}{err[-2000:]}"
 
 
 @pytest.mark.parametrize("pipeline", ["zarr", "zarrs"])
