@@ -234,8 +234,11 @@ class CancelScope:
     Read tasks run their Zarr coroutines through :meth:`run` instead of
     Zarr's blocking ``sync``; :meth:`cancel` (when the stream closes, times
     out or is dropped) cancels every one of them on Zarr's event loop, so a
-    store that never answers holds no thread, and every read asked for
-    afterwards fails at once instead of being issued.
+    store that never answers holds no read thread, and every read asked for
+    afterwards fails at once instead of being issued.  A read blocked in the
+    operating system keeps the executor thread it runs on, a daemon that the
+    executor abandons (:mod:`._threads`): it holds neither the process at
+    exit nor later reads.
 
     ``requests``: store requests (``get`` calls through a :class:`PolicyStore`)
     the reads run through this scope keep in flight at most, together (the
