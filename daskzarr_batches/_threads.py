@@ -4,21 +4,23 @@
 one of them) runs non-daemon threads that the interpreter joins at exit, so
 a thread blocked forever in a file read (a hung network file system, a FIFO)
 keeps the process from exiting.  :class:`DaemonExecutor` is the same pool on
-daemon threads that nothing joins, and a running call whose future is
-cancelled is *abandoned*: its thread no longer counts against the pool's
-size, so the pool starts another one for the work still queued, and the
-abandoned thread ends when (if ever) its call returns.
+daemon threads that nothing joins; with ``abandon=True`` a running call
+whose future is cancelled is *abandoned*: its thread no longer counts
+against the pool's size, so the pool starts another one for the work still
+queued, and the abandoned thread ends when (if ever) its call returns.
 
 Two uses:
 
 * the local runner's driver and read pools (``_runners.ThreadRunner``) and the
-  cluster runner's fetch threads;
+  cluster runner's fetch threads, which never abandon a call (a window graph
+  released while it runs goes on as before: the pool's size still bounds them);
 * Zarr's own blocking I/O and decoding: Zarr runs them with
   ``asyncio.to_thread`` on its event loop's default executor (a
   ``LocalStore`` get, a codec, a zarrs read), and :func:`zarr_loop` installs
   one process-wide :class:`DaemonExecutor` of the same size as that loop's
-  default executor (``DEFAULT_IO_WORKERS``).  A read cancelled on the loop
-  (a stream closed or timed out) then abandons its thread.
+  default executor (``DEFAULT_IO_WORKERS``), with ``abandon=True``: a read
+  cancelled on the loop (a stream closed or timed out) cancels the executor
+  future it awaited, which abandons its thread.
 """
 
 from __future__ import annotations
@@ -63,10 +65,10 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
     default executor) and by behaviour for its callers (``submit``, ``map``,
     ``shutdown``, ``_max_workers`` as dask reads it), with its own threads
     and queue (none of the stdlib pool's internals are used), except that
-    its threads never delay the interpreter's exit and that cancelling the
-    future of a running call abandons its thread: the pool no longer counts
-    it, starts another one if work is waiting, and the abandoned thread
-    ends once its call returns.
+    its threads never delay the interpreter's exit and, with ``abandon``,
+    that cancelling the future of a running call abandons its thread: the
+    pool no longer counts it, starts another one if work is waiting, and the
+    abandoned thread ends once its call returns.
 
     Parameters
     ----------
@@ -74,11 +76,15 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         Threads running calls at once (abandoned ones not counted).
     name : str
         Prefix of the threads' names.
+    abandon : bool, default False
+        Whether cancelling a running call abandons its thread (else the
+        cancel is a no-op, as for the stdlib pool).
     """
 
-    def __init__(self, max_workers: int, name: str) -> None:
+    def __init__(self, max_workers: int, name: str, abandon: bool = False) -> None:
         super().__init__(max(1, int(max_workers)), thread_name_prefix=name)  # sets _max_workers
         self._name = name
+        self._abandons = abandon
         self._items: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._counted = 0  # threads alive and not abandoned
@@ -121,6 +127,8 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
 
     def _abandon(self, future: _Work) -> None:
         """``future`` was cancelled while it runs: let its thread go, start another."""
+        if not self._abandons:
+            return
         with self._lock:
             if self._running.get(future) is False:
                 self._running[future] = True
@@ -205,7 +213,7 @@ def io_executor() -> DaemonExecutor:
             import zarr
 
             workers = zarr.config.get("threading.max_workers", None) or DEFAULT_IO_WORKERS
-            _io = DaemonExecutor(workers, "dzb-io")
+            _io = DaemonExecutor(workers, "dzb-io", abandon=True)
         return _io
 
 

@@ -169,3 +169,41 @@ def test_a_timed_out_read_does_not_take_a_thread_for_good(tmp_path: Path, pipeli
     seconds, out, err = run_child(tmp_path, pipeline, "capacity")
     assert "clean sum 256.0" in out, out + err[-2000:]
     assert seconds < EXIT_WITHIN, f"the child took {seconds:.1f} s to exit: {out}{err[-2000:]}"
+
+
+def test_daemon_executor_threads_do_not_join_the_exit_and_abandon_on_cancel() -> None:
+    """One thread, blocked: cancelling its call lets queued work run on a new thread."""
+    import concurrent.futures.thread
+    import threading
+
+    from daskzarr_batches._errors import WindowError
+    from daskzarr_batches._threads import DaemonExecutor
+
+    release = threading.Event()
+    for abandon in (False, True):
+        pool = DaemonExecutor(1, "dzb-test", abandon=abandon)
+        stuck = pool.submit(release.wait, 30)
+        queued = pool.submit(threading.current_thread)
+        time.sleep(0.05)
+        assert stuck.running() and not queued.done()
+        assert stuck.cancel() is False  # a running call cannot be cancelled ...
+        if abandon:  # ... but its thread is let go: the queued call gets another
+            worker = queued.result(timeout=5)
+            assert worker.daemon and worker not in concurrent.futures.thread._threads_queues
+        else:  # the stdlib pool's behaviour: the queued call waits for the thread
+            time.sleep(0.2)
+            assert not queued.done()
+        release.set()
+        assert stuck.result(timeout=5) is True and queued.result(timeout=5).daemon
+        release.clear()
+        pool.shutdown()
+        with pytest.raises(WindowError):
+            pool.submit(int)
+
+
+def test_zarr_loop_runs_zarr_io_on_the_daemon_executor() -> None:
+    from daskzarr_batches._threads import io_executor, zarr_loop
+
+    loop = zarr_loop()
+    assert loop._default_executor is io_executor()  # type: ignore[attr-defined]
+    assert zarr_loop() is loop
