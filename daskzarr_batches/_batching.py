@@ -32,6 +32,7 @@ __all__ = [
     "samples_used",
     "share",
     "skip",
+    "worker_part",
 ]
 
 Batch = tuple[np.ndarray, ...]
@@ -201,6 +202,21 @@ def positions_between(ranges: Ranges, first: int, end: int) -> Ranges:
                 break
             offset -= length
     return out
+
+
+def worker_part(ranges: Ranges, batch_size: int, worker: int, workers: int) -> Ranges:
+    """Worker ``worker``'s contiguous part of ``ranges``, of whole batches but the last.
+
+    The positions of ``ranges`` are cut into ``workers`` consecutive parts
+    at batch boundaries, as evenly as whole batches allow (the parts of the
+    first workers may be one batch shorter); only the last part may end in
+    a short batch.  Together they are ``ranges``, each position once.
+    """
+    total = sum(stop - start for start, stop in ranges)
+    batches = -(-total // batch_size)
+    first = worker * batches // workers * batch_size
+    end = min((worker + 1) * batches // workers * batch_size, total)
+    return positions_between(ranges, first, end) if first < end else []
 
 
 def skip(ranges: Ranges, count: int) -> Ranges:

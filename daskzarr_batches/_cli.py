@@ -7,7 +7,9 @@ timed).  Adapters on top of the public API: they import only what
 on stderr when it is a terminal (never with ``--quiet``), and report a
 library error (``DaskZarrBatchesError``) as one line,
 ``daskzarr-batches: error: <message>``, with exit status 2, the status of a
-usage error too.
+usage error too.  ``bench`` reports chunks missing from the store
+(``MissingChunksWarning``) as one line too, ``daskzarr-batches: warning:
+...``, in its own words (``--missing fill``).
 
 ``demo`` builds the example's data -- the
 README's quick start and ``notebooks/streaming_minibatches.ipynb`` use the
@@ -36,6 +38,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
@@ -45,6 +48,7 @@ from tqdm import tqdm
 
 from . import (
     DaskZarrBatchesError,
+    MissingChunksWarning,
     __version__,
     batch_stream,
     chunk_stream,
@@ -385,19 +389,60 @@ def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             on_error=args.on_error,
             retries=args.retries,
         )
-        run_bench(
-            out,
-            settings,
-            store=args.store,
-            array=args.array,
-            labels=args.labels,
-            storage_options=dict(args.storage_options) or None,
-            where=described,
-            as_json=args.json,
-            progress=_progress(err, args.quiet),
-            **generated,
-        )
+        with _missing_chunks_reported(err) as summary:
+            summary.update(
+                run_bench(
+                    out,
+                    settings,
+                    store=args.store,
+                    array=args.array,
+                    labels=args.labels,
+                    storage_options=dict(args.storage_options) or None,
+                    where=described,
+                    as_json=args.json,
+                    progress=_progress(err, args.quiet),
+                    **generated,
+                )
+            )
     return 0
+
+
+@contextlib.contextmanager
+def _missing_chunks_reported(err: TextIO) -> Iterator[dict[str, Any]]:
+    """Report the streams' ``MissingChunksWarning`` as one line on ``err``, at the end.
+
+    Yields a dict to fill with ``run_bench``'s summary, whose epochs give the
+    count; without it (the run failed) the warning's own count.  Other
+    warnings are shown as Python shows them.
+    """
+    summary: dict[str, Any] = {}
+    caught: list[MissingChunksWarning] = []
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def record(message: Any, category: Any, *rest: Any, **kwargs: Any) -> None:
+            if isinstance(message, MissingChunksWarning):
+                caught.append(message)
+            else:
+                show(message, category, *rest, **kwargs)
+
+        warnings.showwarning = record
+        warnings.simplefilter("always", MissingChunksWarning)  # every epoch's stream
+        try:
+            yield summary
+        finally:
+            if caught:
+                first = caught[0]
+                epochs = summary.get("epochs") or []
+                count = max((e["chunks_missing"] for e in epochs), default=first.count)
+                each = " in each epoch" if len(epochs) > 1 else ""
+                print(
+                    f"{PROG}: warning: {count} chunk{'s were' if count != 1 else ' was'} "
+                    f"missing from the store{each} and read as the fill value (first: "
+                    f"{first.key!r} of array {first.array}); pass --missing fill if the array "
+                    "leaves empty chunks unwritten on purpose, or --missing error to fail",
+                    file=err,
+                )
 
 
 def _demo_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

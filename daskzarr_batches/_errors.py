@@ -18,15 +18,29 @@ well as ``except dzb.DaskZarrBatchesError``::
     │   │                                   and chunk
     │   ├── MissingChunkError(KeyError)     missing="error" and a chunk is not
     │   │                                   in the store; names array and key
+    │   ├── StoreGoneError(FileNotFoundError)
+    │   │                                   the array's metadata (or the store
+    │   │                                   root, or the bucket) is gone: an
+    │   │                                   outage, whatever ``missing`` says;
+    │   │                                   names store and array
     │   └── CorruptChunkError               a chunk's bytes do not decode;
     │                                       names array, key and samples
     ├── WindowError(RuntimeError)           the scheduler failed a window of
     │                                       work (e.g. all workers died)
-    └── WindowTimeoutError(TimeoutError)    a window took longer than
-                                            ``timeout`` seconds
+    ├── WindowTimeoutError(TimeoutError)    a window took longer than
+    │                                       ``timeout`` seconds
+    ├── StreamFailedError(RuntimeError)     ``next()`` on a stream that has
+    │                                       already raised; names that error
+    └── LoaderBusyError(RuntimeError)       a second iteration of a Loader
+                                            while one is running
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any
 
 __all__ = [
     "ArgumentTypeError",
@@ -37,9 +51,12 @@ __all__ = [
     "DaskZarrBatchesError",
     "InvalidMetadataError",
     "LengthMismatchError",
+    "LoaderBusyError",
     "MissingChunkError",
     "MissingChunksWarning",
     "SkippedChunksWarning",
+    "StoreGoneError",
+    "StreamFailedError",
     "WindowError",
     "WindowTimeoutError",
 ]
@@ -101,6 +118,22 @@ class MissingChunkError(ChunkReadError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class StoreGoneError(ChunkReadError, FileNotFoundError):
+    """The array itself is gone from its store: an outage, not a missing chunk.
+
+    Raised when a chunk comes back absent and the array's metadata document
+    (``zarr.json`` or ``.zarray``) is not there either: the store's directory,
+    the bucket or the array was deleted or moved while it was read.  Every
+    chunk would otherwise read as the fill value, so this is raised whatever
+    ``missing`` says (``missing`` governs only chunks absent from an array
+    that exists).  Also a ``FileNotFoundError``.  The message names the store
+    and the array.
+    """
+
+    def __str__(self) -> str:  # OSError would otherwise format errno fields
+        return str(self.args[0]) if self.args else ""
+
+
 class CorruptChunkError(ChunkReadError):
     """A stored chunk's bytes do not decode (bad compression, failed checksum).
 
@@ -113,10 +146,29 @@ class CorruptChunkError(ChunkReadError):
 class MissingChunksWarning(UserWarning):
     """Chunks were missing from the store and read as the fill value.
 
-    Emitted once per stream (``missing="warn"``, the default), naming how many
-    chunks were missing and the first key.  Arrays that leave empty chunks
-    unwritten on purpose pass ``missing="fill"``.
+    Emitted once per stream (``missing="warn"``, the default), by the
+    ``next()`` that hands out the first batch (or chunk) holding a missing
+    chunk, and attributed to the caller's line.  Arrays that leave empty
+    chunks unwritten on purpose pass ``missing="fill"``.
+
+    Attributes
+    ----------
+    array : str
+        The array the first missing chunk belongs to.
+    key : str
+        The store key of the first missing chunk.
+    count : int
+        Missing chunks the stream had met when it warned (the stream's final
+        count is ``stream.stats.chunks_missing``).
     """
+
+    def __init__(
+        self, message: str = "", *, array: str = "", key: str = "", count: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.array = array
+        self.key = key
+        self.count = count
 
 
 class SkippedChunksWarning(UserWarning):
@@ -141,3 +193,43 @@ class WindowError(DaskZarrBatchesError, RuntimeError):
 
 class WindowTimeoutError(DaskZarrBatchesError, TimeoutError):
     """A window was not ready within ``timeout`` seconds."""
+
+
+class StreamFailedError(DaskZarrBatchesError, RuntimeError):
+    """``next()`` was called on a stream that had already raised an error.
+
+    A stream stops at its first error (a chunk that cannot be read, a window
+    that failed or timed out, an interrupt); every later ``next()`` raises
+    this error, naming the first one (chained as ``__cause__``), instead of a
+    ``StopIteration`` that would read as a finished epoch with the rest of
+    the data silently gone.  Make a new stream (or resume a ``Loader`` from
+    its ``state_dict()``) to go on.
+    """
+
+
+class LoaderBusyError(DaskZarrBatchesError, RuntimeError):
+    """A :class:`Loader` was iterated again while an iteration of it is running.
+
+    Two iterations at once (two threads, or a second ``for`` loop while the
+    first one's iterator is still alive) would each yield the same epoch and
+    advance the epoch twice.  Finish or close the first iterator (``break``
+    out of its loop and drop it, or call its ``close()``), or give each
+    thread a loader of its own.
+    """
+
+
+def warn_caller(warning: Warning) -> None:
+    """Emit ``warning`` attributed to the first frame outside this package.
+
+    The caller's own line (its training loop), however many of the
+    package's frames (a stream's generator, ``Loader``, the torch adapter)
+    lie between: ``stacklevel`` is counted at the call (Python 3.11 has no
+    ``skip_file_prefixes``).
+    """
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level = 2  # 1 is this function, 2 the frame below
+    frame: Any = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(warning, stacklevel=level)

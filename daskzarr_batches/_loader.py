@@ -5,19 +5,39 @@ epoch's :class:`StreamSpec` (same seed, the epoch's number) and a
 :class:`BatchStream` over this rank's share of the epoch's positions
 (``_batching.share``): the order is drawn once for all ranks from
 ``(seed, epoch)`` and then cut into equal, consecutive shares, so each rank
-reads mostly its own chunks and every rank takes the same number of steps.
-Its state is the epoch and the batches this rank has consumed in it, plain
-JSON, from which a new process continues exactly where the old one stopped.
+reads mostly its own chunks and every rank takes the same number of steps
+(samples of chunks skipped as undecodable are filled from the start of the
+rank's share).  Its state is the epoch, the batches this rank has yielded and
+its *position* in its share (samples skipped included), plain JSON, from
+which a new process continues exactly where the old one stopped; every field
+is checked before a state is applied.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+import reprlib
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ._batching import Ranges, complement, count_batches, positions_between, share, skip
-from ._errors import ArgumentTypeError, ArgumentValueError
+from ._batching import (
+    Ranges,
+    complement,
+    count_batches,
+    positions_between,
+    samples_used,
+    share,
+    worker_part,
+)
+from ._errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    DaskZarrBatchesError,
+    LoaderBusyError,
+    StreamFailedError,
+)
 from ._policy import DEFAULT_RETRIES, MissingMode, OnError
 from ._sources import is_xarray
 from ._spec import (
@@ -32,7 +52,7 @@ from ._streams import BatchStream, StreamStats
 
 __all__ = ["Loader"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 class Loader:
@@ -80,10 +100,18 @@ timeout, missing, on_error, retries, io_concurrency
     (``set_epoch(e)`` chooses the epoch of the next iteration instead).
     ``len()`` is the number of batches this rank yields in a whole epoch.
     ``state_dict()`` / ``load_state_dict()`` save and restore the epoch and
-    the batches consumed in it: a loader restored from the state taken after
+    the position reached in it: a loader restored from the state taken after
     batch ``k`` yields exactly batches ``k + 1, ...`` of the uninterrupted
-    run, also in a new process.  Restored with another ``world_size``, the
-    new ranks share the samples the old ones had not yet consumed.
+    run, also in a new process and after skipped chunks.  Restored with
+    another ``world_size``, the new ranks share the samples the old ones had
+    not yet used.
+
+    With ``on_error="skip"`` and ``world_size > 1`` a rank fills the samples
+    of skipped chunks from the start of its own share, so every rank takes
+    ``len()`` steps (``stats.samples_filled``); with one rank the epoch ends
+    earlier instead.  A second iteration while one is running raises
+    :class:`LoaderBusyError`; after an iteration raised, its next ``next()``
+    raises :class:`StreamFailedError`.
     """
 
     def __init__(
@@ -143,12 +171,16 @@ timeout, missing, on_error, retries, io_concurrency
             retries=retries,
             io_concurrency=io_concurrency,
         )
-        self._seed = seed
         self._epoch = 0
-        self._consumed = 0  # batches of the current epoch this rank has yielded
+        self._batches = 0  # batches of the current epoch this rank has yielded
+        self._position = 0  # where this rank is in its share (skipped samples included)
         #: what the current (or last) epoch's stream read and yielded
         self.stats = StreamStats()
         self._resumed: Ranges | None = None  # the positions left after an elastic restore
+        self._part: tuple[int, int] | None = None  # (worker, workers) of a worker's loader
+        self._base = 0  # where the rank was in its share when this worker's part was cut
+        self._stream: BatchStream | None = None  # the running epoch's stream
+        self._busy = threading.Lock()  # held by the running iteration
 
     # ------------------------------------------------------------------ epochs
 
@@ -160,42 +192,235 @@ timeout, missing, on_error, retries, io_concurrency
     def set_epoch(self, epoch: int) -> None:
         """Run epoch ``epoch`` in the next iteration (from its start)."""
         self._epoch = non_negative_int("epoch", epoch)
-        self._consumed = 0
+        self._restart()
+
+    def _restart(self) -> None:
+        """Forget the progress in the current epoch: the next iteration runs it whole."""
+        self._batches = 0
+        self._position = 0
         self._resumed = None
+        self._base = 0
 
     def __len__(self) -> int:
-        """Batches this rank yields in a whole epoch."""
+        """Batches this rank (this worker, for :meth:`worker`) yields in a whole epoch."""
         return count_batches(self._share_size(), self.spec.batch_size, self.drop_remainder)
 
     def __iter__(self) -> Iterator[Any]:
-        stream = self.stream()
-        self.stats = stream.stats
-        with stream:
-            for batch in stream:
-                self._consumed += 1
-                yield self._shape(batch)
-        self._epoch += 1
-        self._consumed = 0
-        self._resumed = None
+        return _Epoch(self._run())
+
+    def _run(self) -> Iterator[Any]:
+        """The current epoch's batches (the generator behind an iteration)."""
+        if not self._busy.acquire(blocking=False):
+            raise LoaderBusyError(
+                f"this Loader is already being iterated (epoch {self._epoch}, batch "
+                f"{self._batches}/{len(self)}): finish or close that iterator first, or give "
+                "each thread a Loader of its own"
+            )
+        stream: BatchStream | None = None
+        try:
+            stream = self.stream()
+            self.stats = stream.stats
+            self._stream = stream
+            with stream:
+                for batch in stream:
+                    self._batches += 1
+                    yield self._shape(batch)
+            stream = None
+            self._epoch += 1
+            self._restart()
+        finally:
+            if stream is not None:  # left mid-epoch: the next iteration goes on from here
+                self._position = stream.position
+            self._stream = None
+            self._busy.release()
 
     def stream(self) -> BatchStream:
-        """The :class:`BatchStream` of what is left of this rank's current epoch."""
+        """The :class:`BatchStream` of what is left of this rank's current epoch.
+
+        It walks this rank's share from the position the loader has reached;
+        with ``world_size > 1`` it fills the samples of chunks skipped as
+        undecodable (``on_error="skip"``) from the start of the share, so that
+        every rank takes ``len()`` steps.
+        """
         spec = self.spec.with_epoch(self._epoch)
-        left = skip(self._positions(), self._consumed * spec.batch_size)
-        return BatchStream(spec, positions=left, drop_remainder=self.drop_remainder)
+        positions = self._positions()
+        used = samples_used(_size(positions), spec.batch_size, self.drop_remainder)
+        return BatchStream(
+            spec,
+            positions=positions,
+            drop_remainder=self.drop_remainder,
+            start=self._position,
+            quota=max(used - self._batches * spec.batch_size, 0),
+            fill=self.world_size > 1,
+        )
+
+    def worker(self, worker: int, workers: int) -> Loader:
+        """A loader of worker ``worker``'s part of what is left of this rank's epoch.
+
+        The part is contiguous and of whole batches (``workers`` parts that
+        together are this rank's share, each sample once).  Iterating the new
+        loader runs its part of the current epoch, then the parts of later
+        epochs, cut from each epoch's whole share; its ``state_dict()``
+        records the part, and ``load_state_dict()`` on ``loader.worker(worker,
+        workers)`` resumes it exactly.  Used by the PyTorch adapter, one per
+        ``DataLoader`` worker process.
+
+        Parameters
+        ----------
+        worker : int
+            This worker's number, ``0 <= worker < workers``.
+        workers : int
+            How many workers share the rank's epoch.
+        """
+        workers = positive_int("workers", workers)
+        worker = non_negative_int("worker", worker)
+        if worker >= workers:
+            raise ArgumentValueError(f"worker must be < workers={workers}, got {worker}")
+        if self._part is not None:
+            raise ArgumentValueError(f"{self!r} is already a worker's loader")
+        clone = copy.copy(self)
+        clone._busy = threading.Lock()
+        clone._stream = None
+        clone.stats = StreamStats()
+        clone._part = (worker, workers)
+        clone._base = self._position if self._batches else 0
+        clone._batches = clone._position = 0
+        return clone
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """The loader's progress as plain JSON-able data."""
+        """The loader's progress as plain JSON-able data.
+
+        ``position`` is where this rank is in its share of the epoch (samples
+        yielded and samples skipped as undecodable), ``batches`` the batches
+        it has yielded; the rest identifies the order (seed, batch size,
+        shuffle, ...) so that a state is never applied to another one.
+        """
         spec = self.spec
+        stream = self._stream
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
-            "batches": self._consumed,
+            "batches": self._batches,
+            "position": self._position if stream is None else stream.position,
             "rank": self.rank,
             "world_size": self.world_size,
+            "worker": None if self._part is None else [*self._part, self._base],
             "resumed": None if self._resumed is None else [list(r) for r in self._resumed],
+            "on_error": spec.on_error,
+            **self._identity(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`, possibly of another process).
+
+        With the same ``world_size`` this rank continues its own share from
+        where it was (give this rank's state, or the list of every rank's).
+        With another ``world_size`` (elastic), the samples no old rank had
+        used up are shared anew among the new ranks: give the list of every
+        old rank's state (``torch.distributed.all_gather_object``); one state
+        is enough when the old loaders could not skip chunks
+        (``on_error="raise"``), since every old rank was then at the same
+        position.
+
+        Raises
+        ------
+        ArgumentTypeError, ArgumentValueError
+            A field of the state has the wrong type or a value this loader
+            cannot continue from (naming the field), or the state belongs to
+            a loader over other data or with another order (batch size,
+            shuffle, seed, ...), naming what differs.
+        """
+        states = _validated_states(state, self)
+        first = states[0]
+        epoch, old_world = first["epoch"], first["world_size"]
+        if old_world == self.world_size:
+            mine = [one for one in states if one["rank"] == self.rank]
+            if mine:
+                one, position = mine[0], mine[0]["position"]
+            elif first["on_error"] == "raise":  # no rank could skip: all at one position
+                one = first
+                position = min(first["batches"] * self.spec.batch_size, self._share_size())
+            else:
+                raise ArgumentValueError(
+                    f"state['rank']={first['rank']!r}: the state is of another rank than this "
+                    f"loader's rank {self.rank}; with on_error='skip' each rank may have "
+                    "skipped chunks and be at another position: load this rank's own state "
+                    "(or the list of every rank's)"
+                )
+            kept = self._resumed, self._base
+            self._resumed, self._base = one["resumed"], one["base"]
+            try:
+                self._check_progress(
+                    one["batches"], position, self._positions(), self.world_size > 1
+                )
+            except DaskZarrBatchesError:
+                self._resumed, self._base = kept
+                raise
+            self._epoch, self._batches, self._position = epoch, one["batches"], position
+            return
+        if self._part is not None or first["worker"] is not None:
+            raise ArgumentValueError(
+                f"state['world_size']={old_world} differs from this loader's "
+                f"{self.world_size}; a worker's state resumes only with the same world size"
+            )
+        if len(states) != old_world and first["on_error"] != "raise":
+            raise ArgumentValueError(
+                f"state['world_size']={old_world}: resuming {old_world} rank(s) as "
+                f"{self.world_size} needs the states of all {old_world} old ranks (got "
+                f"{len(states)}): with on_error='skip' each may have skipped chunks and be at "
+                "another position"
+            )
+        # Elastic: what no old rank used up, shared among the new ranks.
+        before = first["resumed"] or [(0, self._n())]
+        by_rank = {one["rank"]: one for one in states}
+        consumed: Ranges = []
+        shares = [share(before, rank, old_world, self.even_batches) for rank in range(old_world)]
+        for rank, old_share in enumerate(shares):
+            one = by_rank.get(rank, first)  # one state of on_error="raise": all at one place
+            batches = one["batches"]
+            position = (
+                one["position"]
+                if rank in by_rank
+                else min(batches * self.spec.batch_size, _size(old_share))
+            )
+            self._check_progress(batches, position, old_share, old_world > 1)
+            consumed += positions_between(old_share, 0, min(position, _size(old_share)))
+        covered = complement(complement([r for s in shares for r in s], self._n()), self._n())
+        left = _intersect(_intersect(complement(consumed, self._n()), covered), before)
+        self._epoch, self._resumed = epoch, left
+        self._batches = self._position = self._base = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_progress(self, batches: int, position: int, positions: Ranges, filled: bool) -> None:
+        """``batches`` and ``position`` fit a share of ``positions`` (else raise, naming them).
+
+        ``filled``: the share's stream fills skipped samples past its end (ranks).
+        """
+        total = _size(positions)
+        size = self.spec.batch_size
+        length = count_batches(total, size, self.drop_remainder)
+        if batches > length:
+            raise ArgumentValueError(
+                f"state['batches']={batches} is more than the {length} batches of the "
+                f"share's epoch ({total} samples)"
+            )
+        if position < min(batches * size, total):
+            raise ArgumentValueError(
+                f"state['position']={position} is behind the {batches} batch(es) of {size} "
+                "samples yielded"
+            )
+        if position > total and not filled:
+            raise ArgumentValueError(
+                f"state['position']={position} is past the end of the share's {total} positions"
+            )
+
+    def _identity(self) -> dict[str, Any]:
+        """The fields that fix the epoch's order: a state applies only to the same."""
+        spec = self.spec
+        return {
             "seed": spec.seed,
             "n_samples": spec.n_samples,
             "batch_size": spec.batch_size,
@@ -206,63 +431,19 @@ timeout, missing, on_error, retries, io_concurrency
             "drop_remainder": self.drop_remainder,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`, possibly of another process).
-
-        With the same ``world_size`` this rank continues its own share after
-        the batches it had consumed.  With another ``world_size`` (elastic),
-        the samples no old rank had consumed are shared anew among the new
-        ranks; every old rank must have consumed the same number of batches
-        (as ranks that step together do).
-
-        Raises
-        ------
-        ArgumentValueError
-            The state belongs to a loader over other data or with another
-            order (batch size, shuffle, seed, ...), naming what differs.
-        """
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-            raise ArgumentValueError(f"not a Loader state of version {STATE_VERSION}: {state!r}")
-        mine = self.state_dict()
-        keys = ["seed", "n_samples", "batch_size", "shuffle", "shuffle_buffer_size"]
-        keys += ["window_rows", "even_batches", "drop_remainder"]
-        differ = [
-            f"{k}={state.get(k)!r} (here {mine[k]!r})" for k in keys if state.get(k) != mine[k]
-        ]
-        if differ:
-            raise ArgumentValueError(
-                "the state is of a loader with another order or data: " + ", ".join(differ)
-            )
-        epoch = non_negative_int("epoch", state["epoch"])
-        batches = non_negative_int("batches", state["batches"])
-        old_world = positive_int("world_size", state["world_size"])
-        resumed = state.get("resumed")
-        if old_world == self.world_size and resumed is None:
-            self._epoch, self._consumed, self._resumed = epoch, batches, None
-            return
-        # Elastic: what no old rank consumed, shared among the new ranks.
-        before = [tuple(r) for r in resumed] if resumed is not None else [(0, self._n())]
-        shares = [share(before, r, old_world, self.even_batches) for r in range(old_world)]
-        consumed = [
-            rng
-            for old_share in shares
-            for rng in positions_between(old_share, 0, batches * self.spec.batch_size)
-        ]
-        covered = complement(complement([r for s in shares for r in s], self._n()), self._n())
-        left = _intersect(_intersect(complement(consumed, self._n()), covered), before)
-        self._epoch, self._consumed, self._resumed = epoch, 0, left
-
-    # ------------------------------------------------------------------ helpers
-
     def _n(self) -> int:
         return self.spec.n_samples
 
     def _positions(self) -> Ranges:
         whole = self._resumed if self._resumed is not None else [(0, self._n())]
-        return share(whole, self.rank, self.world_size, self.even_batches)
+        mine = share(whole, self.rank, self.world_size, self.even_batches)
+        if self._part is None:
+            return mine
+        left = positions_between(mine, min(self._base, _size(mine)), _size(mine))
+        return worker_part(left, self.spec.batch_size, *self._part)
 
     def _share_size(self) -> int:
-        return sum(stop - start for start, stop in self._positions())
+        return _size(self._positions())
 
     def _shape(self, batch: Any) -> Any:
         if self._wrap:
@@ -273,16 +454,25 @@ timeout, missing, on_error, retries, io_concurrency
 
     def __repr__(self) -> str:
         names = ", ".join(self._names) if self._names else f"{len(self.spec.sources)} array(s)"
+        part = "" if self._part is None else f", worker {self._part[0]}/{self._part[1]}"
         return (
             f"<Loader {names}: batch_size={self.spec.batch_size}, "
-            f"shuffle={self.spec.shuffle!r}, epoch {self._epoch}, batch {self._consumed}/"
-            f"{len(self)}, rank {self.rank}/{self.world_size}>"
+            f"shuffle={self.spec.shuffle!r}, epoch {self._epoch}, batch {self._batches}/"
+            f"{len(self)}, rank {self.rank}/{self.world_size}{part}>"
         )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["spec"] = dataclasses.replace(self.spec, client=None)
+        state["_busy"] = None
+        state["_stream"] = None
+        if self._stream is not None:
+            state["_position"] = self._stream.position
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._busy = threading.Lock()
 
 
 def _intersect(ranges: Ranges, within: list[tuple[int, int]]) -> Ranges:
@@ -314,3 +504,186 @@ def _structure(arrays: Any) -> tuple[tuple[str, ...] | None, bool, tuple[Any, ..
             raise ArgumentValueError("arrays is empty")
         return None, len(arrays) == 1, tuple(arrays)
     return None, False, (arrays,)
+
+
+class _Epoch:
+    """An iteration of a :class:`Loader`: its batches, and after an error, that error.
+
+    A generator that raised is finished, so a ``next()`` after a caught
+    error would end the epoch quietly; here it raises
+    :class:`StreamFailedError` naming the first error instead.
+    """
+
+    __slots__ = ("_batches", "_failure")
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._batches = batches
+        self._failure: BaseException | None = None
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._failure is not None:
+            error = StreamFailedError(
+                "this Loader iteration stopped at an earlier error and yields nothing more: "
+                f"{type(self._failure).__name__}: {self._failure}; iterate the loader again "
+                "(or resume it from its state_dict()) to go on"
+            )
+            raise error from self._failure
+        try:
+            return next(self._batches)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self._failure = exc
+            raise
+
+    def close(self) -> None:
+        """Stop the iteration (as a generator's ``close()``): its stream is released."""
+        self._batches.close()  # type: ignore[attr-defined]
+
+
+def _size(ranges: Ranges) -> int:
+    return sum(stop - start for start, stop in ranges)
+
+
+_IDENTITY = (
+    "seed",
+    "n_samples",
+    "batch_size",
+    "shuffle",
+    "shuffle_buffer_size",
+    "window_rows",
+    "even_batches",
+    "drop_remainder",
+)
+_PROGRESS = ("version", "epoch", "batches", "rank", "world_size", "resumed")
+_FIELDS = {
+    1: {*_PROGRESS, *_IDENTITY},
+    2: {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error"},
+}
+
+
+def _validated_states(state: Any, loader: Loader) -> list[dict[str, Any]]:
+    """The states of ``state`` (one or a list), each checked field by field."""
+    if isinstance(state, Mapping):
+        states = [state]
+    elif isinstance(state, list | tuple) and state and all(isinstance(s, Mapping) for s in state):
+        states = list(state)
+    else:
+        raise ArgumentTypeError(
+            "state must be a Loader state (a dict from state_dict()) or a list of them, got "
+            f"{reprlib.repr(state)}"
+        )
+    out = [_validated(one, loader) for one in states]
+    for key in ("epoch", "world_size", "resumed", "on_error", "worker"):
+        values = {repr(one[key]) for one in out}
+        if len(values) > 1:
+            raise ArgumentValueError(f"the states disagree on {key!r}: {sorted(values)}")
+    ranks = [one["rank"] for one in out]
+    if len(set(ranks)) != len(ranks):
+        raise ArgumentValueError(f"the states repeat a rank: {ranks}")
+    return out
+
+
+def _validated(state: Mapping[str, Any], loader: Loader) -> dict[str, Any]:
+    """One state's fields, each checked (type, range, this loader's order), or raise."""
+    version = state.get("version")
+    if type(version) is not int or version not in _FIELDS:
+        raise ArgumentValueError(
+            f"state['version']={reprlib.repr(version)}: not a Loader state (versions "
+            f"{sorted(_FIELDS)})"
+        )
+    fields = _FIELDS[version]
+    lacking = sorted(fields - set(state))
+    if lacking:
+        raise ArgumentValueError(f"the Loader state lacks the field(s) {lacking}")
+    unknown = sorted(map(str, set(state) - fields))
+    if unknown:
+        raise ArgumentValueError(f"the Loader state has unknown field(s) {unknown}")
+    mine = loader._identity()
+    differ = [
+        f"{key}={reprlib.repr(state[key])} (here {mine[key]!r})"
+        for key in _IDENTITY
+        if type(state[key]) is not type(mine[key]) or state[key] != mine[key]
+    ]
+    if differ:
+        raise ArgumentValueError(
+            "the state is of a loader with another order or data: " + ", ".join(differ)
+        )
+    out: dict[str, Any] = {key: _count(state, key) for key in ("epoch", "batches", "rank")}
+    out["world_size"] = _count(state, "world_size", 1)
+    if out["rank"] >= out["world_size"]:
+        raise ArgumentValueError(
+            f"state['rank']={out['rank']} is not below state['world_size']={out['world_size']}"
+        )
+    out["resumed"] = _ranges(state["resumed"], loader.spec.n_samples)
+    if version == 1:  # before positions were recorded: exact unless chunks were skipped
+        out["position"] = out["batches"] * loader.spec.batch_size
+        out["worker"], out["on_error"] = None, "raise"
+    else:
+        out["position"] = _count(state, "position")
+        out["worker"] = state["worker"]
+        out["on_error"] = state["on_error"]
+        if out["on_error"] not in ("raise", "skip"):
+            raise ArgumentValueError(
+                f"state['on_error']={reprlib.repr(out['on_error'])} is not 'raise' or 'skip'"
+            )
+    out["base"] = _worker(out["worker"], loader)
+    return out
+
+
+def _count(state: Mapping[str, Any], key: str, least: int = 0) -> int:
+    value = state[key]
+    if type(value) is not int:
+        raise ArgumentTypeError(f"state[{key!r}] must be an integer, got {reprlib.repr(value)}")
+    if value < least:
+        raise ArgumentValueError(f"state[{key!r}] must be >= {least}, got {value}")
+    return value
+
+
+def _ranges(value: Any, n: int) -> Ranges | None:
+    """``state['resumed']``: ``None``, or ascending, disjoint ``[start, stop]`` pairs in [0, n]."""
+    if value is None:
+        return None
+    bad = ArgumentValueError(
+        f"state['resumed'] must be None or a list of ascending, disjoint [start, stop] "
+        f"pairs of positions in 0..{n}, got {reprlib.repr(value)}"
+    )
+    if not isinstance(value, list | tuple):
+        raise bad
+    out: Ranges = []
+    at = 0
+    for pair in value:
+        if (
+            not isinstance(pair, list | tuple)
+            or len(pair) != 2
+            or not all(type(v) is int for v in pair)
+            or not at <= pair[0] < pair[1] <= n
+        ):
+            raise bad
+        out.append((pair[0], pair[1]))
+        at = pair[1]
+    return out
+
+
+def _worker(value: Any, loader: Loader) -> int:
+    """``state['worker']`` checked against the loader's own part; its base position."""
+    part = loader._part
+    if value is None and part is None:
+        return 0
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != 3
+        or not all(type(v) is int for v in value)
+        or value[2] < 0
+        or part is None
+        or (value[0], value[1]) != part
+    ):
+        here = "not a worker's loader" if part is None else f"worker {part[0]} of {part[1]}"
+        raise ArgumentValueError(
+            f"state['worker']={reprlib.repr(value)} does not fit this loader ({here}); load "
+            "a worker's state into loader.worker(worker, workers)"
+        )
+    return int(value[2])

@@ -33,9 +33,15 @@ from typing import Any, Literal, get_args
 import zarr
 import zarr.storage
 from zarr.abc.store import ByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from ._errors import ArgumentTypeError, ArgumentValueError, MissingChunkError, ReadCancelledError
+from ._errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    MissingChunkError,
+    ReadCancelledError,
+    StoreGoneError,
+)
 from ._sources import codec_pipeline_of, zarr_pipeline
 from ._threads import zarr_loop
 
@@ -52,6 +58,7 @@ __all__ = [
     "ReadReport",
     "absent_keys",
     "is_transient",
+    "metadata_key",
     "native_view",
     "policy_view",
     "read_array",
@@ -86,7 +93,9 @@ class ReadPolicy:
         A chunk the store does not hold: filled with the fill value as Zarr
         does, with one warning per stream (``"warn"``) or silently
         (``"fill"``, for arrays that leave empty chunks unwritten on
-        purpose), or :class:`MissingChunkError` (``"error"``).
+        purpose), or :class:`MissingChunkError` (``"error"``).  Not an
+        array that is gone (its metadata absent too): that is
+        :class:`StoreGoneError` whatever ``missing`` says.
     on_error : {"raise", "skip"}, default "raise"
         A chunk whose bytes do not decode: :class:`CorruptChunkError`
         (``"raise"``), or its samples leave the epoch with a warning
@@ -160,24 +169,43 @@ class Ledger:
         Reads retried after a transient fault.
     failed : dict of str to BaseException
         Keys whose read failed for good (after the retries), with the error.
+    gone : str or None
+        Set when the array's metadata was looked up (once per task, at the
+        first absent chunk key): ``""`` if it is there, else the message of
+        the :class:`StoreGoneError` every absent key then raises.
     """
 
     missing: list[str] = field(default_factory=list)
     retries: int = 0
     failed: dict[str, Exception] = field(default_factory=dict)
+    gone: str | None = None
+    _looking: asyncio.Lock | None = field(default=None, repr=False)
+
+    def check_gone(self) -> None:
+        """Raise :class:`StoreGoneError` if the lookup found the array gone."""
+        if self.gone:
+            raise StoreGoneError(self.gone)
 
 
 class PolicyStore(zarr.storage.WrapperStore[Any]):
-    """A store that applies a :class:`ReadPolicy` to every ``get`` and records it."""
+    """A store that applies a :class:`ReadPolicy` to every ``get`` and records it.
 
-    def __init__(self, store: Any, policy: ReadPolicy, ledger: Ledger, name: str) -> None:
+    ``metadata``: the store key of the array's metadata document; when a
+    chunk key comes back absent it is looked up (once per ledger) and, if it
+    is gone too, every absent key raises :class:`StoreGoneError`.
+    """
+
+    def __init__(
+        self, store: Any, policy: ReadPolicy, ledger: Ledger, name: str, metadata: str | None = None
+    ) -> None:
         super().__init__(store)
         self.policy = policy
         self.ledger = ledger
         self.name = name
+        self.metadata = metadata
 
     def _with_store(self, store: Any) -> PolicyStore:
-        return type(self)(store, self.policy, self.ledger, self.name)
+        return type(self)(store, self.policy, self.ledger, self.name, self.metadata)
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
@@ -189,10 +217,29 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
             async with limit:  # the stream's io_concurrency: requests, not decodes
                 result = await self._retrying(key, self._store.get, key, prototype, byte_range)
         if result is None and _is_chunk_key(key):
+            await self._check_gone()
             self.ledger.missing.append(key)
             if self.policy.missing == "error":
                 raise missing_error(key, self.name)
         return result
+
+    async def _check_gone(self) -> None:
+        """Raise :class:`StoreGoneError` if the array's metadata is gone (looked up once)."""
+        ledger = self.ledger
+        if ledger.gone is None and self.metadata is not None:
+            if ledger._looking is None:
+                ledger._looking = asyncio.Lock()
+            async with ledger._looking:  # the task's other absent chunks wait for the answer
+                if ledger.gone is None:
+                    found = await self._retrying(
+                        self.metadata, self._store.get, self.metadata, default_buffer_prototype()
+                    )
+                    ledger.gone = (
+                        ""
+                        if found is not None
+                        else gone_message(self._store, self.metadata, self.name)
+                    )
+        ledger.check_gone()
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Any
@@ -276,6 +323,9 @@ class CancelScope:
 
     async def _limited(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` with this scope's request limit (tasks it starts inherit it)."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(_retrieved)
         _REQUESTS.set(self._limit)  # this task's own context: nothing to reset
         return await coro
 
@@ -288,11 +338,43 @@ class CancelScope:
             future.cancel()
 
 
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Mark a read's error as seen: :meth:`CancelScope.cancel` may have stopped the wait.
+
+    A read that fails as it is cancelled (a task group whose reads raised
+    while being cancelled ends with their errors, or one that failed just
+    before) has nobody left to take its error, and asyncio would print
+    "Task exception was never retrieved" with a traceback when it is freed.
+    """
+    if not task.cancelled():
+        task.exception()
+
+
 def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | None) -> Any:
     """``array[selection]``; for a Zarr array with a scope, cancellable."""
     if scope is not None and isinstance(array, zarr.Array):
         return scope.run(array._async_array.getitem(selection))
     return array[selection]
+
+
+def metadata_key(array: Any) -> str | None:
+    """The store key of a Zarr array's own metadata document (``None``: not a Zarr array)."""
+    if not isinstance(array, zarr.Array):
+        return None
+    prefix = f"{array.path}/" if array.path else ""
+    return prefix + ("zarr.json" if array.metadata.zarr_format == 3 else ".zarray")
+
+
+def gone_message(store: Any, metadata: str, name: str) -> str:
+    """What :class:`StoreGoneError` says: the store, the array, what is gone."""
+    if type(store) is zarr.storage.LocalStore and not os.path.isdir(os.fspath(store.root)):
+        what = f"the store's directory {os.fspath(store.root)!r} no longer exists"
+    else:
+        what = f"its metadata {metadata!r} is no longer in the store {store}"
+    return (
+        f"array {name} is gone: {what} (deleted or moved while it was read?); its chunks "
+        "would all read as the fill value, so this is an error whatever missing= says"
+    )
 
 
 def missing_error(key: str, name: str) -> MissingChunkError:
@@ -316,7 +398,7 @@ def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> An
 
     zarr_loop()  # Zarr's blocking I/O on daemon threads, before any read of a task
     inner = array._async_array
-    store = PolicyStore(inner.store_path.store, policy, ledger, name)
+    store = PolicyStore(inner.store_path.store, policy, ledger, name, metadata_key(array))
     view = copy.copy(inner)  # a frozen dataclass: set its fields as its __init__ does
     object.__setattr__(view, "store_path", StorePath(store, inner.store_path.path))
     if type(inner.codec_pipeline).__module__.split(".")[0] == "zarrs":
@@ -338,14 +420,22 @@ def native_view(
     rule is applied here first: ``keys()`` (the store keys the read will
     touch) are looked up with :func:`absent_keys`; absent ones are recorded in
     ``ledger`` (zarrs fills them as zarr does), or raise
-    :class:`MissingChunkError` for ``missing="error"``.  A native read that
+    :class:`MissingChunkError` for ``missing="error"``.  If some are absent,
+    the array's metadata is looked up too (once per ledger): if it is gone,
+    :class:`StoreGoneError`, whatever ``missing`` says.  A native read that
     fails is read again by the caller through :func:`policy_view`, which
     retries transient faults and names (or skips) the chunk that fails.
     """
     if not isinstance(array, zarr.Array) or codec_pipeline_of(array) != "zarrs":
         return None
     wanted = list(dict.fromkeys(keys()))
-    absent = absent_keys(array.store_path.store, wanted, scope)
+    store = array.store_path.store
+    absent = absent_keys(store, wanted, scope)
+    meta = metadata_key(array)
+    if absent and ledger.gone is None and meta is not None:
+        there = not absent_keys(store, [meta], scope)
+        ledger.gone = "" if there else gone_message(store, meta, name)
+    ledger.check_gone()
     ledger.missing.extend(absent)
     if absent and policy.missing == "error":
         raise missing_error(absent[0], name)

@@ -48,7 +48,13 @@ import zarr
 from dask.optimization import cull
 
 from ._batching import join_rows
-from ._errors import ChunkReadError, CorruptChunkError, MissingChunkError, ReadCancelledError
+from ._errors import (
+    ChunkReadError,
+    CorruptChunkError,
+    MissingChunkError,
+    ReadCancelledError,
+    StoreGoneError,
+)
 from ._plan import ChunkPiece, Selector, Window
 from ._policy import (
     DEFAULT_POLICY,
@@ -101,7 +107,7 @@ def read_rows(
     """
     try:
         slab = np.asarray(read_array(array, (slice(piece.start, piece.stop),), scope))
-    except (MissingChunkError, ReadCancelledError):
+    except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
     except Exception as exc:
         raise chunk_error(array, name, f"axis-0 chunk {piece.chunk}", piece, ledger, exc) from exc
@@ -340,7 +346,12 @@ def _views(
 
 
 def _raise_failed_read(array: Any, name: str, pieces: Sequence[ChunkPiece], ledger: Ledger) -> None:
-    """Raise the error of a key whose read failed for good, naming its chunk."""
+    """Raise the error of a key whose read failed for good, naming its chunk.
+
+    First :class:`StoreGoneError` if the array turned out to be gone: its
+    chunks are not read again one by one.
+    """
+    ledger.check_gone()
     for key, exc in ledger.failed.items():
         for piece in pieces:
             if key in storage_keys(array, piece.start, piece.stop):
@@ -517,7 +528,7 @@ def read_block(
     try:
         if result is None:
             result = _owned(np.asarray(read_array(view, slices, scope)))
-    except (MissingChunkError, ReadCancelledError):
+    except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
     except Exception as exc:
         error = chunk_error(
@@ -603,7 +614,7 @@ def read_shard(
     )
     try:
         slab: np.ndarray | None = np.asarray(read_array(view, region, scope))
-    except (MissingChunkError, ReadCancelledError):
+    except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
     except Exception as exc:
         if ledger.failed:  # the shard's retries are spent: name its first block

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import zarr
@@ -37,6 +37,8 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from ._plan import ChunkPiece, reads_whole_shard
 
 __all__ = ["read_sharded", "sharding_codec"]
+
+T = TypeVar("T")
 
 
 def sharding_codec(array: Any) -> Any | None:
@@ -146,8 +148,8 @@ async def read_sharded(
                 merged[-1][1] = max(merged[-1][1], hi)
             else:
                 merged.append([lo, hi])
-        datas = await asyncio.gather(
-            *(store.get(key, prototype, RangeByteRequest(lo, hi)) for lo, hi in merged)
+        datas = await _all(
+            [store.get(key, prototype, RangeByteRequest(lo, hi)) for lo, hi in merged]
         )
         found = {}
         for coords, (lo, hi) in spans.items():
@@ -195,7 +197,7 @@ async def read_sharded(
             existing = min(per_shard[0], total - row * per_shard[0])
             whole = reads_whole_shard(len(locals_), existing)
             keys = {key_of(row, rest): None for rest in others}
-            found = await asyncio.gather(*(fetch(key, locals_, whole) for key in keys))
+            found = await _all([fetch(key, locals_, whole) for key in keys])
             chunks = dict(zip(keys, found, strict=True))
             async with asyncio.TaskGroup() as group:
                 for piece, at in items:
@@ -204,6 +206,19 @@ async def read_sharded(
     async with asyncio.TaskGroup() as group:  # a failure cancels the siblings
         for row, items in rows.items():
             group.create_task(one_row(row, items))
+
+
+async def _all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """``asyncio.gather(*coros)``, except that a failure cancels the others and waits for them.
+
+    With ``gather`` the other fetches of a failed shard row went on reading,
+    unowned, after the window had failed (and after its stream was closed).
+    A failure is raised as an ``ExceptionGroup`` (the read layer reads the
+    window again chunk by chunk to name it).
+    """
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(coro) for coro in coros]
+    return [task.result() for task in tasks]
 
 
 def _coords(locals_: list[int], per_shard: tuple[int, ...]) -> list[tuple[int, ...]]:

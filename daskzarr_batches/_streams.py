@@ -28,15 +28,17 @@ from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 
-from ._batching import Batcher, Ranges
+from ._batching import Batcher, Ranges, positions_between
 from ._batching import count_batches as _count
 from ._errors import (
     ArgumentValueError,
     ChunkReadError,
     MissingChunksWarning,
     SkippedChunksWarning,
+    StreamFailedError,
     WindowError,
     WindowTimeoutError,
+    warn_caller,
 )
 from ._plan import EpochPlan, PlanSummary, Window, read_amplification
 from ._policy import DEFAULT_POLICY, DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy, ReadReport
@@ -649,11 +651,17 @@ class StreamStats:
         Time the consumer spent blocked in ``next()`` waiting for data.
     chunks_missing : int
         Chunks (batch streams: axis-0 chunks per array) with stored objects
-        absent from the store, read as the fill value; not in ``chunks_read``.
+        absent from the store, read as the fill value; each counted once per
+        stream, however many windows read it; not in ``chunks_read``.
     retries : int
         Reads retried after a transient fault.
     skipped : list of SkippedChunk
         Chunks left out because they do not decode (``on_error="skip"``).
+    samples_filled : int
+        Samples yielded in place of skipped ones so that a rank keeps its
+        steps: a :class:`Loader` with ``world_size > 1`` fills the shortfall
+        of skipped chunks from the start of the rank's own share, as
+        ``even_batches`` pads.
     time_to_first_batch : float or None
         Seconds from the stream's creation to the first batch (chunk streams:
         the first chunk) handed out; ``None`` before it.  The start-up cost:
@@ -671,6 +679,7 @@ class StreamStats:
     chunks_missing: int = 0
     retries: int = 0
     skipped: list[SkippedChunk] = field(default_factory=list)
+    samples_filled: int = 0
     time_to_first_batch: float | None = None
 
     @property
@@ -687,7 +696,10 @@ class Stream(Generic[T]):
     """An iterator with ``len()``, ``close()``, context-manager use and stats.
 
     One pass: once exhausted (or closed) it stays exhausted, as Python's
-    iterators do.  ``next()`` may be called from several threads: calls are
+    iterators do.  Once ``next()`` has raised an error (a chunk that cannot
+    be read, a timeout, an interrupt), every later ``next()`` raises
+    :class:`StreamFailedError` naming it: an epoch cut short never looks
+    finished.  ``next()`` may be called from several threads: calls are
     serialised, and each item goes to exactly one caller.
 
     Subclasses provide ``_produce()``, a generator of items; everything it
@@ -711,9 +723,10 @@ class Stream(Generic[T]):
         self._token = uuid.uuid4().hex[:12]
         self._items: Iterator[T] | None = None
         self._closed = False
+        self._failure: BaseException | None = None  # the error that stopped the stream
         self._lock = threading.Lock()
         self._missing = missing
-        self._first_missing: str | None = None
+        self._missing_seen: set[tuple[str, object]] = set()  # (array, chunk), each counted once
         self._warned = False
 
     def _produce(self) -> Iterator[T]:
@@ -727,6 +740,8 @@ class Stream(Generic[T]):
 
     def __next__(self) -> T:
         with self._lock:
+            if self._failure is not None:
+                raise self._failed()
             if self._closed:
                 raise StopIteration
             if self._items is None:
@@ -734,12 +749,27 @@ class Stream(Generic[T]):
                 self._items = type(self)._produce(proxy)
             try:
                 return next(self._items)
-            except BaseException:  # StopIteration included: exhausted
+            except BaseException as exc:  # StopIteration included: exhausted
                 closed_elsewhere = self._closed  # close() from another thread stopped it
+                if not closed_elsewhere and not isinstance(exc, StopIteration):
+                    self._failure = exc  # every later next() names it
                 self._close(force=True)
                 if closed_elsewhere:
                     raise StopIteration from None
                 raise
+
+    def _failed(self) -> StreamFailedError:
+        """The error a ``next()`` after the stream's first error raises."""
+        first = self._failure
+        assert first is not None
+        error = StreamFailedError(
+            f"this stream stopped at an earlier error and yields nothing more "
+            f"({self.stats.items_yielded} of {len(self)} items were yielded): "
+            f"{type(first).__name__}: {first}; make a new stream (a Loader resumes from "
+            "its state_dict()) to go on"
+        )
+        error.__cause__ = first
+        return error
 
     def close(self) -> None:
         """Stop the stream: cancel work in flight and release its results.
@@ -763,30 +793,51 @@ class Stream(Generic[T]):
         items, self._items = self._items, None
         try:
             if items is not None:
-                items.close()  # type: ignore[attr-defined]
+                # A stream collected in a reference cycle (a suspended Loader at interpreter
+                # exit) has its weak references cleared before this runs: the generator's
+                # cleanup then finds its proxy of the stream dead and stops there.
+                with contextlib.suppress(ReferenceError):
+                    items.close()  # type: ignore[attr-defined]
         finally:
             self._runner.close()  # releases anything the generator could not
-        self._warn_missing()
 
-    def _note(self, name: str, report: ReadReport) -> None:
-        """Count what the read policy saw in one task."""
+    def _note(self, name: str, report: ReadReport, chunks: Sequence[object] | None = None) -> None:
+        """Count what the read policy saw in one task; warn at the first missing chunk.
+
+        ``chunks``: the chunks the report's missing keys stand for (default:
+        its axis-0 chunks); each (array, chunk) is counted once per stream,
+        however many windows read it (an exact shuffle reads a chunk in
+        several).
+        """
         self.stats.retries += report.retries
-        self.stats.chunks_missing += len(report.missing_chunks)
-        if report.missing_keys and self._first_missing is None:
-            self._first_missing = f"{report.missing_keys[0]!r} of array {name}"
+        if not report.missing_keys:
+            return
+        found = report.missing_chunks if chunks is None else chunks
+        new = {(name, chunk) for chunk in found} - self._missing_seen
+        self._missing_seen |= new
+        self.stats.chunks_missing += len(new)
+        self._warn_missing(name, report.missing_keys[0])
 
-    def _warn_missing(self) -> None:
-        """One warning per stream for chunks read as the fill value (``missing="warn"``)."""
-        if self._first_missing is None or self._warned or self._missing != "warn":
+    def _warn_missing(self, name: str, key: str) -> None:
+        """One warning per stream, at its first missing chunk (``missing="warn"``).
+
+        Attributed to the caller's line (the first frame outside the package),
+        from the ``next()`` that hands out the first item holding the chunk.
+        """
+        if self._warned or self._missing != "warn":
             return
         self._warned = True
-        warnings.warn(
+        count = self.stats.chunks_missing
+        warn_caller(
             MissingChunksWarning(
-                f"{self.stats.chunks_missing} chunk(s) were missing from the store and read as "
-                f"the fill value (first: {self._first_missing}); pass missing='fill' if the "
-                "array leaves empty chunks unwritten on purpose, or missing='error' to raise"
-            ),
-            stacklevel=4,
+                f"{count} chunk(s) of array {name} were missing from the store and read as the "
+                f"fill value (first: {key!r}; stream.stats.chunks_missing counts them all); "
+                "pass missing='fill' if the array leaves empty chunks unwritten on purpose, "
+                "or missing='error' to raise",
+                array=name,
+                key=key,
+                count=count,
+            )
         )
 
     def __enter__(self) -> Self:
@@ -863,7 +914,25 @@ class BatchStream(Stream[Any]):
     seed : int or None
         The entropy behind the shuffle; pass it as ``seed=`` to repeat an
         epoch drawn with ``seed=None``.
+    positions : list of (int, int)
+        The epoch positions the stream walks, in order (the whole epoch, a
+        rank's share, a worker's part).
+    position : int
+        Where the stream is in ``positions``: the offset after the last
+        sample it has yielded (skipped samples before it included), from
+        which a stream started with ``start=position`` yields exactly the
+        batches this one has still to yield.
     stats : StreamStats
+
+    Notes
+    -----
+    ``positions``, ``start``, ``quota`` and ``fill`` are how a
+    :class:`Loader` runs a rank's share and resumes it: the stream walks the
+    offsets ``start, start + 1, ...`` of ``positions``; it stops after
+    ``quota`` samples (all of them: ``None``); with ``fill=True`` it goes on
+    past the end of ``positions``, wrapping around to their start, until it
+    has yielded ``quota`` samples, so that samples skipped as undecodable
+    (``on_error="skip"``) do not cost a rank a step.
     """
 
     def __init__(
@@ -872,6 +941,9 @@ class BatchStream(Stream[Any]):
         *,
         positions: Ranges | None = None,
         drop_remainder: bool | None = None,
+        start: int = 0,
+        quota: int | None = None,
+        fill: bool = False,
     ) -> None:
         created = time.perf_counter()
         self.spec = spec
@@ -881,38 +953,68 @@ class BatchStream(Stream[Any]):
         self.positions: Ranges = (
             [(0, self.plan.n_used)] if positions is None else [r for r in positions if r[1] > r[0]]
         )
+        self._total = sum(b - a for a, b in self.positions)
+        if start < 0 or (start > self._total and not fill):
+            raise ArgumentValueError(
+                f"start={start} is outside the stream's {self._total} positions"
+            )
+        if fill and quota is None:
+            raise ArgumentValueError("fill=True needs a quota of samples to fill up to")
+        self._start = start
+        self._fill = fill and self._total > 0
         self._drop = spec.drop_remainder if drop_remainder is None else drop_remainder
+        self._quota = quota
         runner = make_runner(
             spec.client,
             in_flight=spec.prefetch + 1 + RAMP_WINDOWS,
             read_workers=read_threads(spec.sources),
             requests=spec.io_concurrency,
         )
-        length = _count(sum(b - a for a, b in self.positions), spec.batch_size, self._drop)
+        planned = max(self._total - start, 0) if quota is None else quota
+        length = _count(planned, spec.batch_size, self._drop)
         super().__init__(length, runner, spec.timeout, spec.missing)
         self._created = created
+        # offsets (from ``start``) of the samples left out as undecodable, ascending
+        self._skipped: list[np.ndarray] = []
 
     @property
     def seed(self) -> int | None:
         """The entropy behind the shuffle (``None`` for a sequential stream)."""
         return self.spec.seed
 
+    @property
+    def position(self) -> int:
+        """Offset in ``positions`` after the last sample yielded (skipped ones included)."""
+        yielded = self.stats.samples_yielded
+        if yielded == 0:
+            return self._start
+        if not self._skipped:
+            return self._start + yielded
+        skipped = np.concatenate(self._skipped)
+        # the k-th kept offset is k plus the number of skipped offsets below it
+        below = int(np.searchsorted(skipped - np.arange(len(skipped)), yielded - 1, "right"))
+        return self._start + yielded + below
+
     def _produce(self) -> Iterator[Any]:
         spec = self.spec
         assert spec.prefetch is not None
-        windows = self._windows()
-        in_flight: deque[tuple[Window, Any]] = deque()
+        windows = _WindowSource(self.plan, self.positions, self._start, self._fill)
+        in_flight: deque[tuple[Window, int, Any]] = deque()
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
         sources: list[Source] = []
         deliver = _Delivery(self.stats, spec.paired, self._created)
         policy = spec.policy
         plan_order = self._runner.plan_order  # results arrive in plan order: cut by slicing
+        quota = self._quota
+        fed = 0  # samples handed to the batcher
+        skipped = 0  # samples left out as undecodable, in windows read so far
+        filled_read = filled_kept = 0  # samples read, and kept, past the positions' end
 
         # Windows in flight are counted by their share of a full window's samples, so
         # the fast-start ramp's small windows (together one window) are read together:
         # on a store with high latency each would otherwise cost a round trip.
         full = max(spec.window_rows, 1)
-        pending: list[Window] = []
+        pending: list[tuple[Window, int]] = []
         held = 0.0
 
         def weight(window: Window) -> float:
@@ -922,11 +1024,13 @@ class BatchStream(Stream[Any]):
             nonlocal held
             while most is None or len(in_flight) < most:
                 if not pending:
-                    upcoming = next(windows, None)
+                    # past the positions' end: only what the skipped samples left short
+                    short = 0 if quota is None else quota - (windows.planned - skipped)
+                    upcoming = windows.next(short)
                     if upcoming is None:
                         return
                     pending.append(upcoming)
-                window = pending[0]
+                window, offset = pending[0]
                 if in_flight and held + weight(window) > limit + 1e-9:
                     return
                 pending.pop()
@@ -934,14 +1038,14 @@ class BatchStream(Stream[Any]):
                 dsk, key = window_graph(
                     sources,
                     window,
-                    self._token,
+                    f"{self._token}-{offset}",  # unique: a wrapped share meets a window again
                     policy,
                     self._runner.scope,
                     plan_order,
                     spec.decode_bytes,
                 )
                 future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
-                in_flight.append((window, future))
+                in_flight.append((window, offset, future))
 
         try:
             sources = self._place(spec.sources)
@@ -954,7 +1058,7 @@ class BatchStream(Stream[Any]):
                     top_up(spec.prefetch + 1)
                 if not in_flight:
                     break
-                window, future = in_flight[0]  # stays in flight (released) if this fails
+                window, offset, future = in_flight[0]  # stays in flight (released) if this fails
                 results = self._wait(future, lambda w=window: self._where(w))
                 in_flight.popleft()
                 held -= weight(window)
@@ -966,10 +1070,28 @@ class BatchStream(Stream[Any]):
                 reports = [report for _, report in results]
                 del results
                 self._count_reads(window, reports)
+                size = window.size
+                if any(report.skipped for report in reports):
+                    outputs, order, gone = self._skip(window, outputs, order, reports)
+                    self._skipped.append(offset + gone)
+                    skipped += len(gone)
+                    size -= len(gone)
+                if quota is not None and fed + size > quota:  # the quota's last window
+                    size = quota - fed
+                    outputs, order = _first_rows(outputs, order, size)
+                fed += size
+                if offset >= self._total - self._start:  # a window past the end: filling
+                    self.stats.samples_filled += size
+                    filled_read += window.size
+                    filled_kept += size
+                    if filled_read >= self._total and not filled_kept:
+                        raise ChunkReadError(
+                            f"cannot fill the {(quota or 0) - fed} samples still due to keep this "
+                            f"stream's {len(self)} steps: every sample of its positions was "
+                            "skipped as undecodable (on_error='skip')"
+                        )
                 if not first:
                     top_up(spec.prefetch)
-                if any(report.skipped for report in reports):
-                    outputs, order = self._skip(window, outputs, order, reports)
                 for batch in batcher.feed(outputs, order):
                     yield deliver(batch)
                     if first:
@@ -981,21 +1103,15 @@ class BatchStream(Stream[Any]):
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
                 if spec.decode_bytes is not None:
                     release_free_memory()  # the window's memory, not kept by the C heap
+                if quota is not None and fed >= quota:
+                    break
             rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
                 yield deliver(rest)
         finally:
-            for _, future in in_flight:
+            for _, _, future in in_flight:
                 self._runner.release(future)
             in_flight.clear()
-
-    def _windows(self) -> Iterator[Window]:
-        """The windows of this stream's positions (``EpochPlan.windows_between``).
-
-        The generator holds the plan and positions, not the stream: a stream
-        dropped with windows left is still finalised by reference counting.
-        """
-        return _windows_of(self.plan, self.positions)
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.
@@ -1042,14 +1158,15 @@ class BatchStream(Stream[Any]):
         outputs: tuple[np.ndarray, ...],
         order: np.ndarray | None,
         reports: Sequence[ReadReport],
-    ) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
+    ) -> tuple[tuple[np.ndarray, ...], np.ndarray | None, np.ndarray]:
         """Leave out the samples of undecodable chunks, from every array.
 
         Each output holds the window's samples in ascending order (``order``
         maps plan positions to them), or in plan order (``order`` is
         ``None``), less its own skipped chunks; the samples skipped by any
         array are removed from all, so pairs stay aligned, and the plan order
-        is renumbered.
+        is renumbered.  Also returns the plan positions (within the window)
+        of the samples left out, ascending.
         """
         if order is None:  # outputs in plan order (also sequential windows: ascending)
             ascending = np.asarray(window.samples)
@@ -1068,9 +1185,12 @@ class BatchStream(Stream[Any]):
         for rows, dropped in zip(outputs, dropped_by, strict=True):
             kept.append(rows[keep[~np.isin(ascending, dropped)]])
         renumbered = None
+        kept_in_plan = keep
         if order is not None:
-            positions = order[keep[order]]
+            kept_in_plan = keep[order]
+            positions = order[kept_in_plan]
             renumbered = (np.cumsum(keep) - 1)[positions].astype(np.int64)
+        gone = np.flatnonzero(~kept_in_plan)
         names = []
         for source, report in zip(self.spec.sources, reports, strict=True):
             for chunk, lo, hi in report.skipped:
@@ -1086,15 +1206,63 @@ class BatchStream(Stream[Any]):
                 ),
                 stacklevel=4,
             )
-        return tuple(kept), renumbered
+        return tuple(kept), renumbered, gone
 
 
-def _windows_of(plan: EpochPlan, positions: Ranges) -> Iterator[Window]:
-    index = 0
+def _windows_of(plan: EpochPlan, positions: Ranges, index: int = 0) -> Iterator[Window]:
+    """The windows delivering ``positions`` (epoch positions, in order), numbered on."""
     for first, end in positions:
         for window in plan.windows_between(first, end, index):
             yield window
             index = window.index + 1
+
+
+class _WindowSource:
+    """The windows a batch stream reads, each with its offset from the stream's start.
+
+    First the windows of offsets ``start:total`` of ``positions``; then, with
+    ``fill``, windows past the end (wrapping around to the positions' start),
+    each asked for as many samples as are still short (:meth:`next`).  Holds
+    the plan and positions, never the stream: a stream dropped with windows
+    left is still finalised by reference counting.
+    """
+
+    def __init__(self, plan: EpochPlan, positions: Ranges, start: int, fill: bool) -> None:
+        self.plan = plan
+        self.positions = positions
+        self.fill = fill
+        self.start = start
+        total = sum(stop - first for first, stop in positions)
+        self.planned = 0  # offsets (from start) covered by the windows handed out
+        self.index = 0
+        self._windows: Iterator[Window] = iter(())
+        if start < total:
+            self._windows = _windows_of(plan, positions_between(positions, start, total))
+
+    def next(self, short: int) -> tuple[Window, int] | None:
+        """The next window and its offset; past the end, one of ``short`` samples at most."""
+        window = next(self._windows, None)
+        if window is None and self.fill and short > 0:
+            at = self.start + self.planned  # wraps: positions_between counts modulo the total
+            self._windows = _windows_of(
+                self.plan, positions_between(self.positions, at, at + short), self.index
+            )
+            window = next(self._windows, None)
+        if window is None:
+            return None
+        offset = self.planned
+        self.planned += window.size
+        self.index = window.index + 1
+        return window, offset
+
+
+def _first_rows(
+    outputs: tuple[np.ndarray, ...], order: np.ndarray | None, size: int
+) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
+    """The first ``size`` samples (in plan order) of a window's outputs."""
+    if order is None:
+        return tuple(rows[:size] for rows in outputs), None
+    return outputs, order[:size]
 
 
 #: Windows beyond ``prefetch + 1`` a stream may have in flight: the fast-start ramp's
@@ -1214,7 +1382,7 @@ class ChunkStream(Stream[Any]):
 
         def hand_out(entry: ShardItem) -> Iterator[Any]:
             block, item, report, error = entry
-            self._note(self.source.name, report)
+            self._note(self.source.name, report, [block] if report.missing_chunks else ())
             if error is not None:
                 raise WindowError(
                     f"{self._where(block)} failed: {type(error).__name__}: {error}"
@@ -1296,12 +1464,11 @@ class ChunkStream(Stream[Any]):
         samples = range(slices[0].start, slices[0].stop)
         self.stats.skipped.append(SkippedChunk(self.source.name, block, samples))
         self.stats.windows_read += 1
-        warnings.warn(
+        warn_caller(
             SkippedChunksWarning(
                 f"skipped chunk {block} (samples {samples.start}:{samples.stop}) of array "
                 f"{self.source.name}: it does not decode (on_error='skip')"
-            ),
-            stacklevel=4,
+            )
         )
 
     def _deliver(self, block: tuple[int, ...], item: Any, missing: bool = False) -> Any:

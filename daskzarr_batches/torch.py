@@ -28,9 +28,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
 
 import numpy as np
 
-from ._batching import Ranges, positions_between, skip
 from ._loader import Loader
-from ._streams import BatchStream
 
 __all__ = ["ZarrIterableDataset"]
 
@@ -106,31 +104,18 @@ class ZarrIterableDataset(IterableDataset):
 
     def _worker_part(self, worker: int, workers: int) -> Iterator[Any]:
         loader = self.loader
-        spec = dataclasses.replace(loader.spec.with_epoch(loader.epoch), client=None)
-        left = skip(loader._positions(), loader._consumed * spec.batch_size)
-        part = worker_positions(left, spec.batch_size, worker, workers)
+        part = loader.worker(worker, workers)
+        part.spec = dataclasses.replace(part.spec, client=None)
         import dask
 
-        with (
-            dask.config.set(scheduler="threads"),  # never an inherited distributed client
-            BatchStream(spec, positions=part, drop_remainder=loader.drop_remainder) as stream,
-        ):
-            loader.stats = stream.stats
-            for batch in stream:
-                yield to_tensors(loader._shape(batch))
+        with dask.config.set(scheduler="threads"):  # never an inherited distributed client
+            for batch in part:
+                loader.stats = part.stats
+                yield to_tensors(batch)
         loader.set_epoch(loader.epoch + 1)  # this copy's next epoch (persistent workers)
 
     def __repr__(self) -> str:
         return f"<ZarrIterableDataset of {self.loader!r}>"
-
-
-def worker_positions(ranges: Ranges, batch_size: int, worker: int, workers: int) -> Ranges:
-    """Worker ``worker``'s contiguous part of ``ranges``, of whole batches but the last."""
-    total = sum(stop - start for start, stop in ranges)
-    batches = -(-total // batch_size)
-    first = worker * batches // workers * batch_size
-    end = min((worker + 1) * batches // workers * batch_size, total)
-    return positions_between(ranges, first, end) if first < end else []
 
 
 def to_tensors(batch: Any) -> Any:

@@ -350,6 +350,27 @@ def test_bench_counts_missing_and_skipped_chunks(
     assert "is missing from the store" in capsys.readouterr().err
 
 
+def test_bench_reports_missing_chunks_as_one_line_in_its_own_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = make_training_store(tmp_path / "t.zarr", n=400)  # 4 chunks of features
+    for chunk in (1, 2):
+        (store / "features" / "c" / str(chunk) / "0").unlink()
+    argv = ["bench", str(store), "--array", "features", "--batch-size", "8", "--exact"]
+    assert main([*argv, "--epochs", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["total"]["chunks_missing"] == 4  # 2 per epoch, each counted once
+    assert err.count("\n") == 1, err
+    assert err.startswith(
+        "daskzarr-batches: warning: 2 chunks were missing from the store in each epoch and "
+        "read as the fill value (first: 'features/c/"
+    ), err
+    assert "pass --missing fill" in err and "--missing error" in err
+    assert "missing='fill'" not in err and "Warning" not in err
+    assert main([*argv, "--missing", "fill"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

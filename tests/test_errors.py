@@ -282,8 +282,11 @@ def test_undecodable_chunk_raises_from_next(
     assert isinstance(info.value, OSError)
     check_library_error(info.value)
     assert info.value.__cause__ is not None
-    with pytest.raises(StopIteration):  # the stream is closed after the error
+    # the stream stops after the error, and says so: never a StopIteration that reads
+    # as a finished epoch with the rest of the data gone
+    with pytest.raises(dzb.StreamFailedError, match=type(info.value).__name__) as again:
         next(stream)
+    assert again.value.__cause__ is info.value
 
 
 def test_undecodable_chunk_behind_a_dask_computation(tmp_path: pathlib.Path) -> None:
@@ -317,5 +320,5 @@ def test_timeout_raises_from_next(name: str) -> None:
     assert time.perf_counter() - started < 1.2
     assert isinstance(info.value, dzb.WindowTimeoutError)
     check_library_error(info.value)
-    with pytest.raises(StopIteration):
+    with pytest.raises(dzb.StreamFailedError, match="WindowTimeoutError"):
         next(stream)

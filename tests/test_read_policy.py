@@ -67,7 +67,9 @@ def rows_of(items: list[Any]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", STREAMS)
-def test_a_missing_chunk_warns_once_by_default_and_reads_as_fill(tmp_path: Path, kind: str) -> None:
+def test_a_missing_chunk_warns_once_at_the_first_and_reads_as_fill(
+    tmp_path: Path, kind: str
+) -> None:
     x = write(tmp_path)
     chunk_file(tmp_path, 2).unlink()
     stream = STREAMS[kind](x)
@@ -75,15 +77,57 @@ def test_a_missing_chunk_warns_once_by_default_and_reads_as_fill(tmp_path: Path,
         reads = [piece.chunk for window in stream.plan.windows() for piece in window.pieces[0]]
     else:
         reads = list(range(ROWS // CHUNK))
-    missing = reads.count(2)
+    items: list[Any] = []
+    warned_at = None
     with pytest.warns(dzb.MissingChunksWarning) as caught:
-        got = rows_of(list(stream))
+        for item in stream:  # the warning's line: the caller's, not the library's
+            items.append(item)
+            warned_at = len(items) if caught and warned_at is None else warned_at
+    got = rows_of(items)
     assert len(caught) == 1
-    assert str(caught[0].message).startswith(f"{missing} chunk(s) were missing")
-    assert "'c/2/0'" in str(caught[0].message) and "missing='fill'" in str(caught[0].message)
-    assert stream.stats.chunks_missing == missing
-    assert stream.stats.chunks_read == len(reads) - missing
+    assert caught[0].filename == __file__
+    # in the next() that handed out the first item of the window holding it, not at the end
+    first_fill = next(i for i, item in enumerate(items, 1) if (np.asarray(item) == 0).any())
+    assert warned_at is not None and warned_at <= first_fill
+    warning = caught[0].message
+    assert isinstance(warning, dzb.MissingChunksWarning)
+    assert (warning.key, warning.array, warning.count) == ("c/2/0", stream_name(stream), 1)
+    assert "'c/2/0'" in str(warning) and "missing='fill'" in str(warning)
+    assert reads.count(2) > 1 or kind != "exact"  # several windows read it: counted once
+    assert stream.stats.chunks_missing == 1
+    assert stream.stats.chunks_read == len(reads) - reads.count(2)
     assert np.sort(got[:, 0]).tolist().count(0.0) == CHUNK  # the fill value, 10 rows of it
+
+
+def stream_name(stream: Any) -> str:
+    if isinstance(stream, dzb.ChunkStream):
+        return str(stream.source.name)
+    return str(stream.spec.sources[0].name)
+
+
+def test_the_missing_chunk_warning_points_at_the_loop_through_a_loader(tmp_path: Path) -> None:
+    x = write(tmp_path)
+    chunk_file(tmp_path, 3).unlink()
+    loader = dzb.Loader({"x": x}, 8)
+    with pytest.warns(dzb.MissingChunksWarning) as caught:
+        for _ in loader:  # the warning's line
+            pass
+    assert len(caught) == 1 and caught[0].filename == __file__
+    assert loader.stats is not None and loader.stats.chunks_missing == 1
+
+
+def test_the_missing_chunk_warning_points_at_the_loop_through_the_torch_adapter(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    from daskzarr_batches.torch import ZarrIterableDataset
+
+    x = write(tmp_path)
+    chunk_file(tmp_path, 3).unlink()
+    with pytest.warns(dzb.MissingChunksWarning) as caught:
+        for _ in ZarrIterableDataset(dzb.Loader({"x": x}, 8)):  # the warning's line
+            pass
+    assert len(caught) == 1 and caught[0].filename == __file__
 
 
 @pytest.mark.parametrize("kind", STREAMS)
@@ -111,14 +155,73 @@ def test_reductions_take_the_policy_too(tmp_path: Path) -> None:
         assert dzb.feature_moments(x).count == ROWS
 
 
-def test_a_store_removed_mid_epoch_is_an_error_not_zeros(tmp_path: Path) -> None:
-    x = write(tmp_path)
-    stream = dzb.batch_stream(x, 8, window_bytes=24 * 12, prefetch=0, missing="error")
+@pytest.mark.parametrize("opened", ["zarr.Array", "open_array", "chunks", "cluster"])
+@pytest.mark.parametrize("missing", ["warn", "fill", "error"])
+def test_a_store_removed_mid_epoch_is_an_outage_not_zeros(
+    tmp_path: Path, missing: str, opened: str, request: pytest.FixtureRequest
+) -> None:
+    write(tmp_path)
+    where = tmp_path / "x.zarr"
+    # zarr's own pipeline through the policy store, or zarrs reading the directory itself
+    x = dzb.open_array(where) if opened == "open_array" else zarr.open_array(where, mode="r")
+    client = request.getfixturevalue("client") if opened == "cluster" else None
+    if opened == "chunks":
+        stream: Any = dzb.chunk_stream(x, io_concurrency=1, missing=missing)
+    else:
+        stream = dzb.batch_stream(
+            x, 8, window_bytes=24 * 12, prefetch=0, missing=missing, client=client
+        )
     first = next(stream)
-    shutil.rmtree(tmp_path / "x.zarr")
-    with pytest.raises(dzb.MissingChunkError):
-        list(stream)
-    assert first[0, 0] == 1
+    shutil.rmtree(where)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no MissingChunksWarning either
+        with pytest.raises(dzb.StoreGoneError, match=r"array .*x\.zarr is gone") as raised:
+            more = list(stream)
+            pytest.fail(f"{len(more)} more items, {sum((m == 0).all() for m in more)} of zeros")
+    assert isinstance(raised.value, dzb.ChunkReadError) and isinstance(raised.value, OSError)
+    assert isinstance(raised.value, FileNotFoundError)
+    assert str(where) in str(raised.value)
+    assert np.asarray(first)[0, 0] == 1
+    assert stream.stats.chunks_missing == 0
+
+
+def test_array_metadata_gone_is_an_outage_and_unwritten_chunks_are_not(tmp_path: Path) -> None:
+    x = write(tmp_path)
+    chunk_file(tmp_path, 1).unlink()
+    assert len(rows_of(list(dzb.batch_stream(x, 8, missing="fill")))) == ROWS  # a hole
+    (tmp_path / "x.zarr" / "zarr.json").unlink()  # the array itself is gone
+    with pytest.raises(dzb.StoreGoneError, match=r"'zarr\.json' is no longer in the store"):
+        list(dzb.batch_stream(x, 8, missing="fill"))
+
+
+class MetadataGets(zarr.storage.WrapperStore[Any]):
+    """Counts ``get`` calls of the array's metadata document."""
+
+    def __init__(self, store: Any, counts: list[int] | None = None) -> None:
+        super().__init__(store)
+        self.counts = [0] if counts is None else counts
+
+    def _with_store(self, store: Any) -> MetadataGets:
+        return type(self)(store, self.counts)
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        self.counts[0] += key.endswith("zarr.json")
+        return await self._store.get(key, prototype, byte_range)
+
+
+def test_a_sparse_array_pays_one_metadata_lookup_per_read_task(tmp_path: Path) -> None:
+    x = zarr.create_array(tmp_path / "x.zarr", shape=(ROWS, COLS), chunks=(CHUNK, COLS), dtype="f4")
+    x[:CHUNK] = 1  # one chunk written, five never were
+    store = MetadataGets(zarr.storage.LocalStore(tmp_path / "x.zarr", read_only=True))
+    sparse = zarr.open_array(store, mode="r")
+    opened = store.counts[0]
+    stream = dzb.shuffled_batch_stream(sparse, 8, seed=1, memory_budget=30 * 12, missing="fill")
+    assert len(rows_of(list(stream))) == ROWS
+    windows = stream.stats.windows_read
+    assert windows > 1 and stream.stats.chunks_missing == 5
+    absent_reads = sum(p.chunk > 0 for w in stream.plan.windows() for p in w.pieces[0])
+    assert absent_reads > windows  # 33 reads of absent chunks in 9 windows
+    assert store.counts[0] - opened <= windows  # one lookup per read task, not per chunk
 
 
 # --------------------------------------------------------------------------

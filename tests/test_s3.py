@@ -292,3 +292,26 @@ def test_a_server_stopped_mid_epoch_fails_the_stream(s3_server_to_stop: Any) -> 
     # opening an array of a group opened before the stop fails as a library error too
     with pytest.raises(dzb.ArgumentValueError, match="EndpointConnectionError"):
         dzb.open_array(group, "features")
+
+
+@pytest.mark.parametrize("what", ["bucket", "array"])
+def test_a_bucket_or_array_deleted_mid_epoch_is_an_outage(s3_server: Any, what: str) -> None:
+    import s3fs
+
+    bucket = s3_server.new_bucket("gone")
+    url = f"s3://{bucket}/data.zarr"
+    options = s3_server.storage_options()
+    written = zarr.open_group(url, mode="w", storage_options=options)
+    written.create_array("features", data=X, chunks=(FEATURE_CHUNK, FEATURES))
+    x = dzb.open_array(url, "features", storage_options=options)
+    stream = dzb.batch_stream(x, BATCH, window_bytes=CHUNK_BYTES, prefetch=0)
+    got = [next(stream)]
+    fs = s3fs.S3FileSystem(**options)
+    fs.rm(f"{bucket}/data.zarr/features", recursive=True)
+    if what == "bucket":
+        fs.rm(bucket, recursive=True)
+        assert not fs.exists(bucket)
+    with pytest.raises(dzb.StoreGoneError, match=r"'features/zarr\.json' is no longer in"), stream:
+        got.extend(stream)  # missing="warn": it was 1,750 rows of zeros
+    assert len(got) < len(stream)
+    assert_bit_identical(np.concatenate(got), X[: len(got) * BATCH])

@@ -16,11 +16,8 @@ torch = pytest.importorskip("torch")
 
 import daskzarr_batches as dzb  # noqa: E402
 from daskzarr_batches._batching import positions_between  # noqa: E402
-from daskzarr_batches.torch import (  # noqa: E402
-    ZarrIterableDataset,
-    to_tensors,
-    worker_positions,
-)
+from daskzarr_batches._batching import worker_part as worker_positions  # noqa: E402
+from daskzarr_batches.torch import ZarrIterableDataset, to_tensors  # noqa: E402
 
 N = 50
 
