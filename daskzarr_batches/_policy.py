@@ -18,6 +18,7 @@ error (``"error"``).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextvars
 import copy
@@ -26,6 +27,7 @@ import itertools
 import os
 import random
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -43,7 +45,7 @@ from ._errors import (
     StoreGoneError,
 )
 from ._sources import codec_pipeline_of, zarr_pipeline
-from ._threads import zarr_loop
+from ._threads import drain, zarr_loop
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -302,6 +304,7 @@ class CancelScope:
         self.requests = requests
         self._limit = None if requests is None else asyncio.Semaphore(requests)
         self.cpu = threading.BoundedSemaphore(os.cpu_count() or 1)
+        _SCOPES.add(self)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on Zarr's event loop and wait for it, unless cancelled."""
@@ -348,6 +351,29 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
     """
     if not task.cancelled():
         task.exception()
+
+
+#: Every live scope, cancelled together when the interpreter exits.
+_SCOPES: weakref.WeakSet[CancelScope] = weakref.WeakSet()
+#: Seconds the exit waits for the calls still running on the library's threads.
+EXIT_DRAIN_SECONDS = 2.0
+
+
+def _stop_at_exit() -> None:
+    """At exit, cancel every stream's reads and let running calls end, before Zarr's loop closes.
+
+    Registered after Zarr's own ``cleanup_resources`` (Zarr is imported
+    first), so it runs before it: the cancellations reach a running loop
+    (nothing is left pending for a closed one), and no daemon thread is
+    still decoding when the interpreter is finalized.  A read blocked in the
+    operating system is abandoned by the cancellation, so it is not waited for.
+    """
+    for scope in list(_SCOPES):
+        scope.cancel()
+    drain(EXIT_DRAIN_SECONDS)
+
+
+atexit.register(_stop_at_exit)
 
 
 def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | None) -> Any:

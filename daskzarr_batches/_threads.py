@@ -30,12 +30,14 @@ import concurrent.futures
 import os
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ._errors import WindowError
 
-__all__ = ["DEFAULT_IO_WORKERS", "DaemonExecutor", "io_executor", "zarr_loop"]
+__all__ = ["DEFAULT_IO_WORKERS", "DaemonExecutor", "drain", "io_executor", "zarr_loop"]
 
 #: Threads of Zarr's loop executor when ``zarr.config`` sets no ``threading.max_workers``:
 #: asyncio's (and Zarr's) default.
@@ -86,13 +88,21 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         self._name = name
         self._abandons = abandon
         self._items: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        # re-entrant: a finalizer run by the garbage collector while this thread holds it
+        # (a stream dropped in a cycle closes its runner) may come back to this pool
+        self._lock = threading.RLock()
         self._counted = 0  # threads alive and not abandoned
         self._idle = 0  # counted threads free to take the next item
         self._waiting = 0  # items queued that no idle thread was reserved for
         self._running: dict[_Work, bool] = {}  # running call -> abandoned
         self._started = 0
         self._closed = False
+        _EXECUTORS.add(self)
+
+    def busy(self) -> int:
+        """Calls running now that are not abandoned."""
+        with self._lock:
+            return sum(not abandoned for abandoned in self._running.values())
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> _Work:
         """Schedule ``fn(*args, **kwargs)``; its future.
@@ -168,6 +178,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         ``wait`` waits for nothing: the threads are daemons, and a call that
         never returns must not hold its caller either.
         """
+        unstarted: list[_Work] = []
         with self._lock:
             if self._closed:
                 return
@@ -179,10 +190,32 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
                     except queue.Empty:
                         break
                     if item is not None:
-                        item[0].cancel()
+                        unstarted.append(item[0])
                 self._waiting = 0
             for _ in range(self._counted):
                 self._items.put(None)
+        for future in unstarted:  # outside the lock: cancelling runs the futures' callbacks
+            future.cancel()
+
+
+_EXECUTORS: weakref.WeakSet[DaemonExecutor] = weakref.WeakSet()
+
+
+def drain(timeout: float) -> None:
+    """Wait until no :class:`DaemonExecutor` runs a call it counts, at most ``timeout`` s.
+
+    Called at exit, after the streams' reads were cancelled and before Zarr
+    closes its loop: the calls still running (a decode, a transform) end
+    while the interpreter is whole.  A daemon thread that comes back from
+    native code after the interpreter is finalized is ended by it, which
+    aborts the process when Rust or C++ frames (zarrs) are on its stack.
+    Abandoned calls are not waited for: they may never return.
+    """
+    deadline = time.monotonic() + timeout
+    while any(executor.busy() for executor in list(_EXECUTORS)):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.005)
 
 
 _io_lock = threading.Lock()
