@@ -96,7 +96,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         self._waiting = 0  # items queued that no idle thread was reserved for
         self._running: dict[_Work, bool] = {}  # running call -> abandoned
         self._started = 0
-        self._closed = False
+        self._shutdown = False
         _EXECUTORS.add(self)
 
     def busy(self) -> int:
@@ -114,7 +114,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         """
         future = _Work(self)
         with self._lock:
-            if self._closed:
+            if self._shutdown:
                 raise WindowError(f"the {self._name} threads were shut down: nothing more runs")
             self._items.put((future, fn, args, kwargs))
             if self._idle:
@@ -180,9 +180,9 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         """
         unstarted: list[_Work] = []
         with self._lock:
-            if self._closed:
+            if self._shutdown:
                 return
-            self._closed = True
+            self._shutdown = True
             if cancel_futures:
                 while True:
                     try:
@@ -242,11 +242,11 @@ def io_executor() -> DaemonExecutor:
     """
     global _io
     with _io_lock:
-        if _io is None or _io._closed:  # closed: Zarr's loop was closed (at exit)
+        if _io is None or _io._shutdown:  # closed: Zarr's loop was closed (at exit)
             import zarr
 
             workers = zarr.config.get("threading.max_workers", None) or DEFAULT_IO_WORKERS
-            _io = DaemonExecutor(workers, "dzb-io", abandon=True)
+            _io = DaemonExecutor(workers, "zarr_io_daemon", abandon=True)
         return _io
 
 
