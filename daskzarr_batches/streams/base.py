@@ -319,7 +319,7 @@ class Stream(Generic[T]):
             if future.done():  # the task itself raised a TimeoutError
                 raise WindowError(f"{what()} failed: {exc!r}") from exc
             raise WindowTimeoutError(
-                f"{what()} was not ready after timeout={self._timeout} s"
+                f"{what()} was not ready after timeout={self._timeout} s{self._runner.timeout_note}"
             ) from exc
         except Exception as exc:
             raise WindowError(f"{what()} failed: {type(exc).__name__}: {exc}") from exc

@@ -250,6 +250,7 @@ class ChunkStream(Stream[Any]):
                     raise WindowTimeoutError(
                         f"{oldest} was not ready after timeout={self._timeout} s "
                         f"(nor any of the {len(in_flight)} reads in flight)"
+                        f"{self._runner.timeout_note}"
                     )
                 for future in ready:
                     arrived = collect(future)
