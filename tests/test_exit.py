@@ -177,6 +177,7 @@ def test_daemon_executor_threads_do_not_join_the_exit_and_abandon_on_cancel() ->
     import threading
 
     from daskzarr_batches._errors import WindowError
+
     from daskzarr_batches.store.threads import DaemonExecutor
 
     release = threading.Event()

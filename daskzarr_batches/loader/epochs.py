@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import reprlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .errors import (
+from ..errors import (
     ArgumentTypeError,
     ArgumentValueError,
     DaskZarrBatchesError,
     LoaderBusyError,
     StreamFailedError,
 )
-from .plan.batching import (
+from ..plan.batching import (
     Ranges,
     complement,
     count_batches,
@@ -38,11 +37,11 @@ from .plan.batching import (
     share,
     worker_part,
 )
-from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
-from .store.sources import is_xarray
-from .streams.base import StreamStats
-from .streams.batch import BatchStream
-from .streams.spec import (
+from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
+from ..store.sources import is_xarray
+from ..streams.base import StreamStats
+from ..streams.batch import BatchStream
+from ..streams.spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_WINDOW_BYTES,
     StreamSpec,
@@ -50,6 +49,7 @@ from .streams.spec import (
     non_negative_int,
     positive_int,
 )
+from .state import _size, _validated_states
 
 __all__ = ["Loader"]
 
@@ -543,148 +543,3 @@ class _Epoch:
     def close(self) -> None:
         """Stop the iteration (as a generator's ``close()``): its stream is released."""
         self._batches.close()  # type: ignore[attr-defined]
-
-
-def _size(ranges: Ranges) -> int:
-    return sum(stop - start for start, stop in ranges)
-
-
-_IDENTITY = (
-    "seed",
-    "n_samples",
-    "batch_size",
-    "shuffle",
-    "shuffle_buffer_size",
-    "window_rows",
-    "even_batches",
-    "drop_remainder",
-)
-_PROGRESS = ("version", "epoch", "batches", "rank", "world_size", "resumed")
-_FIELDS = {
-    1: {*_PROGRESS, *_IDENTITY},
-    2: {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error"},
-}
-
-
-def _validated_states(state: Any, loader: Loader) -> list[dict[str, Any]]:
-    """The states of ``state`` (one or a list), each checked field by field."""
-    if isinstance(state, Mapping):
-        states = [state]
-    elif isinstance(state, list | tuple) and state and all(isinstance(s, Mapping) for s in state):
-        states = list(state)
-    else:
-        raise ArgumentTypeError(
-            "state must be a Loader state (a dict from state_dict()) or a list of them, got "
-            f"{reprlib.repr(state)}"
-        )
-    out = [_validated(one, loader) for one in states]
-    for key in ("epoch", "world_size", "resumed", "on_error", "worker"):
-        values = {repr(one[key]) for one in out}
-        if len(values) > 1:
-            raise ArgumentValueError(f"the states disagree on {key!r}: {sorted(values)}")
-    ranks = [one["rank"] for one in out]
-    if len(set(ranks)) != len(ranks):
-        raise ArgumentValueError(f"the states repeat a rank: {ranks}")
-    return out
-
-
-def _validated(state: Mapping[str, Any], loader: Loader) -> dict[str, Any]:
-    """One state's fields, each checked (type, range, this loader's order), or raise."""
-    version = state.get("version")
-    if type(version) is not int or version not in _FIELDS:
-        raise ArgumentValueError(
-            f"state['version']={reprlib.repr(version)}: not a Loader state (versions "
-            f"{sorted(_FIELDS)})"
-        )
-    fields = _FIELDS[version]
-    lacking = sorted(fields - set(state))
-    if lacking:
-        raise ArgumentValueError(f"the Loader state lacks the field(s) {lacking}")
-    unknown = sorted(map(str, set(state) - fields))
-    if unknown:
-        raise ArgumentValueError(f"the Loader state has unknown field(s) {unknown}")
-    mine = loader._identity()
-    differ = [
-        f"{key}={reprlib.repr(state[key])} (here {mine[key]!r})"
-        for key in _IDENTITY
-        if type(state[key]) is not type(mine[key]) or state[key] != mine[key]
-    ]
-    if differ:
-        raise ArgumentValueError(
-            "the state is of a loader with another order or data: " + ", ".join(differ)
-        )
-    out: dict[str, Any] = {key: _count(state, key) for key in ("epoch", "batches", "rank")}
-    out["world_size"] = _count(state, "world_size", 1)
-    if out["rank"] >= out["world_size"]:
-        raise ArgumentValueError(
-            f"state['rank']={out['rank']} is not below state['world_size']={out['world_size']}"
-        )
-    out["resumed"] = _ranges(state["resumed"], loader.spec.n_samples)
-    if version == 1:  # before positions were recorded: exact unless chunks were skipped
-        out["position"] = out["batches"] * loader.spec.batch_size
-        out["worker"], out["on_error"] = None, "raise"
-    else:
-        out["position"] = _count(state, "position")
-        out["worker"] = state["worker"]
-        out["on_error"] = state["on_error"]
-        if out["on_error"] not in ("raise", "skip"):
-            raise ArgumentValueError(
-                f"state['on_error']={reprlib.repr(out['on_error'])} is not 'raise' or 'skip'"
-            )
-    out["base"] = _worker(out["worker"], loader)
-    return out
-
-
-def _count(state: Mapping[str, Any], key: str, least: int = 0) -> int:
-    value = state[key]
-    if type(value) is not int:
-        raise ArgumentTypeError(f"state[{key!r}] must be an integer, got {reprlib.repr(value)}")
-    if value < least:
-        raise ArgumentValueError(f"state[{key!r}] must be >= {least}, got {value}")
-    return value
-
-
-def _ranges(value: Any, n: int) -> Ranges | None:
-    """``state['resumed']``: ``None``, or ascending, disjoint ``[start, stop]`` pairs in [0, n]."""
-    if value is None:
-        return None
-    bad = ArgumentValueError(
-        f"state['resumed'] must be None or a list of ascending, disjoint [start, stop] "
-        f"pairs of positions in 0..{n}, got {reprlib.repr(value)}"
-    )
-    if not isinstance(value, list | tuple):
-        raise bad
-    out: Ranges = []
-    at = 0
-    for pair in value:
-        if (
-            not isinstance(pair, list | tuple)
-            or len(pair) != 2
-            or not all(type(v) is int for v in pair)
-            or not at <= pair[0] < pair[1] <= n
-        ):
-            raise bad
-        out.append((pair[0], pair[1]))
-        at = pair[1]
-    return out
-
-
-def _worker(value: Any, loader: Loader) -> int:
-    """``state['worker']`` checked against the loader's own part; its base position."""
-    part = loader._part
-    if value is None and part is None:
-        return 0
-    if (
-        not isinstance(value, list | tuple)
-        or len(value) != 3
-        or not all(type(v) is int for v in value)
-        or value[2] < 0
-        or part is None
-        or (value[0], value[1]) != part
-    ):
-        here = "not a worker's loader" if part is None else f"worker {part[0]} of {part[1]}"
-        raise ArgumentValueError(
-            f"state['worker']={reprlib.repr(value)} does not fit this loader ({here}); load "
-            "a worker's state into loader.worker(worker, workers)"
-        )
-    return int(value[2])
