@@ -1,19 +1,19 @@
 """Stream numpy minibatches and per-chunk blocks out of chunked Zarr arrays.
 
 Built on dask (one machine) and dask.distributed (clusters).  The public
-surface is everything in ``__all__``; modules starting with ``_`` are private.
+surface is everything in ``__all__``; the subpackages are the implementation,
+split by what each part knows and importing one way, bottom to top
+(``docs/architecture.md``, checked by ``tests/test_layers.py``):
 
-Modules, each importing only those listed before it (``docs/architecture.md``):
-
-- ``_errors``: the error tree;
-- ``_batching``: batch arithmetic and cutting windows into owned batches;
-- ``_plan``: pure index math turning an epoch into windows of chunk reads;
-- ``_sources``: arrays described (name, shape, dtype, chunk grid), ``open_array``;
-- ``_read``: dask task functions and graph builders (each chunk decoded once);
-- ``_runners``: computing graphs on local threads or a ``distributed.Client``;
-- ``_spec``: argument validation and the epoch's ``StreamSpec``;
-- ``_streams``: the public constructors and the stream iterators with stats;
-- ``_mapreduce``: per-chunk map and reduce; ``_cli``: the command line.
+- ``errors``: the error tree and the warnings;
+- ``plan``: pure index math: batches, windows, shards, budgets, the epoch's orders;
+- ``store``: everything that knows Zarr: opening, codec pipelines, sources, the
+  read policy, shards, the I/O threads;
+- ``execute``: computing graphs on local threads or a ``distributed.Client``;
+- ``read``: dask task functions and graph builders (each chunk decoded once);
+- ``streams``: validated settings, the stream iterators, the public constructors;
+- ``loader``, ``mapreduce``: training epochs with resumable state; per-chunk jobs;
+- ``torch``, ``tools``: the PyTorch adapter; the command line.
 """
 
 from .errors import (

@@ -3,7 +3,7 @@
 A :class:`Loader` is a re-iterable over epochs.  Each iteration builds the
 epoch's :class:`StreamSpec` (same seed, the epoch's number) and a
 :class:`BatchStream` over this rank's share of the epoch's positions
-(``_batching.share``): the order is drawn once for all ranks from
+(``plan.batching.share``): the order is drawn once for all ranks from
 ``(seed, epoch)`` and then cut into equal, consecutive shares, so each rank
 reads mostly its own chunks and every rank takes the same number of steps
 (samples of chunks skipped as undecodable are filled from the start of the

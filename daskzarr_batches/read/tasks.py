@@ -9,9 +9,9 @@ arrange those tasks; they do no I/O.
 
 A window graph holds, per array of the stream, the window's samples in
 *ascending sample order*; the plan's order is applied later, while batches
-are cut (``_batching``).
+are cut (``plan.batching``).
 
-Zarr and numpy arrays (:class:`~._sources.SliceSource`) are one task per
+Zarr and numpy arrays (:class:`~daskzarr_batches.store.sources.SliceSource`) are one task per
 array and window (:func:`read_window`): it reads runs of consecutive chunks
 with one slice each and hands several runs at once to Zarr's asynchronous
 pipeline, which decodes them concurrently::
@@ -19,7 +19,7 @@ pipeline, which decodes them concurrently::
     read_window (features: runs of chunks) ─┐
     read_window (labels: runs of chunks)   ─┴─> window (tuple of arrays)
 
-Other dask arrays (:class:`~._sources.DaskSource`) are one task per axis-0
+Other dask arrays (:class:`~daskzarr_batches.store.sources.DaskSource`) are one task per axis-0
 chunk, built on the array's own culled graph, and a join per array::
 
     assemble_rows (chunk c0) ─┐
@@ -113,9 +113,9 @@ def _views(
 ) -> tuple[Any, Any]:
     """The array a read task tries first, and the one it reads again through.
 
-    The second is always the policy view (:func:`~._policy.policy_view`);
+    The second is always the policy view (:func:`~daskzarr_batches.store.policy.policy_view`);
     the first is the array itself when zarrs reads its store natively
-    (:func:`~._policy.native_view`, missing chunks looked up first), else
+    (:func:`~daskzarr_batches.store.policy.native_view`, missing chunks looked up first), else
     the policy view too.  The first read of a window or block uses the
     first; any failure is read again through the second, which retries,
     classifies and names it as for any other array.

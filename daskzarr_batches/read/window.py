@@ -116,7 +116,7 @@ def read_window(
             limit_rows = max(limit_rows, 2 * largest)
     limit_rows = max(limit_rows, largest)
     runs = _runs(pieces, limit_rows)
-    # zarrs reads shards natively; Zarr's own pipeline reads them through _shards
+    # zarrs reads shards natively; Zarr's own pipeline reads them through store.shards
     sharded = fast is array and sharding_codec(array) is not None
     whole_run = len(runs) == 1 and _is_whole(runs[0], size)
     if whole_run and not sharded and (not plan_order or _in_plan_order(runs[0])):

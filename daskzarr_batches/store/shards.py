@@ -8,10 +8,10 @@ shard's index again for each chunk.  :func:`read_sharded` reads a window of a
 sharded array instead:
 
 - each shard (row) the window touches is fetched once, through the store
-  below (the read policy's :class:`~._policy.PolicyStore`, so retries,
+  below (the read policy's :class:`~daskzarr_batches.store.policy.PolicyStore`, so retries,
   missing shards and failures are recorded as for any read): whole, in one
   request, when the window needs at least half of its axis-0 chunks
-  (:func:`~._plan.reads_whole_shard`), else its index and then the needed
+  (:func:`~daskzarr_batches.plan.reads_whole_shard`), else its index and then the needed
   chunks' byte ranges, adjacent ranges merged, fetched concurrently;
 - every needed inner chunk is decoded by the shard's own inner codec pipeline
   (Zarr's codecs, checksums and fill values) straight into the window's

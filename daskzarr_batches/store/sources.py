@@ -3,7 +3,7 @@
 :func:`open_array` is the public entry point.  Internally every stream works on
 a :class:`Source`: a description of one array (name, shape, dtype, chunk
 grid) and what a worker needs to read it.  Sources know nothing of tasks or
-graphs; the read layer (``_read``) builds those from them.
+graphs; the read layer (``read``) builds those from them.
 
 Two kinds exist:
 

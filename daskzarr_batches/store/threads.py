@@ -11,7 +11,7 @@ queued, and the abandoned thread ends when (if ever) its call returns.
 
 Two uses:
 
-* the local runner's driver and read pools (``_runners.ThreadRunner``) and the
+* the local runner's driver and read pools (``execute.runners.ThreadRunner``) and the
   cluster runner's fetch threads, which never abandon a call (a window graph
   released while it runs goes on as before: the pool's size still bounds them);
 * Zarr's own blocking I/O and decoding: Zarr runs them with

@@ -1,10 +1,10 @@
 """Streams: the public constructors and the iterators they return.
 
-A constructor validates its arguments into a :class:`StreamSpec` (``_spec``)
+A constructor validates its arguments into a :class:`StreamSpec` (``streams.spec``)
 and hands it to a stream.  A :class:`BatchStream` plans the epoch from the
-spec (``_plan``), turns each window into a dask graph (``_read``), keeps a
-bounded number of graphs in flight on a runner (``_runners``), consumes the
-results in plan order and cuts them into batches (``_batching``).  A
+spec (``plan``), turns each window into a dask graph (``read``), keeps a
+bounded number of graphs in flight on a runner (``execute.runners``), consumes the
+results in plan order and cuts them into batches (``plan.batching``).  A
 :class:`ChunkStream` does the same with one graph per stored block, in order
 or as reads complete.  Both count what they read and yield in
 :class:`StreamStats`, and release every future on exhaustion, ``close()``,

@@ -302,7 +302,7 @@ class StreamSpec:
         Sequential: ``window_bytes // row_bytes``.  Buffered: the shuffle
         buffer.  Exact: what ``memory_budget`` holds once split between the
         ``prefetch + 1`` windows alive at once, their index arrays and their
-        decoded chunks in flight (:func:`~._plan.exact_budget`).
+        decoded chunks in flight (:func:`~daskzarr_batches.plan.exact_budget`).
         """
         if self.shuffle == "buffer":
             assert self.shuffle_buffer_size is not None

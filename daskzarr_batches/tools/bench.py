@@ -1,6 +1,6 @@
 """``daskzarr-batches bench``: time epochs of a batch stream on your data (or made-up data).
 
-A command-line adapter like ``_cli``: it uses only the public API.  Each epoch
+A command-line adapter like ``tools.cli``: it uses only the public API.  Each epoch
 is a new stream (``epoch=e`` for the shuffled ones), consumed with no work per
 batch, so the numbers are what the loader alone delivers: samples and MB (10^6
 bytes of samples handed out) per second, the read amplification

@@ -1,7 +1,7 @@
 """The command line: ``daskzarr-batches COMMAND`` (or ``python -m daskzarr_batches COMMAND``).
 
-Three commands: ``demo`` (here), ``info`` (``_info``: what a store holds,
-``--check`` reads every chunk) and ``bench`` (``_bench``: epochs of a stream,
+Three commands: ``demo`` (here), ``info`` (``tools.info``: what a store holds,
+``--check`` reads every chunk) and ``bench`` (``tools.bench``: epochs of a stream,
 timed).  Adapters on top of the public API: they import only what
 ``daskzarr_batches`` exports.  ``info`` and ``bench`` show tqdm progress bars
 on stderr when it is a terminal (never with ``--quiet``), and report a

@@ -1,6 +1,6 @@
 """``daskzarr-batches info``: what a Zarr store holds, and whether every chunk reads.
 
-A command-line adapter like ``_cli``: of this package it uses only the public
+A command-line adapter like ``tools.cli``: of this package it uses only the public
 API (``open_array`` and the error classes, to explain a store that cannot be
 opened).  Everything else is Zarr's own API: the store's listing
 (``list_dir``/``list_prefix``/``getsize`` through ``zarr.core.sync.sync``),
