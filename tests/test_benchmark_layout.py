@@ -147,3 +147,9 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit):
             command.parse(argv)
         assert error in capsys.readouterr().err
+
+
+def test_the_benchmarks_page_lists_every_benchmark() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    for benchmark in command.BENCHMARKS:
+        assert f"\n| `{benchmark.name}`" in page, benchmark.name
