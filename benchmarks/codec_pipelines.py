@@ -40,8 +40,8 @@ def cases(path: Path, chunk_rows: int) -> dict[str, Callable[[], Any]]:
     threads = os.cpu_count() or 1
     arrays = {p: dzb.open_array(path / "features", codec_pipeline=p) for p in ("zarr", "zarrs")}
     zarr_arrays = {p: zarr_behind(a) for p, a in arrays.items()}
-    for pipeline, array in zarr_arrays.items():
-        assert codec_pipeline_of(array) == pipeline, pipeline
+    for pipeline, opened in zarr_arrays.items():
+        assert codec_pipeline_of(opened) == pipeline, pipeline
     x = zarr_arrays["zarr"]
     found: dict[str, Callable[[], Any]] = {
         f"raw decode, {threads} threads (limit)": lambda: raw_decode(x, path / "features", threads),
