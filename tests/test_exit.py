@@ -11,6 +11,7 @@ killed if it outlives its budget, and the FIFO goes with ``tmp_path``.
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -32,7 +33,8 @@ CHILD = """
 import os, sys, threading, time
 import numpy as np, zarr
 import daskzarr_batches as dzb
-from daskzarr_batches._sources import as_source, codec_pipeline_of
+from daskzarr_batches.store.pipelines import codec_pipeline_of
+from daskzarr_batches.store.sources import as_source
 
 path, pipeline, action = sys.argv[1:4]
 z = zarr.create_array(path, shape=(64, 2), chunks=(8, 2), dtype="f4")
@@ -44,7 +46,8 @@ x = dzb.open_array(path, codec_pipeline=pipeline)
 assert codec_pipeline_of(as_source(x, "x").array) == pipeline
 
 def stopped(what):
-    print("stopped", what, time.time(), flush=True)
+    sys.stdout.write(f"stopped {what} {time.time()}\\n")  # one write: a thread may print too
+    sys.stdout.flush()
 
 try:
     if action == "timeout":
@@ -118,9 +121,9 @@ def run_child(tmp_path: Path, pipeline: str, action: str) -> tuple[float, str, s
             child.kill()
             child.communicate()
     if sent is None:
-        stops = [line for line in out.splitlines() if line.startswith("stopped")]
+        stops = re.findall(r"stopped [a-z ]+? ([0-9]+\.[0-9]+)", out)
         assert stops, f"the child never stopped its read: {out}{err[-2000:]}"
-        sent = float(stops[-1].split()[-1])
+        sent = float(stops[-1])
     return exited - sent, out, err
 
 
@@ -176,8 +179,7 @@ def test_daemon_executor_threads_do_not_join_the_exit_and_abandon_on_cancel() ->
     import concurrent.futures.thread
     import threading
 
-    from daskzarr_batches._errors import WindowError
-
+    from daskzarr_batches.errors import WindowError
     from daskzarr_batches.store.threads import DaemonExecutor
 
     release = threading.Event()
