@@ -15,18 +15,22 @@ is the package's public namespace, the table of docs/index.md names exactly the 
 docstrings by mkdocstrings, built by tests/test_docs.py) document each of them by its
 public path.
 
-Commands: the README gives exactly two commands for a fresh machine, and ``.ci/run`` runs
-the second one.
+Commands: the README gives exactly two commands for a fresh machine, ``.ci/run`` runs the
+second one, and its install uses ``constraints.txt``, whose pins satisfy the test extra.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 import daskzarr_batches as dzb
 
@@ -115,6 +119,7 @@ def test_exactly_two_commands_for_a_fresh_machine() -> None:
     demo, tests = commands
     assert demo.endswith("daskzarr-batches demo")
     assert "pytest" in tests
+    assert "pip install -c constraints.txt -e '.[test]'" in tests
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -197,3 +202,33 @@ def test_api_reference_documents_every_public_name_by_its_public_path() -> None:
         f"missing: {sorted(expected - set(documented))}, "
         f"not public: {sorted(set(documented) - expected)}"
     )
+
+
+def _pins() -> dict[str, Version]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            requirement = Requirement(line)
+            (specifier,) = requirement.specifier
+            assert specifier.operator == "==", f"constraints.txt pins exactly: {line}"
+            pins[canonicalize_name(requirement.name)] = Version(specifier.version)
+    return pins
+
+
+def test_constraints_pin_every_test_requirement_within_its_range() -> None:
+    # An extra's floor raised past its pin would make the README's test command fail to
+    # resolve; a requirement without a pin would let the resolver wander again.
+    pins = _pins()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = [*extras["dependencies"], *extras["optional-dependencies"]["test"]]
+    wanted += extras["optional-dependencies"]["docs"]
+    for line in wanted:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        if name == "daskzarr-batches":
+            continue
+        assert name in pins, f"constraints.txt does not pin {name}"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"constraints.txt pins {name}=={pins[name]}, outside {requirement.specifier}"
+        )
