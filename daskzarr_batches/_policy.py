@@ -18,6 +18,7 @@ error (``"error"``).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextvars
 import copy
@@ -26,6 +27,7 @@ import itertools
 import os
 import random
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -43,6 +45,7 @@ from ._errors import (
     StoreGoneError,
 )
 from ._sources import codec_pipeline_of, zarr_pipeline
+from ._threads import drain, zarr_loop
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -280,8 +283,11 @@ class CancelScope:
     Read tasks run their Zarr coroutines through :meth:`run` instead of
     Zarr's blocking ``sync``; :meth:`cancel` (when the stream closes, times
     out or is dropped) cancels every one of them on Zarr's event loop, so a
-    store that never answers holds no thread, and every read asked for
-    afterwards fails at once instead of being issued.
+    store that never answers holds no read thread, and every read asked for
+    afterwards fails at once instead of being issued.  A read blocked in the
+    operating system keeps the executor thread it runs on, a daemon that the
+    executor abandons (:mod:`._threads`): it holds neither the process at
+    exit nor later reads.
 
     ``requests``: store requests (``get`` calls through a :class:`PolicyStore`)
     the reads run through this scope keep in flight at most, together (the
@@ -298,16 +304,15 @@ class CancelScope:
         self.requests = requests
         self._limit = None if requests is None else asyncio.Semaphore(requests)
         self.cpu = threading.BoundedSemaphore(os.cpu_count() or 1)
+        _SCOPES.add(self)
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on Zarr's event loop and wait for it, unless cancelled."""
-        from zarr.core.sync import _get_loop
-
         with self._lock:
             if self.cancelled:
                 coro.close()
                 raise ReadCancelledError("the stream was closed; no read is issued any more")
-            future = asyncio.run_coroutine_threadsafe(self._limited(coro), _get_loop())
+            future = asyncio.run_coroutine_threadsafe(self._limited(coro), zarr_loop())
             self._futures.add(future)
         try:
             return future.result()
@@ -346,6 +351,29 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
     """
     if not task.cancelled():
         task.exception()
+
+
+#: Every live scope, cancelled together when the interpreter exits.
+_SCOPES: weakref.WeakSet[CancelScope] = weakref.WeakSet()
+#: Seconds the exit waits for the calls still running on the library's threads.
+EXIT_DRAIN_SECONDS = 2.0
+
+
+def _stop_at_exit() -> None:
+    """At exit, cancel every stream's reads and let running calls end, before Zarr's loop closes.
+
+    Registered after Zarr's own ``cleanup_resources`` (Zarr is imported
+    first), so it runs before it: the cancellations reach a running loop
+    (nothing is left pending for a closed one), and no daemon thread is
+    still decoding when the interpreter is finalized.  A read blocked in the
+    operating system is abandoned by the cancellation, so it is not waited for.
+    """
+    for scope in list(_SCOPES):
+        scope.cancel()
+    drain(EXIT_DRAIN_SECONDS)
+
+
+atexit.register(_stop_at_exit)
 
 
 def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | None) -> Any:
@@ -394,6 +422,7 @@ def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> An
         return array
     from zarr.storage import StorePath
 
+    zarr_loop()  # Zarr's blocking I/O on daemon threads, before any read of a task
     inner = array._async_array
     store = PolicyStore(inner.store_path.store, policy, ledger, name, metadata_key(array))
     view = copy.copy(inner)  # a frozen dataclass: set its fields as its __init__ does

@@ -29,6 +29,7 @@ import dask.threaded
 from ._errors import ArgumentTypeError
 from ._policy import CancelScope
 from ._sources import SliceSource, Source
+from ._threads import DaemonExecutor
 
 __all__ = ["ClientRunner", "Fetched", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
 
@@ -43,6 +44,8 @@ class Runner(Protocol):
     """
 
     scope: CancelScope | None
+    #: appended to a ``WindowTimeoutError``'s message: what became of the read it gave up on
+    timeout_note: str
     #: whether read tasks should return a window's rows in its plan order
     #: (results travel to the consumer's process: permute where they are read)
     plan_order: bool
@@ -82,9 +85,11 @@ class ThreadRunner:
         self, in_flight: int, read_workers: int | None = None, requests: int | None = None
     ) -> None:
         workers = read_workers or max(os.cpu_count() or 1, in_flight)
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "dzb-read")
-        self._drivers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-window")
+        # daemon threads: one stuck in a read that never returns cannot block the exit
+        self._pool = DaemonExecutor(workers, "dzb-read")
+        self._drivers = DaemonExecutor(max(in_flight, 1), "dzb-window")
         self.scope: CancelScope | None = CancelScope(requests)
+        self.timeout_note = ""  # close() cancels the read, and its thread is let go
         self.plan_order = False  # the consumer gathers the plan order while cutting batches
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
@@ -128,11 +133,16 @@ class ClientRunner:
     def __init__(self, client: Any, in_flight: int = 1) -> None:
         self.client = client
         self.scope: CancelScope | None = None  # tasks run on the workers
+        # distributed cannot stop a running task: a cancelled one keeps its worker thread
+        self.timeout_note = (
+            "; on a cluster the read is not interrupted: its worker thread stays blocked "
+            "until the store answers or the worker restarts (client.restart())"
+        )
         self.plan_order = True  # workers permute, the client cuts batches by slicing
         self._live: dict[int, Fetched] = {}  # id -> future, submitted and not released
         self._scattered: dict[str, Any] = {}  # graph key -> future of a scattered array
         # one thread per graph in flight brings its result here as soon as it is ready
-        self._fetchers = concurrent.futures.ThreadPoolExecutor(max(in_flight, 1), "dzb-fetch")
+        self._fetchers = DaemonExecutor(max(in_flight, 1), "dzb-fetch")
         self.peak_in_flight = 0
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:

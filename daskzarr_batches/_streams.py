@@ -889,7 +889,7 @@ class Stream(Generic[T]):
             if future.done():  # the task itself raised a TimeoutError
                 raise WindowError(f"{what()} failed: {exc!r}") from exc
             raise WindowTimeoutError(
-                f"{what()} was not ready after timeout={self._timeout} s"
+                f"{what()} was not ready after timeout={self._timeout} s{self._runner.timeout_note}"
             ) from exc
         except Exception as exc:
             raise WindowError(f"{what()} failed: {type(exc).__name__}: {exc}") from exc
@@ -1419,6 +1419,7 @@ class ChunkStream(Stream[Any]):
                     raise WindowTimeoutError(
                         f"{oldest} was not ready after timeout={self._timeout} s "
                         f"(nor any of the {len(in_flight)} reads in flight)"
+                        f"{self._runner.timeout_note}"
                     )
                 for future in ready:
                     arrived = collect(future)
