@@ -3,8 +3,8 @@
 Each round runs every case once, in an order that rotates between rounds, on the
 benchmark's dataset (``features``, float32, a local directory store)::
 
-    python benchmarks/codec_pipelines.py --data /work/bench-data            # 5 rounds, 1M rows
-    python benchmarks/codec_pipelines.py --data /work/bench-data --rows 250000 --rounds 7
+    python -m benchmarks --only codec-pipelines --data /work/bench-data     # 5 rounds, 1M rows
+    python -m benchmarks --only codec-pipelines --rows 250000 --rounds 7
 
 Cases: the raw decode limit (every chunk file read and decoded by numcodecs on one
 thread per CPU, no Zarr), ``x[:]`` with each pipeline, and the sequential (batch
@@ -20,33 +20,28 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import daskzarr_batches as dzb
 
-import daskzarr_batches as dzb  # noqa: E402
-from benchmarks.suite.cases import raw_decode  # noqa: E402
-from benchmarks.suite.dataset import default_shape, make_dataset  # noqa: E402
-from daskzarr_batches._sources import _zarr_behind, codec_pipeline_of  # noqa: E402
+from .internals import codec_pipeline_of, zarr_behind
+from .suite.cases import raw_decode
+from .suite.dataset import default_shape, make_dataset
+from .suite.measure import consume as drain
 
-
-def drain(stream: Any) -> None:
-    with stream:
-        for _ in stream:
-            pass
+#: default of ``--rounds``
+ROUNDS = 5
 
 
 def cases(path: Path, chunk_rows: int) -> dict[str, Callable[[], Any]]:
     threads = os.cpu_count() or 1
     arrays = {p: dzb.open_array(path / "features", codec_pipeline=p) for p in ("zarr", "zarrs")}
-    for pipeline, array in arrays.items():
-        assert codec_pipeline_of(_zarr_behind(array)) == pipeline, pipeline
-    zarr_arrays = {p: _zarr_behind(a) for p, a in arrays.items()}
+    zarr_arrays = {p: zarr_behind(a) for p, a in arrays.items()}
+    for pipeline, opened in zarr_arrays.items():
+        assert codec_pipeline_of(opened) == pipeline, pipeline
     x = zarr_arrays["zarr"]
     found: dict[str, Callable[[], Any]] = {
         f"raw decode, {threads} threads (limit)": lambda: raw_decode(x, path / "features", threads),
@@ -63,14 +58,12 @@ def cases(path: Path, chunk_rows: int) -> dict[str, Callable[[], Any]]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, required=True, help="dataset directory (cached)")
-    parser.add_argument("--rows", type=int, default=default_shape(False)[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    _, cols, chunk_rows = default_shape(False)
-    dataset = make_dataset(args.data, args.rows, cols, chunk_rows)
+def run(options: argparse.Namespace) -> None:
+    """Print each case's median and best MB/s, ratios and CPU seconds."""
+    default_rows, cols, chunk_rows = default_shape(False)
+    args = argparse.Namespace(rows=options.rows or default_rows, rounds=options.rounds or ROUNDS)
+    Path(options.data).mkdir(parents=True, exist_ok=True)
+    dataset = make_dataset(Path(options.data), args.rows, cols, chunk_rows)
     nbytes = dataset.feature_bytes
     found = cases(dataset.path, chunk_rows)
     names = list(found)
@@ -99,7 +92,3 @@ def main() -> None:
             f"{median[name] / limit:6.2f} {median[name] / zarr_all:11.2f} "
             f"{statistics.median(cpu[name]):6.2f}"
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -3,15 +3,17 @@
 A refactor is done when speed is unchanged; on a noisy shared machine that can
 only be seen when both versions run in the same process, interleaved::
 
-    python benchmarks/compare.py 8b4206b              # 5 rounds, the benchmark's dataset
-    python benchmarks/compare.py HEAD~3 --rounds 9 --rows 250000
-    python benchmarks/compare.py 8b4206b --cluster    # the streams on a LocalCluster too
-    python benchmarks/compare.py main --first-batch   # + time to first batch vs one chunk read
+    python -m benchmarks compare 8b4206b              # 5 rounds, the suite's dataset
+    python -m benchmarks compare HEAD~3 --rounds 9 --rows 250000
+    python -m benchmarks compare 8b4206b --cluster    # the streams on a LocalCluster
+    python -m benchmarks compare main --first-batch   # + time to first batch vs one chunk read
 
-The earlier commit's ``daskzarr_batches/`` is extracted with ``git archive``
-into a temporary directory under another package name (the package imports
-itself relatively, so it runs as is), and each round runs every case with both
-versions, alternating which goes first.  It prints, per case, the best and
+(``compare REF`` is ``--only compare --old REF``.)  The earlier commit's
+``daskzarr_batches/`` is extracted with ``git archive`` into a temporary directory
+under another package name (the package imports itself relatively, so it runs as
+is) and imported from there by its file location; a cluster's workers get it as a
+zip (``Client.upload_file``).  Each round runs every case with both versions,
+alternating which goes first.  It prints, per case, the best and
 median throughput of each version as a ratio to the round's best L0 (zarr,
 chunk-aligned, one thread) and the new/old ratio of the medians.
 """
@@ -19,8 +21,9 @@ chunk-aligned, one thread) and the new/old ratio of the medians.
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import io
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,18 +37,27 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import daskzarr_batches as current
 
-import daskzarr_batches as current  # noqa: E402
-from benchmarks.suite.cases import transfer_only  # noqa: E402
-from benchmarks.suite.dataset import Dataset, default_shape, make_dataset  # noqa: E402
+from .suite import ROOT
+from .suite.cases import transfer_only
+from .suite.dataset import Dataset, default_shape, make_dataset
+from .suite.measure import consume as drain
+from .suite.measure import timed as timed_cpu
 
 BASELINE = "dzb_baseline"
+#: default of ``--rounds``
+ROUNDS = 5
 
 
 def load_baseline(ref: str, into: Path) -> ModuleType:
-    """The package as of ``ref``, importable as :data:`BASELINE`."""
+    """The package as of ``ref``, extracted under ``into`` and imported as :data:`BASELINE`.
+
+    Imported from its file location (``sys.path`` is left alone); one baseline per
+    process: a second call returns the first one.
+    """
+    if BASELINE in sys.modules:
+        return sys.modules[BASELINE]
     archive = subprocess.run(
         ["git", "archive", "--format=tar", ref, "daskzarr_batches"],
         cwd=ROOT,
@@ -54,15 +66,27 @@ def load_baseline(ref: str, into: Path) -> ModuleType:
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
-    (into / "daskzarr_batches").rename(into / BASELINE)
-    sys.path.insert(0, str(into))
-    return importlib.import_module(BASELINE)
+    package = into / BASELINE
+    (into / "daskzarr_batches").rename(package)
+    spec = importlib.util.spec_from_file_location(
+        BASELINE, package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[BASELINE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[BASELINE]
+        raise
+    return module
 
 
-def drain(stream: Any) -> None:
-    with stream:
-        for _ in stream:
-            pass
+def ship_baseline(client: Any, baseline: ModuleType, into: Path) -> None:
+    """Make :data:`BASELINE` importable on the workers of ``client`` (a zip, uploaded)."""
+    package = Path(baseline.__file__ or "").parent
+    archive = shutil.make_archive(str(into / BASELINE), "zip", package.parent, package.name)
+    client.upload_file(archive)
 
 
 def cases(dzb: ModuleType, data: Dataset, client: Any = None) -> dict[str, Callable[[], None]]:
@@ -99,9 +123,8 @@ def cases(dzb: ModuleType, data: Dataset, client: Any = None) -> dict[str, Calla
 
 
 def timed(function: Callable[[], None]) -> float:
-    started = time.perf_counter()
-    function()
-    return time.perf_counter() - started
+    """Wall seconds of one call."""
+    return timed_cpu(function)[0]
 
 
 def compare(baseline: ModuleType, data: Dataset, rounds: int, client: Any = None) -> str:
@@ -214,40 +237,28 @@ def compare_first_batch(baseline: ModuleType, data: Dataset, rounds: int) -> str
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ref", help="the earlier commit (anything git archive takes)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--rows", type=int)
-    parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "data")
-    parser.add_argument(
-        "--cluster", action="store_true", help="the streams on a LocalCluster (2 x 1 thread)"
-    )
-    parser.add_argument(
-        "--first-batch", action="store_true", help="also time the first batch (local streams)"
-    )
-    args = parser.parse_args(argv)
+def run(options: argparse.Namespace) -> None:
+    """Print the old/new tables (``--cluster``: on a LocalCluster; ``--first-batch``: too)."""
     rows, cols, chunk_rows = default_shape(quick=False)
-    data = make_dataset(args.data, args.rows or rows, cols, chunk_rows)
+    rounds = options.rounds or ROUNDS
+    Path(options.data).mkdir(parents=True, exist_ok=True)
+    data = make_dataset(Path(options.data), options.rows or rows, cols, chunk_rows)
     with tempfile.TemporaryDirectory() as tmp:
-        baseline = load_baseline(args.ref, Path(tmp))
-        print(f"old: {args.ref} ({baseline.__file__}); new: this checkout ({current.__file__})")
-        if not args.cluster:
-            print(compare(baseline, data, args.rounds))
-            if args.first_batch:
+        baseline = load_baseline(options.old, Path(tmp))
+        print(f"old: {options.old} ({baseline.__file__}); new: this checkout ({current.__file__})")
+        if not options.cluster:
+            print(compare(baseline, data, rounds))
+            if options.first_batch:
                 print()
-                print(compare_first_batch(baseline, data, 3 * args.rounds))
+                print(compare_first_batch(baseline, data, 3 * rounds))
             return
         import distributed
 
-        with (  # spawned workers inherit sys.path, so they import the baseline too
+        with (
             distributed.LocalCluster(
                 n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
             ) as cluster,
             distributed.Client(cluster) as client,
         ):
-            print(compare(baseline, data, args.rounds, client))
-
-
-if __name__ == "__main__":
-    main()
+            ship_baseline(client, baseline, Path(tmp))
+            print(compare(baseline, data, rounds, client))

@@ -7,27 +7,24 @@ and the table shows each case's median time as a ratio of throughput to the
 round's ``x[:]`` (zarr's own concurrent read of the whole array, on the same
 wrapped store; ``--latency 0`` reads the local store itself, unwrapped)::
 
-    python benchmarks/latency.py --latency 0.02 --rounds 5
-    python benchmarks/latency.py --latency 0.1 --rounds 3
-    python benchmarks/latency.py --latency 0 --old main   # local: this tree vs main's library
-    python benchmarks/latency.py --latency 0.02 --sharded # 8 chunks per shard
-    python benchmarks/latency.py --latency 0.1 --sweep    # chunk_stream per io_concurrency
+    python -m benchmarks --only latency --latency 0.02 --rounds 5
+    python -m benchmarks --only latency --latency 0.1 --rounds 3
+    python -m benchmarks --only latency --latency 0 --old main   # this tree vs main's library
+    python -m benchmarks --only latency --latency 0.02 --sharded # 8 chunks per shard
+    python -m benchmarks --only latency --latency 0.1 --sweep    # per io_concurrency
 
 ``--old REF`` runs the chunk-stream cases of the library as of ``REF`` beside
-this tree's (``benchmarks/compare.py`` extracts it).  The dataset (600,000 x 64
-float32 in 8192-row chunks, Zarr's default codecs) is generated once under
-``--data``.
+this tree's (``compare.load_baseline`` extracts it).  The dataset (600,000 x 64
+float32 in 8192-row chunks, Zarr's default codecs; ``--rows``) is generated once
+under ``--data``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import operator
 import statistics
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -36,47 +33,16 @@ from typing import Any
 import numpy as np
 import zarr
 import zarr.storage
-from zarr.abc.store import ByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import daskzarr_batches as current
 
-import daskzarr_batches as current  # noqa: E402
-from benchmarks.compare import load_baseline  # noqa: E402
+from .compare import load_baseline
+from .latency_store import LatencyStore
+from .suite.measure import consume as drain
+from .suite.measure import timed
 
-METADATA = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
-
-
-class LatencyStore(zarr.storage.WrapperStore[Any]):
-    """Sleeps ``delay`` seconds before every chunk get; counts gets and peak in flight."""
-
-    def __init__(self, store: Any, delay: float, state: dict[str, int] | None = None) -> None:
-        super().__init__(store)
-        self.delay = delay
-        self.state = {"now": 0, "peak": 0, "gets": 0} if state is None else state
-
-    def _with_store(self, store: Any) -> LatencyStore:
-        return type(self)(store, self.delay, self.state)
-
-    async def get(
-        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
-    ) -> Buffer | None:
-        if key.rsplit("/", 1)[-1] in METADATA:
-            return await self._store.get(key, prototype, byte_range)
-        self.state["now"] += 1  # on zarr's single event loop: no lock needed
-        self.state["gets"] += 1
-        self.state["peak"] = max(self.state["peak"], self.state["now"])
-        try:
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            return await self._store.get(key, prototype, byte_range)
-        finally:
-            self.state["now"] -= 1
-
-    async def get_partial_values(self, prototype: BufferPrototype, key_ranges: Any) -> Any:
-        ranges = list(key_ranges)
-        return await asyncio.gather(*(self.get(k, prototype, r) for k, r in ranges))
+#: defaults of the options this benchmark reads
+LATENCY, ROUNDS, ROWS = 0.02, 5, 600_000
 
 
 def make_data(data_dir: Path, rows: int, sharded: bool) -> Path:
@@ -100,12 +66,6 @@ def make_data(data_dir: Path, rows: int, sharded: bool) -> Path:
     return path
 
 
-def drain(stream: Any) -> None:
-    with stream:
-        for _ in stream:
-            pass
-
-
 def cases(dzb: ModuleType, x: zarr.Array, prefix: str, old: bool) -> dict[str, Callable[[], Any]]:
     """The stream kinds on ``x``; ``old``: a library without ``io_concurrency``."""
     buffer = 8 * x.chunks[0]
@@ -126,16 +86,9 @@ def cases(dzb: ModuleType, x: zarr.Array, prefix: str, old: bool) -> dict[str, C
     }
 
 
-def timed(function: Callable[[], Any]) -> tuple[float, float]:
-    """Wall seconds and this process's CPU seconds (all threads) of one call."""
-    started, cpu = time.perf_counter(), time.process_time()
-    function()
-    return time.perf_counter() - started, time.process_time() - cpu
-
-
-def run(args: argparse.Namespace, baseline: ModuleType | None) -> str:
+def run_table(args: argparse.Namespace, baseline: ModuleType | None) -> str:
     path = make_data(args.data, args.rows, args.sharded)
-    state = {"now": 0, "peak": 0, "gets": 0}
+    state = {"requests": 0, "now": 0, "peak": 0}
     local = zarr.storage.LocalStore(path, read_only=True)
     # no latency: the local store itself (a wrapper store is not known to be local)
     store = local if args.latency == 0 else LatencyStore(local, args.latency, state)
@@ -185,25 +138,19 @@ def run(args: argparse.Namespace, baseline: ModuleType | None) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--latency", type=float, default=0.02, help="seconds before each get")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--rows", type=int, default=600_000)
-    parser.add_argument("--sharded", action="store_true", help="8 chunks per shard")
-    parser.add_argument("--old", help="also run the library as of this git ref")
-    parser.add_argument(
-        "--sweep", action="store_true", help="chunk_stream and map_chunks per io_concurrency"
+def run(options: argparse.Namespace) -> None:
+    """Print the table (``--old REF``: with the earlier library's cases beside)."""
+    args = argparse.Namespace(
+        latency=LATENCY if options.latency is None else options.latency,
+        rounds=options.rounds or ROUNDS,
+        rows=options.rows or ROWS,
+        sharded=options.sharded,
+        sweep=options.sweep,
+        data=Path(options.data),
     )
-    parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "dzb-latency")
-    args = parser.parse_args(argv)
     args.data.mkdir(parents=True, exist_ok=True)
-    if args.old is None:
-        print(run(args, None))
+    if options.old is None:
+        print(run_table(args, None))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        print(run(args, load_baseline(args.old, Path(tmp))))
-
-
-if __name__ == "__main__":
-    main()
+        print(run_table(args, load_baseline(options.old, Path(tmp))))

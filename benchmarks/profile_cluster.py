@@ -9,48 +9,32 @@ no Zarr read), in interleaved rounds, and prints per case the median of:
 - worker side (``client.get_task_stream``): read tasks, their mean time per
   window, total read time, the share of windows run on the busiest worker;
 - client side: ``stats.wait_seconds`` (blocked on results: transfer, or reads
-  not done yet), time spent cutting batches (``_batching._rows``: slices, or
-  ``np.take`` by the plan order) and copying unaligned windows
-  (``_streams._aligned``), both timed by wrapping those functions.
+  not done yet), time spent cutting batches (slices, or ``np.take`` by the plan
+  order) and copying unaligned windows, both timed by wrapping the library's
+  private functions (``internals.time_batch_cutting``).
 
-    python benchmarks/profile_cluster.py --data /work/bench-data [--rounds 5]
+    python -m benchmarks --only cluster-profile --data /work/bench-data [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import distributed
 
-import distributed  # noqa: E402
+import daskzarr_batches as dzb
 
-import daskzarr_batches as dzb  # noqa: E402
-from benchmarks.suite.cases import transfer_only  # noqa: E402
-from benchmarks.suite.dataset import default_shape, make_dataset  # noqa: E402
-from daskzarr_batches import _batching, _streams  # noqa: E402
+from .internals import peak_in_flight, time_batch_cutting
+from .suite.cases import transfer_only
+from .suite.dataset import default_shape, make_dataset
 
-spent: dict[str, float] = {}
-
-
-def timed_calls(module: Any, name: str) -> None:
-    """Wrap ``module.name`` so that the seconds spent in it add up in :data:`spent`."""
-    function = getattr(module, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
-
-    setattr(module, name, wrapper)
+#: default of ``--rounds``
+ROUNDS = 5
 
 
 def compute_seconds(task: dict[str, Any]) -> float:
@@ -59,8 +43,8 @@ def compute_seconds(task: dict[str, Any]) -> float:
 
 
 def profile(client: Any, make: Callable[[], dzb.BatchStream]) -> dict[str, float]:
-    spent.clear()
-    with distributed.get_task_stream(client) as tasks:
+    spent: dict[str, float] = {}
+    with time_batch_cutting(spent), distributed.get_task_stream(client) as tasks:
         started = time.perf_counter()
         stream = make()
         with stream:
@@ -83,22 +67,19 @@ def profile(client: Any, make: Callable[[], dzb.BatchStream]) -> dict[str, float
         "read s": sum(read_seconds),
         "busiest worker": max(per_worker.values()) / len(reads),
         "wait s": stream.stats.wait_seconds,
-        "cut s": spent.get("_rows", 0.0),
-        "align s": spent.get("_aligned", 0.0),
-        "peak in flight": getattr(stream._runner, "peak_in_flight", 0),
+        "cut s": spent.get("cut", 0.0),
+        "align s": spent.get("align", 0.0),
+        "peak in flight": peak_in_flight(stream),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "data")
-    args = parser.parse_args()
+def run(options: argparse.Namespace) -> None:
+    """Print the medians of each cluster case's profile over ``--rounds`` rounds."""
+    args = argparse.Namespace(rounds=options.rounds or ROUNDS)
     rows, cols, chunk_rows = default_shape(quick=False)
-    data = make_dataset(args.data, rows, cols, chunk_rows)
+    Path(options.data).mkdir(parents=True, exist_ok=True)
+    data = make_dataset(Path(options.data), options.rows or rows, cols, chunk_rows)
     x = data.features
-    timed_calls(_batching, "_rows")
-    timed_calls(_streams, "_aligned")
     with (
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
@@ -129,7 +110,3 @@ def main() -> None:
     for name, runs in results.items():
         cells = [f"{statistics.median(r[k] for r in runs):.3g}" for k in keys]
         print(f"| {name} | " + " | ".join(cells) + " |")
-
-
-if __name__ == "__main__":
-    main()

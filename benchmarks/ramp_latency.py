@@ -1,11 +1,13 @@
 """Sequential and buffered streams, ramp on and off, against ``x[:]`` on a store with latency.
 
-    python benchmarks/ramp_latency.py --latency 0.1 --rounds 3 --data /work/bench-data
+    python -m benchmarks --only ramp-latency --latency 0.1 --rounds 3 --data /work/bench-data
 
-Each request waits ``--latency`` seconds (``benchmarks.suite.stores_cases.LatencyStore``);
-every case runs once per round, interleaved, and the table shows medians.  ``--rows``
-picks the suite's dataset of that many rows under ``--data`` (made by
-``benchmarks/run.py``; 196,608 rows is its latency subset, 400,000 its fast-start array).
+Each request waits ``--latency`` seconds (:class:`~benchmarks.latency_store.LatencyStore`,
+metadata reads included, as in the suite's store cases); every case runs once per
+round, interleaved, and the table shows medians.  ``--rows`` picks the suite's
+dataset of that many rows under ``--data`` (made here if missing; 196,608 rows was
+the suite's latency subset, 400,000 is its fast-start array), ``--sharded`` its
+copy with 8 chunks per shard.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +23,13 @@ from typing import Any
 import zarr
 import zarr.storage
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import daskzarr_batches as dzb
-from benchmarks.suite.stores_cases import LatencyStore
+
+from .latency_store import LatencyStore
+from .suite.dataset import make_dataset, make_sharded
+
+#: defaults of the options this benchmark reads
+LATENCY, ROUNDS, ROWS = 0.1, 3, 196_608
 
 
 def drain(stream: Any) -> int:
@@ -38,16 +42,18 @@ def flat(stream: dzb.BatchStream) -> dzb.BatchStream:
     return dzb.BatchStream(dataclasses.replace(stream.spec, ramp=False))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--latency", type=float, default=0.1)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--rows", type=int, default=196_608)
-    parser.add_argument("--sharded", action="store_true")
-    parser.add_argument("--data", type=Path, default=Path("benchmarks/data"))
-    args = parser.parse_args()
-    path = args.data / f"x{args.rows}_c64_r8192{'_s8' if args.sharded else ''}.zarr"
-    store = LatencyStore(zarr.storage.LocalStore(path, read_only=True), args.latency)
+def run(options: argparse.Namespace) -> None:
+    """Print each case's median time and its ratio to ``x[:]``."""
+    args = argparse.Namespace(
+        latency=LATENCY if options.latency is None else options.latency,
+        rounds=options.rounds or ROUNDS,
+        rows=options.rows or ROWS,
+    )
+    Path(options.data).mkdir(parents=True, exist_ok=True)
+    data = make_dataset(Path(options.data), args.rows, 64, 8192)
+    path = (make_sharded(data) if options.sharded else data).path
+    local = zarr.storage.LocalStore(path, read_only=True)
+    store = LatencyStore(local, args.latency, metadata=True)
     x = zarr.open_array(store, path="features", mode="r")
     buffer = 8 * x.chunks[0]
     cases: dict[str, Callable[[], Any]] = {
@@ -72,7 +78,3 @@ def main() -> None:
     for case, seconds in times.items():
         median = statistics.median(seconds)
         print(f"  {case:18s} {median * 1e3:7.1f} ms  {base / median:.2f}x x[:]")
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    python benchmarks/shards.py                      # 600,000 x 64 float32, 8192-row chunks
-    python benchmarks/shards.py --rows 100000 --rounds 2
+    python -m benchmarks --only shards               # 600,000 x 64 float32, 8192-row chunks
+    python -m benchmarks --only shards --rows 100000 --rounds 2
 
 Two arrays hold the same data: one with 8192-row chunks, one with the same
 chunks inside shards of 8 chunks.  Each stream kind (sequential, buffered
@@ -11,8 +11,10 @@ shuffle of one shard, exact shuffle with the default budget, which holds the
 whole array, and with a quarter-dataset budget, which reads it 4 times) and zarr's
 ``x[:]`` read each array without latency and through a wrapper store that
 sleeps ``--latency`` seconds before every chunk / shard get (an object store's
-request latency).  Cases run in interleaved rounds in one process; the best
-time of each is kept and ratios compare cases of the same run only.  The
+request latency; :class:`~benchmarks.latency_store.LatencyStore`).  The arrays
+(``--cols``, ``--chunk-rows``, ``--per-shard``) live in a temporary directory.
+Cases run in interleaved rounds in one process; the best time of each is kept
+and ratios compare cases of the same run only.  The
 process CPU seconds of each case (least of the rounds) are shown too: on a
 shared, oversubscribed machine they vary less than wall time.
 """
@@ -20,8 +22,6 @@ shared, oversubscribed machine they vary less than wall time.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,28 +32,14 @@ import numpy as np
 import zarr
 import zarr.storage
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import daskzarr_batches as dzb
 
-import daskzarr_batches as dzb  # noqa: E402
+from .latency_store import LatencyStore
+from .suite.measure import consume as drain
 
 MB = 1e6
-
-
-class LatencyStore(zarr.storage.WrapperStore[Any]):
-    """Sleeps ``delay`` seconds before every chunk or shard ``get``."""
-
-    def __init__(self, store: Any, delay: float) -> None:
-        super().__init__(store)
-        self.delay = delay
-
-    def _with_store(self, store: Any) -> LatencyStore:
-        return type(self)(store, self.delay)
-
-    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        if not key.endswith("zarr.json"):
-            await asyncio.sleep(self.delay)
-        return await self._store.get(key, prototype, byte_range)
+#: defaults of the options this benchmark reads
+ROWS, COLS, CHUNK_ROWS, PER_SHARD, LATENCY, ROUNDS = 600_000, 64, 8192, 8, 0.02, 3
 
 
 def make_arrays(root: Path, rows: int, cols: int, chunk_rows: int, per_shard: int) -> None:
@@ -79,12 +65,6 @@ def open_array(root: Path, name: str, delay: float) -> zarr.Array:
 
 def cases(x: zarr.Array, shard_rows: int) -> dict[str, Callable[[], Any]]:
     budget = x.nbytes // 4
-
-    def drain(stream: Any) -> None:
-        with stream:
-            for _ in stream:
-                pass
-
     return {
         "zarr x[:]": lambda: x[:],
         "sequential": lambda: drain(dzb.batch_stream(x, 256)),
@@ -98,15 +78,16 @@ def cases(x: zarr.Array, shard_rows: int) -> dict[str, Callable[[], Any]]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=600_000)
-    parser.add_argument("--cols", type=int, default=64)
-    parser.add_argument("--chunk-rows", type=int, default=8192)
-    parser.add_argument("--per-shard", type=int, default=8)
-    parser.add_argument("--latency", type=float, default=0.02)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+def run(options: argparse.Namespace) -> None:
+    """Print the table: each kind, unsharded and sharded, without and with latency."""
+    args = argparse.Namespace(
+        rows=options.rows or ROWS,
+        cols=options.cols or COLS,
+        chunk_rows=options.chunk_rows or CHUNK_ROWS,
+        per_shard=options.per_shard or PER_SHARD,
+        latency=LATENCY if options.latency is None else options.latency,
+        rounds=options.rounds or ROUNDS,
+    )
     shard_rows = args.chunk_rows * args.per_shard
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -146,7 +127,3 @@ def main() -> None:
                     f"{sharded / plain:.2f}x | {sharded / ref:.2f}x | "
                     f"{cpu[(delay, 'plain', kind)]:.2f} | {cpu[(delay, 'sharded', kind)]:.2f} |"
                 )
-
-
-if __name__ == "__main__":
-    main()

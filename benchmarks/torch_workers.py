@@ -1,6 +1,7 @@
 """What DataLoader workers cost and when they pay: ``ZarrIterableDataset`` against its Loader.
 
-    python benchmarks/torch_workers.py --epochs 3 --rounds 2
+    python -m benchmarks --only torch-workers --epochs 3 --rounds 2
+    python -m benchmarks --only torch-workers --match heavy   # the cases named so
 
 A 200,000 x 32 float32 Zarr array in 8192-row chunks (made once under
 ``--data``), batch 256, buffered shuffle of 8 chunks.  Every case runs
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import zarr
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import daskzarr_batches as dzb
 
 ROWS, FEATURES, CHUNK, BATCH = 200_000, 32, 8192, 256
+#: defaults of the options this benchmark reads
+EPOCHS, ROUNDS = 3, 2
 
 
 def heavy(batch: np.ndarray) -> np.ndarray:
@@ -115,16 +115,24 @@ def cases(path: Path, count: int) -> dict[str, Callable[[], tuple[list[float], l
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--data", type=Path, default=Path("benchmarks/data"))
-    parser.add_argument("--only", default="", help="run the cases whose name contains this")
-    args = parser.parse_args()
+def base(case: str) -> str:
+    """The case ``case`` is compared with: the Loader alone (with the same transform)."""
+    return "heavy: Loader" if case.startswith("heavy") else "Loader"
+
+
+def run(options: argparse.Namespace) -> None:
+    """Print the table: per case, epoch 1, later epochs, first batch, ratio to the Loader."""
+    args = argparse.Namespace(
+        epochs=options.epochs or EPOCHS, rounds=options.rounds or ROUNDS, data=Path(options.data)
+    )
     args.data.mkdir(parents=True, exist_ok=True)
     path = dataset_path(args.data)
-    runs = {k: v for k, v in cases(path, args.epochs).items() if args.only in k}
+    match = options.match or ""
+    every = cases(path, args.epochs)
+    # the cases named by --match, and the Loader each is compared with
+    chosen = {k for k in every if match in k}
+    chosen |= {base(k) for k in chosen}
+    runs = {k: v for k, v in every.items() if k in chosen}
     first: dict[str, list[float]] = {case: [] for case in runs}
     later: dict[str, list[float]] = {case: [] for case in runs}
     to_first: dict[str, list[float]] = {case: [] for case in runs}
@@ -142,14 +150,12 @@ def main() -> None:
     print("| case | epoch 1 (s) | later epochs (s) | to first batch (s) | later epochs vs Loader |")
     print("|---|---|---|---|---|")
     for case in runs:
-        base = "heavy: Loader" if case.startswith("heavy") else "Loader"
         steady = median(later[case]) if later[case] else median(first[case])
-        ratio = (median(later[base]) if later[base] else median(first[base])) / steady
+        reference = base(case)
+        ratio = (
+            median(later[reference]) if later[reference] else median(first[reference])
+        ) / steady
         print(
             f"| {case} | {median(first[case]):.2f} | {steady:.2f} | "
             f"{median(to_first[case]):.3f} | {ratio:.2f}x |"
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -160,6 +160,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
+                    del result  # the caller's now: an idle thread must not keep it alive
                 del fn, args, kwargs
                 with self._lock:
                     if self._running.pop(future):

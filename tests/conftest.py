@@ -44,12 +44,12 @@ def s3_server() -> Iterator[Any]:
     endpoint, a region and fail-fast timeouts; no ``AWS_*`` environment
     needed); ``s3_server.new_bucket()`` makes a bucket of one's own.  While it
     runs, a connection or name lookup for anything but loopback fails and fails
-    the module (``loopback_only`` of tests/s3_server.py, asserted at teardown): no test
+    the module (``loopback_only`` of benchmarks/s3_server.py, asserted at teardown): no test
     talks to AWS or to the EC2 metadata service.
     """
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")  # moto[server]: flask and werkzeug
-    from s3_server import S3Server, loopback_only
+    from benchmarks.s3_server import S3Server, loopback_only
 
     with loopback_only() as outside:
         server = S3Server().start()
@@ -67,7 +67,7 @@ def s3_server_to_stop(s3_server: Any) -> Iterator[Any]:
     Needs ``s3_server`` for the loopback guard; moto's buckets are process-wide,
     so make a bucket with ``new_bucket()`` on this one.
     """
-    from s3_server import S3Server
+    from benchmarks.s3_server import S3Server
 
     server = S3Server().start()
     try:

@@ -1,7 +1,8 @@
-"""Real Zarr wrapper stores that observe or slow down reads (no mocks).
+"""Real Zarr wrapper stores that observe, slow down or fail reads (no mocks).
 
 :class:`CountingStore` counts ``get`` calls per chunk key, which proves how
-often each stored chunk is fetched.  :class:`SlowStore` sleeps in every chunk
+often each stored chunk is fetched.  :class:`LatencyStore` (the benchmarks' own,
+``benchmarks/latency_store.py``, one class for both) sleeps before every chunk
 ``get`` and records how many were in flight at once.
 """
 
@@ -17,21 +18,21 @@ import zarr.storage
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
+from benchmarks.latency_store import LatencyStore, is_metadata_key
+
 __all__ = [
     "CountingStore",
     "FaultStore",
     "HangStore",
-    "SlowStore",
+    "LatencyStore",
     "chunk_keys",
     "is_chunk_key",
     "open_wrapped",
 ]
 
-METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
-
 
 def is_chunk_key(key: str) -> bool:
-    return not key.rsplit("/", 1)[-1].endswith(METADATA)
+    return not is_metadata_key(key)
 
 
 class CountingStore(zarr.storage.WrapperStore[Any]):
@@ -52,50 +53,6 @@ class CountingStore(zarr.storage.WrapperStore[Any]):
             with self._lock:
                 self.counts[key] += 1
         return await self._store.get(key, prototype, byte_range)
-
-
-class SlowStore(zarr.storage.WrapperStore[Any]):
-    """Sleeps in every chunk ``get`` (``delays[key]`` or ``delay`` seconds).
-
-    Records how many chunk ``get`` calls were in flight at once (``peak``).
-    """
-
-    def __init__(
-        self,
-        store: Any,
-        delay: float = 0.05,
-        state: dict[str, int] | None = None,
-        *,
-        delays: dict[str, float] | None = None,
-    ) -> None:
-        super().__init__(store)
-        self.delay = delay
-        self.delays = {} if delays is None else delays  # per-key overrides
-        self.state = {"now": 0, "peak": 0, "gets": 0} if state is None else state
-        self._lock = threading.Lock()
-
-    def _with_store(self, store: Any) -> SlowStore:
-        return type(self)(store, self.delay, self.state, delays=self.delays)
-
-    async def get(
-        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
-    ) -> Buffer | None:
-        if not is_chunk_key(key):
-            return await self._store.get(key, prototype, byte_range)
-        with self._lock:
-            self.state["now"] += 1
-            self.state["gets"] += 1
-            self.state["peak"] = max(self.state["peak"], self.state["now"])
-        try:
-            await asyncio.sleep(self.delays.get(key, self.delay))
-            return await self._store.get(key, prototype, byte_range)
-        finally:
-            with self._lock:
-                self.state["now"] -= 1
-
-    @property
-    def peak(self) -> int:
-        return self.state["peak"]
 
 
 def chunk_keys(store: Any) -> set[str]:

@@ -1,4 +1,4 @@
-"""The benchmark runs end to end in quick mode on a tiny dataset."""
+"""The benchmark suite runs end to end in quick mode on a tiny dataset, as a module."""
 
 from __future__ import annotations
 
@@ -20,13 +20,12 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
         if importlib.util.find_spec(peer) is None:
             print(f"{peer} is not installed: the benchmark skips it (pip install .[bench])")
     command = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "run.py"),
+        sys.executable, "-m", "benchmarks",
         "--quick",
         "--rows", "16384",
         "--cols", "16",
         "--chunk-rows", "1024",
-        "--repeats", "1",
+        "--rounds", "1",
         "--out", str(tmp_path / "results"),
         "--data", str(tmp_path / "data"),
     ]  # fmt: skip
@@ -36,6 +35,7 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
         if "skipping" in line:
             print(line)
     report = (tmp_path / "results" / "results.md").read_text()
+    assert "`python -m benchmarks --quick --rows 16384 --cols 16 --chunk-rows 1024`" in report
     assert "| L0: zarr chunk-aligned, 1 thread |" in report
     assert "sequential, batch 256" in report and "exact shuffle" in report
     assert "## Targets" in report and ("PASS" in report or "MISS" in report)
@@ -51,3 +51,28 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     assert "| sharded sequential >= 1.0x unsharded (no latency) |" in report
     assert (tmp_path / "results" / "throughput.png").stat().st_size > 1000
     assert "ratios vs L0" in done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
+    """The quick ones, in one process, so none of them rots (the others: docs/benchmarks.md)."""
+    command = [
+        sys.executable, "-m", "benchmarks",
+        "--only", "latency,shards,ramp-latency,codec-pipelines,compare",
+        "--old", "HEAD",
+        "--rows", "8192",
+        "--cols", "8",
+        "--chunk-rows", "1024",
+        "--latency", "0.002",
+        "--rounds", "1",
+        "--data", str(tmp_path / "data"),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=110, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in ("latency", "shards", "ramp-latency", "codec-pipelines", "compare"):
+        assert f"== {name} ==" in done.stdout
+    assert "| old: chunk_stream ordered |" in done.stdout  # latency --old: both libraries
+    assert "| 2 ms | sequential |" in done.stdout  # shards, with latency
+    assert "buffered, flat" in done.stdout  # ramp-latency
+    assert "x[:] (zarrs)" in done.stdout  # codec-pipelines
+    assert "| paired, buffered (8 chunks) |" in done.stdout  # compare

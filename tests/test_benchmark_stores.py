@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -10,17 +9,15 @@ import numpy as np
 import zarr
 import zarr.storage
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))  # after the installed package: only ``benchmarks`` comes from here
-
-from benchmarks.suite import stores_cases  # noqa: E402
-from benchmarks.suite.dataset import make_dataset, make_sharded  # noqa: E402
+from benchmarks.latency_store import LatencyStore
+from benchmarks.suite import stores_cases
+from benchmarks.suite.dataset import make_dataset, make_sharded
 
 
 def test_latency_store_waits_before_each_request(tmp_path: Path) -> None:
     ds = make_dataset(tmp_path, 4 * 64, 4, 64)
-    store = stores_cases.LatencyStore(zarr.storage.LocalStore(ds.path, read_only=True), 0.1)
+    local = zarr.storage.LocalStore(ds.path, read_only=True)
+    store = LatencyStore(local, 0.1, metadata=True)
     x = zarr.open_array(store=store, path="features", mode="r")
     opened = store.requests  # metadata reads wait too (zarr asks for several at once)
     store.state["peak"] = 0
@@ -43,8 +40,22 @@ def test_sharded_copy_has_eight_chunks_per_shard_and_the_same_data(tmp_path: Pat
     np.testing.assert_array_equal(sharded.labels[:], ds.labels[:])
     assert make_sharded(ds).path == sharded.path  # made once
     # sharded inner-chunk reads through the latency store are byte-range requests, counted
-    store = stores_cases.LatencyStore(zarr.storage.LocalStore(sharded.path, read_only=True), 0)
+    store = LatencyStore(zarr.storage.LocalStore(sharded.path, read_only=True), 0, metadata=True)
     opened = stores_cases.open_group("s", store, 64)
     before = store.requests
     np.testing.assert_array_equal(opened.x[64:128], ds.features[64:128])
     assert store.requests > before
+
+
+def test_latency_store_leaves_metadata_alone_unless_asked(tmp_path: Path) -> None:
+    """Chunk requests only by default (as the tests count them); per-key delays."""
+    ds = make_dataset(tmp_path, 4 * 64, 4, 64)
+    local = zarr.storage.LocalStore(ds.path, read_only=True)
+    store = LatencyStore(local, 0.0, delays={"features/c/1/0": 0.2})
+    x = zarr.open_array(store=store, path="features", mode="r")
+    assert store.requests == 0  # the metadata read at open is not a request here
+    started = time.perf_counter()
+    x[0:64]
+    assert time.perf_counter() - started < 0.15 and store.requests == 1
+    x[64:128]
+    assert time.perf_counter() - started >= 0.2 and store.requests == 2

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))  # after the installed package: only ``benchmarks`` comes from here
-
-from benchmarks.suite import cases, report, stores_cases, targets  # noqa: E402
-from benchmarks.suite.dataset import Dataset  # noqa: E402
-from benchmarks.suite.measure import L0, MiB, Result, SuiteRun  # noqa: E402
+from benchmarks.suite import cases, report, stores_cases, targets
+from benchmarks.suite.dataset import Dataset
+from benchmarks.suite.measure import L0, MiB, Result, SuiteRun
 
 
 def fabricated(speeds: dict[str, float], skipped: dict[str, str]) -> SuiteRun:
@@ -144,14 +139,14 @@ def test_store_targets_against_x_all_on_the_same_store() -> None:
 def test_report_has_every_target_row_and_section() -> None:
     run = fabricated(SPEEDS, {"torch": "not installed"})
     evaluated = targets.evaluate(run)
-    text = report.markdown(run, evaluated, command="python benchmarks/run.py", now="now")
+    text = report.markdown(run, evaluated, command="python -m benchmarks", now="now")
     assert "| sequential >= 1.3x L0 | 1.50x | PASS |" in text
     assert "| >= 100x torch DataLoader | skipped | SKIP (not installed) |" in text
     assert f"| {L0} | 100.0 | 1,000 | 1x | 1.00 | 0 |" in text
     # the read amplification of reads in torch workers is not known: NaN, shown as -
     run.results[cases.TORCH_LOADER_2] = Result(cases.TORCH_LOADER_2, "this", 1.0, 50_000_000,
                                                1000, float("nan"))  # fmt: skip
-    text = report.markdown(run, evaluated, command="python benchmarks/run.py", now="now")
+    text = report.markdown(run, evaluated, command="python -m benchmarks", now="now")
     assert f"| {cases.TORCH_LOADER_2} | 50.0 | 1,000 | 0.5x | - | 0 |" in text
     payload = report.payload(run, evaluated, command="", now="")
     assert payload["results"][-1]["amplification"] is None
@@ -159,7 +154,7 @@ def test_report_has_every_target_row_and_section() -> None:
         assert f"\n\n{section}" in text
     assert "## Stores" not in text  # no store case measured: no section
     assert text.endswith("Skipped: torch: not installed.\n")
-    assert report.command_line(run) == "python benchmarks/run.py"
+    assert report.command_line(run) == "python -m benchmarks"
 
 
 def test_fast_start_targets_and_section() -> None:

@@ -13,7 +13,7 @@ import zarr
 import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
-from stores import SlowStore, open_wrapped
+from stores import LatencyStore, open_wrapped
 from strategies import ArrayCase, array_cases, build_input, make_data, property_settings, to_zarr
 
 import daskzarr_batches as dzb
@@ -138,10 +138,10 @@ def test_empty_array_yields_nothing(kind: str, shape: tuple[int, ...]) -> None:
 # Concurrency, measured at a slow store
 
 
-def slow_array(delay: float) -> tuple[zarr.Array, SlowStore]:
+def slow_array(delay: float) -> tuple[zarr.Array, LatencyStore]:
     memory = zarr.storage.MemoryStore()
     to_zarr(make_data((24, 2)) + 1, (2, 2), store=memory)
-    store = SlowStore(memory, delay=delay)
+    store = LatencyStore(memory, delay=delay)
     return open_wrapped(store), store
 
 
@@ -150,7 +150,7 @@ def test_concurrency_one_reads_one_chunk_at_a_time(ordered: bool) -> None:
     array, store = slow_array(0.02)
     chunks = consume(dzb.chunk_stream(array, concurrency=1, ordered=ordered))
     assert len(chunks) == 12
-    assert store.state["gets"] == 12
+    assert store.requests == 12
     assert store.peak == 1
 
 
@@ -159,7 +159,7 @@ def test_concurrency_three_reads_up_to_three_at_once(ordered: bool) -> None:
     array, store = slow_array(0.1)
     chunks = consume(dzb.chunk_stream(array, concurrency=3, ordered=ordered))
     assert len(chunks) == 12
-    assert store.state["gets"] == 12
+    assert store.requests == 12
     assert 2 <= store.peak <= 3
 
 
@@ -170,7 +170,7 @@ def test_break_early_stops_reading() -> None:
     assert first.shape == (2, 2)
     with pytest.raises(StopIteration):
         next(stream)
-    assert store.state["gets"] <= 4
+    assert store.requests <= 4
 
 
 def test_chunks_of_a_dask_graph_holding_a_literal_array_are_owned() -> None:
@@ -194,7 +194,7 @@ def test_unordered_yields_as_reads_complete() -> None:
     memory = zarr.storage.MemoryStore()
     to_zarr(make_data((8, 2)) + 1, (2, 2), store=memory)
     slow_first = {"c/0/0": 0.5}
-    store = SlowStore(memory, delay=0.01, delays=slow_first)
+    store = LatencyStore(memory, delay=0.01, delays=slow_first)
     array = open_wrapped(store)
     unordered = consume(dzb.chunk_stream(array, concurrency=4, ordered=False, with_index=True))
     assert [index for index, _ in unordered][-1] == (0, 0)

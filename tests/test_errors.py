@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 import zarr.storage
-from stores import SlowStore, open_wrapped
+from stores import LatencyStore, open_wrapped
 from strategies import make_data, to_zarr
 
 import daskzarr_batches as dzb
@@ -306,7 +306,7 @@ def test_undecodable_chunk_behind_a_dask_computation(tmp_path: pathlib.Path) -> 
 def test_timeout_raises_from_next(name: str) -> None:
     memory = zarr.storage.MemoryStore()
     to_zarr(make_data((8, 2)) + 1, (4, 2), store=memory)
-    array = open_wrapped(SlowStore(memory, delay=1.5))
+    array = open_wrapped(LatencyStore(memory, delay=1.5))
     stream: dzb.Stream[Any]
     if name == "sequential":
         stream = dzb.batch_stream(array, 2, timeout=0.2)

@@ -11,6 +11,7 @@ killed if it outlives its budget, and the FIFO goes with ``tmp_path``.
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -44,7 +45,8 @@ x = dzb.open_array(path, codec_pipeline=pipeline)
 assert codec_pipeline_of(as_source(x, "x").array) == pipeline
 
 def stopped(what):
-    print("stopped", what, time.time(), flush=True)
+    sys.stdout.write(f"stopped {what} {time.time()}\\n")  # one write: a thread may print too
+    sys.stdout.flush()
 
 try:
     if action == "timeout":
@@ -118,9 +120,9 @@ def run_child(tmp_path: Path, pipeline: str, action: str) -> tuple[float, str, s
             child.kill()
             child.communicate()
     if sent is None:
-        stops = [line for line in out.splitlines() if line.startswith("stopped")]
+        stops = re.findall(r"stopped [a-z ]+? ([0-9]+\.[0-9]+)", out)
         assert stops, f"the child never stopped its read: {out}{err[-2000:]}"
-        sent = float(stops[-1].split()[-1])
+        sent = float(stops[-1])
     return exited - sent, out, err
 
 

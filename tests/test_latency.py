@@ -1,6 +1,6 @@
 """Latency hiding (``io_concurrency``) and chunk streams over sharded arrays.
 
-Real wrapper stores: :class:`SlowStore` records how many chunk gets were in
+Real wrapper stores: :class:`LatencyStore` records how many chunk gets were in
 flight at once, :class:`CountingStore` how often each stored object was
 fetched.
 """
@@ -18,7 +18,7 @@ import zarr
 import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
-from stores import CountingStore, SlowStore, open_wrapped
+from stores import CountingStore, LatencyStore, open_wrapped
 from strategies import property_settings
 
 import daskzarr_batches as dzb
@@ -31,11 +31,11 @@ def consume(stream: Any) -> list[Any]:
         return list(stream)
 
 
-def slow_array(rows: int, chunk: int, delay: float) -> tuple[zarr.Array, SlowStore]:
+def slow_array(rows: int, chunk: int, delay: float) -> tuple[zarr.Array, LatencyStore]:
     store = zarr.storage.MemoryStore()
     x = zarr.create_array(store, shape=(rows, 3), chunks=(chunk, 3), dtype="f4")
     x[:] = np.arange(rows * 3, dtype="f4").reshape(rows, 3)
-    slow = SlowStore(store, delay=delay)
+    slow = LatencyStore(store, delay=delay)
     return open_wrapped(slow), slow
 
 

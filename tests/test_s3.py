@@ -1,7 +1,7 @@
 """S3 for real: every stream reads an S3 copy bit for bit like a local one.
 
 The S3 endpoint is moto's server on 127.0.0.1 (``s3_server`` in conftest.py,
-helpers in s3_server.py), written and read through s3fs exactly as a bucket on
+helpers in benchmarks/s3_server.py), written and read through s3fs exactly as a bucket on
 AWS or MinIO would be; nothing is mocked inside the library, zarr or s3fs.
 """
 
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import zarr
 import zarr.storage
-from s3_server import free_port
 
 import daskzarr_batches as dzb
+from benchmarks.s3_server import free_port
 
 N, FEATURES = 2000, 8
 FEATURE_CHUNK, LABEL_CHUNK = 128, 200  # grids that rarely line up: paired units get split

@@ -25,7 +25,7 @@ import zarr
 import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
-from stores import CountingStore, SlowStore, chunk_keys, open_wrapped
+from stores import CountingStore, LatencyStore, chunk_keys, open_wrapped
 from strategies import (
     ArrayCase,
     array_cases,
@@ -548,7 +548,7 @@ def test_prefetch_bounds_the_windows_in_flight(prefetch: int) -> None:
     memory = zarr.storage.MemoryStore()
     data = make_data((40, 2), "float64") + 1
     to_zarr(data, (4, 2), store=memory)
-    store = SlowStore(memory, delay=0.03)
+    store = LatencyStore(memory, delay=0.03)
     array = open_wrapped(store)
     stream = dzb.batch_stream(array, 4, prefetch=prefetch, window_bytes=4 * 2 * 8)
     batches = []
@@ -556,7 +556,7 @@ def test_prefetch_bounds_the_windows_in_flight(prefetch: int) -> None:
         time.sleep(0.01)
         batches.append(batch)
     np.testing.assert_array_equal(np.concatenate(batches), data)
-    assert store.state["gets"] == 10
+    assert store.requests == 10
     assert store.peak <= prefetch + 1
     if prefetch >= 1:
         assert store.peak >= 2, "windows ahead of the consumer were not computed"

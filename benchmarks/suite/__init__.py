@@ -1,4 +1,4 @@
-"""The benchmark suite behind ``python benchmarks/run.py`` (see ``docs/benchmarks.md``).
+"""The benchmark suite behind ``python -m benchmarks`` (see ``docs/benchmarks.md``).
 
 Modules, in the order a run uses them:
 
@@ -8,14 +8,18 @@ Modules, in the order a run uses them:
   streams and ``Loader`` (alone and through a torch ``DataLoader``), naive dask,
   xbatcher, torch, LocalCluster) and the prefetch case;
 - ``stores_cases``: every stream kind against zarr's ``x[:]`` on the same store where data
-  really lives (issue 10): a sharded copy, a latency store at 20 / 100 ms per request,
+  really lives (issue 10): a sharded copy, ``benchmarks.latency_store`` at 20 / 100 ms,
   moto's S3 on loopback, zarrs' codec pipeline; and their report table;
-- ``memory``: memory cases, each in a fresh subprocess (``python -m benchmarks.suite.memory``);
+- ``memory``: memory cases, each in a fresh subprocess (``python -m benchmarks.suite.memory``),
+  and the exact-shuffle budget sweep;
 - ``quality``: shuffle quality computed from plans (nothing read);
 - ``targets``: the targets of issues 3, 9 and 10 as a table, evaluated on a ``SuiteRun``;
-- ``report``: ``results.md``, ``results.json``, ``throughput.png`` and the printed summary.
+- ``report``: ``results.md``, ``results.json``, ``throughput.png`` and the printed summary;
+- ``run``: the benchmarks ``suite`` (every step above, in order) and ``stores`` (the
+  store cases alone), as ``python -m benchmarks`` runs them.
 
-Only the public API of ``daskzarr_batches`` is used.
+The public API of ``daskzarr_batches`` is used, and ``benchmarks.internals`` where
+there is none (one exact-shuffle budget computation).
 """
 
 from pathlib import Path

@@ -17,6 +17,7 @@ import zarr
 
 import daskzarr_batches as dzb
 
+from ..internals import exact_window_rows
 from .dataset import Dataset
 from .measure import L0, Case, Measured, MiB, drain
 
@@ -78,13 +79,11 @@ def quarter_windows_budget(rows: int, row_bytes: int) -> int:
     an epoch read in four windows; since issue 10 the budget also holds each
     window's index arrays and its decoding, so a budget of exactly a quarter of the
     samples' bytes makes five windows.  The library's own arithmetic
-    (``_plan.exact_budget``) gives the budget of four.
+    (``internals.exact_window_rows``) gives the budget of four.
     """
-    from daskzarr_batches._plan import exact_budget
-
     need = -(-rows // 4)
     budget = need * row_bytes
-    while exact_budget(budget, row_bytes, 0).window_rows < need:
+    while exact_window_rows(budget, row_bytes) < need:
         budget += max(1, budget // 1000)
     return budget
 

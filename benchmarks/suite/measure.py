@@ -146,6 +146,20 @@ def drain(stream: Drainable) -> Measured:
     return stats.bytes_yielded, stats.samples_yielded, stats.read_amplification
 
 
+def consume(stream: Any) -> None:
+    """Iterate ``stream`` to its end, then close it (the standalone benchmarks' epoch)."""
+    with stream:
+        for _ in stream:
+            pass
+
+
+def timed(function: Callable[[], Any]) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds (all threads) of one call."""
+    started, cpu = time.perf_counter(), time.process_time()
+    function()
+    return time.perf_counter() - started, time.process_time() - cpu
+
+
 class MissingResult(LookupError):
     """A case a target needs was not measured (skipped)."""
 

@@ -2,7 +2,7 @@
 
 The parent runs ``python -m benchmarks.suite.memory DATASET [--buffer N | --budget N]
 --prefetch N`` from the repository root; the child prints its peak RSS as JSON.
-``python -m benchmarks.suite.memory --sweep DATA_DIR`` runs the exact-shuffle sweep alone.
+``python -m benchmarks --only exact-sweep`` runs the exact-shuffle sweep alone.
 """
 
 from __future__ import annotations
@@ -137,17 +137,20 @@ def exact_sweep(data_dir: Path) -> dict[str, Any]:
     return {"shape": SWEEP_SHAPE, "cases": cases}
 
 
+def run_sweep(options: argparse.Namespace) -> None:
+    """The exact-shuffle sweep alone (``python -m benchmarks --only exact-sweep``)."""
+    Path(options.data).mkdir(parents=True, exist_ok=True)
+    exact_sweep(Path(options.data))
+
+
 def main(argv: list[str] | None = None) -> None:
+    """The child: one epoch of a dataset, its peak RSS printed as JSON."""
     parser = argparse.ArgumentParser(description="one epoch; print peak RSS as JSON")
-    parser.add_argument("dataset", type=Path, help="a dataset, or with --sweep the data dir")
-    parser.add_argument("--sweep", action="store_true", help="the exact-shuffle sweep instead")
+    parser.add_argument("dataset", type=Path, help="a dataset made by make_dataset")
     parser.add_argument("--buffer", type=int, default=0)
     parser.add_argument("--budget", type=int, default=0)
     parser.add_argument("--prefetch", type=int, default=2)
     args = parser.parse_args(argv)
-    if args.sweep:
-        print(json.dumps(exact_sweep(args.dataset)))
-        return
     epoch = one_epoch(args.dataset, buffer=args.buffer, budget=args.budget, prefetch=args.prefetch)
     print(json.dumps(epoch))
 

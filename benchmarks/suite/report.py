@@ -43,7 +43,7 @@ COLOURS = {
 def command_line(run: SuiteRun) -> str:
     """The command that reproduces the run's dataset."""
     ds = run.dataset
-    command = "python benchmarks/run.py" + (" --quick" if run.quick else "")
+    command = "python -m benchmarks" + (" --quick" if run.quick else "")
     if (ds.rows, ds.cols, ds.chunk_rows) != default_shape(run.quick):
         command += f" --rows {ds.rows} --cols {ds.cols} --chunk-rows {ds.chunk_rows}"
     return command

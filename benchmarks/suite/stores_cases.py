@@ -5,11 +5,12 @@ raw decode limit), measured in the same interleaved rounds:
 
 - **sharding**: the full dataset and its sharded copy (8 inner chunks per Zarr v3
   shard, same chunks and codec), no latency;
-- **latency**: a :class:`LatencyStore` sleeping 20 ms or 100 ms before each request
-  (as an object store answers), over a smaller dataset of :data:`SUBSET_CHUNKS` chunks
-  (the whole dataset when it is smaller), unsharded and (20 ms) sharded;
+- **latency**: a :class:`~benchmarks.latency_store.LatencyStore` sleeping 20 ms or
+  100 ms before each request, metadata reads included (as an object store answers),
+  over a smaller dataset of :data:`SUBSET_CHUNKS` chunks (the whole dataset when it
+  is smaller), unsharded and (20 ms) sharded;
 - **S3**: that smaller dataset uploaded to moto's S3 server on ``127.0.0.1``
-  (``tests/s3_server.py``), read through s3fs; the server is stopped at the end;
+  (``benchmarks/s3_server.py``), read through s3fs; the server is stopped at the end;
 - **codec pipelines**: the full dataset read with zarrs' codec pipeline (Rust) beside the
   raw decode limit, in the rounds of the no-latency cases; every other case names zarr's
   default pipeline when it opens its arrays, whatever the global configuration.
@@ -21,11 +22,7 @@ these arrays in one window (read amplification 1).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,12 +31,10 @@ from typing import Any
 
 import zarr
 import zarr.storage
-from zarr.abc.store import ByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype
 
 import daskzarr_batches as dzb
 
-from . import ROOT
+from ..latency_store import LatencyStore
 from .cases import RAW_DECODE, installed, raw_decode, raw_decoder
 from .dataset import Dataset, make_dataset, make_sharded
 from .measure import Case, Measured, Result, drain, rounds
@@ -99,63 +94,6 @@ def is_store_case(case: str) -> bool:
     return case.startswith("[")
 
 
-class LatencyStore(zarr.storage.WrapperStore[Any]):
-    """Sleeps ``delay`` seconds (``asyncio.sleep``) before each request, as an object store.
-
-    ``get`` (a whole key or a byte range) and ``get_partial_values`` (one request per
-    range, answered concurrently: one delay) wait, then ask the wrapped store;
-    metadata reads wait too.  ``state`` counts the requests (``requests``), those in
-    flight (``now``) and the most in flight at once (``peak``; reset it to measure a span).
-    """
-
-    def __init__(self, store: Any, delay: float, state: dict[str, int] | None = None) -> None:
-        super().__init__(store)
-        self.delay = delay
-        self.state = {"requests": 0, "now": 0, "peak": 0} if state is None else state
-        self._lock = threading.Lock()
-
-    def _with_store(self, store: Any) -> LatencyStore:
-        return type(self)(store, self.delay, self.state)
-
-    @property
-    def requests(self) -> int:
-        return self.state["requests"]
-
-    def _start(self, n: int) -> None:
-        with self._lock:
-            self.state["requests"] += n
-            self.state["now"] += n
-            self.state["peak"] = max(self.state["peak"], self.state["now"])
-
-    def _end(self, n: int) -> None:
-        with self._lock:
-            self.state["now"] -= n
-
-    async def get(
-        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
-    ) -> Buffer | None:
-        self._start(1)
-        try:
-            await asyncio.sleep(self.delay)
-            return await self._store.get(key, prototype, byte_range)
-        finally:
-            self._end(1)
-
-    async def get_partial_values(
-        self, prototype: BufferPrototype, key_ranges: Any
-    ) -> list[Buffer | None]:
-        key_ranges = list(key_ranges)
-        self._start(len(key_ranges))
-        try:
-            await asyncio.sleep(self.delay)
-            values: list[Buffer | None] = await self._store.get_partial_values(
-                prototype, key_ranges
-            )
-            return values
-        finally:
-            self._end(len(key_ranges))
-
-
 @dataclass(frozen=True)
 class Opened:
     """The features and labels of one store, as the cases read them."""
@@ -189,7 +127,7 @@ def open_local(label: str, ds: Dataset, delay: float = 0.0, codecs: str = ZARR_P
     """``ds`` on a read-only local store, behind a :class:`LatencyStore` when ``delay``."""
     store: Any = zarr.storage.LocalStore(ds.path, read_only=True)
     if delay:
-        store = LatencyStore(store, delay)
+        store = LatencyStore(store, delay, metadata=True)
     return open_group(label, store, ds.chunk_rows, codecs)
 
 
@@ -289,11 +227,9 @@ def s3_copy(small: Dataset) -> Iterator[Opened]:
 
     Every connection or name lookup that is not loopback is refused and fails the run.
     """
-    if str(ROOT) not in sys.path:
-        sys.path.append(str(ROOT))
     import s3fs
 
-    from tests.s3_server import S3Server, loopback_only
+    from ..s3_server import S3Server, loopback_only
 
     with loopback_only() as attempts:
         server = S3Server().start()
@@ -412,39 +348,3 @@ def requests(result: Result) -> str:
     if "requests" not in result.extra:
         return ""
     return f" ({result.extra['requests']}/{result.extra['in_flight']})"
-
-
-# --------------------------------------------------------------------------
-# Alone: python -m benchmarks.suite.stores_cases
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run only these cases on the suite's dataset; print their table and targets."""
-    import argparse
-
-    from . import targets
-    from .dataset import default_shape
-    from .measure import SuiteRun
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    rows, cols, chunk_rows = default_shape(False)
-    parser.add_argument("--rows", type=int, default=rows)
-    parser.add_argument("--cols", type=int, default=cols)
-    parser.add_argument("--chunk-rows", type=int, default=chunk_rows)
-    parser.add_argument("--repeats", type=int, default=STORE_REPEATS)
-    parser.add_argument("--data", default=str(ROOT / "benchmarks" / "data"))
-    args = parser.parse_args(argv)
-    data_dir = Path(args.data)
-    ds = make_dataset(data_dir, args.rows, args.cols, args.chunk_rows)
-    skipped: dict[str, str] = {}
-    threads = os.cpu_count() or 1  # as cases.Workload
-    results = measure_stores(ds, data_dir, repeats=args.repeats, threads=threads, skipped=skipped)
-    print("\n" + "\n".join(stores_section(results)) + "\n")
-    run = SuiteRun(ds, False, args.repeats, results, skipped, {}, {}, [])
-    for target in targets.evaluate(run, targets.STORE_TARGETS):
-        why = f" ({target.why})" if target.why else ""
-        print(f"  {target.status}  {target.what}: {target.measured}{why}")
-
-
-if __name__ == "__main__":
-    main()

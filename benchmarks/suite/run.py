@@ -1,44 +1,34 @@
-"""Benchmark daskzarr_batches against zarr, dask and peer loaders, side by side.
+"""The suite's two benchmarks: ``suite`` (the whole report) and ``stores`` (issue 10's cases alone).
 
-Run from the repository root::
+``python -m benchmarks`` (or ``--only suite``) measures this library against zarr,
+dask and peer loaders, side by side in one run, on a dataset generated once under
+``--data``.  Every case is measured in the same run, so ratios against L0
+(zarr-python, chunk-aligned sequential reads on one thread) compare like with like
+on a noisy machine.  Throughput is the best of ``--rounds`` runs.  Results go to
+``<out>/results.md`` (tables with a PASS/MISS column per target),
+``<out>/results.json`` and ``<out>/throughput.png``.
 
-    python benchmarks/run.py                      # 1,000,000 x 64 float32, 8192-row chunks
-    python benchmarks/run.py --quick              # small dataset, under ~2 minutes
-    python benchmarks/run.py --rows 200000 --cols 32 --chunk-rows 4096
+Peers (xbatcher, torch) are optional: install them with ``pip install .[bench]``;
+a missing one is skipped with the reason printed.  Memory cases run in a fresh
+subprocess each, so their peak RSS is not inflated by earlier cases.
 
-The dataset (float32 ``features`` + int64 ``labels``, Zarr's default codec) is
-generated once under ``benchmarks/data/``.  Every case is measured in the same
-run, so ratios against L0 (zarr-python, chunk-aligned sequential reads on one
-thread) compare like with like on a noisy machine.  Throughput is the best of
-``--repeats`` runs.  Results go to ``<out>/results.md`` (tables with a PASS/MISS
-column per target of issue 3), ``<out>/results.json`` and ``<out>/throughput.png``.
-
-Peers (xbatcher, torch) are optional: install them with ``pip install
-.[bench]``; a missing one is skipped with the reason printed.  Memory cases run
-in a fresh subprocess each, so their peak RSS is not inflated by earlier cases.
-
-This script parses the arguments and runs the steps in order; the cases, the
-targets table and the report are in ``benchmarks/suite/``.
+``python -m benchmarks --only stores`` runs only the store cases (sharded, latency,
+S3, codec pipelines) on the suite's dataset and prints their table and targets.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.suite import cases, memory, quality, report, stores_cases, targets  # noqa: E402
-from benchmarks.suite.dataset import default_shape, make_dataset  # noqa: E402
-from benchmarks.suite.measure import MB, Result, SuiteRun, rounds  # noqa: E402
+from . import cases, memory, quality, report, stores_cases, targets
+from .dataset import default_shape, make_dataset
+from .measure import MB, Result, SuiteRun, rounds
 
 
 def measure_throughput(
@@ -91,11 +81,13 @@ def measure_fast_start(
 
     ``--quick`` runs them on the run's own (smaller) dataset instead.
     """
-    rows = min(args.rows, cases.START_ROWS) if args.quick else cases.START_ROWS
-    ds = make_dataset(data_dir, rows, args.cols, args.chunk_rows)
-    print(f"fast start: {ds.path.name}, {args.repeats} interleaved rounds, best kept")
-    results.update(rounds(cases.start_cases(ds), args.repeats))
-    first = cases.first_batch_case(ds, max(5, 3 * args.repeats))
+    all_rows, cols, chunk_rows = shape(args)
+    rows = min(all_rows, cases.START_ROWS) if args.quick else cases.START_ROWS
+    ds = make_dataset(data_dir, rows, cols, chunk_rows)
+    repeats = repeats_of(args)
+    print(f"fast start: {ds.path.name}, {repeats} interleaved rounds, best kept")
+    results.update(rounds(cases.start_cases(ds), repeats))
+    first = cases.first_batch_case(ds, max(5, 3 * repeats))
     chunk = first["chunk"]
     print(
         f"  time to first batch: sequential {first['sequential'] * 1e3:.1f} ms, "
@@ -116,24 +108,38 @@ def measure_quality(w: cases.Workload) -> list[dict[str, Any]]:
     return rows
 
 
+def shape(options: argparse.Namespace) -> tuple[int, int, int]:
+    """``(rows, cols, chunk_rows)`` of the run: the options, else the defaults."""
+    rows, cols, chunk_rows = default_shape(options.quick)
+    return options.rows or rows, options.cols or cols, options.chunk_rows or chunk_rows
+
+
+def repeats_of(options: argparse.Namespace) -> int:
+    """Rounds of the run: ``--rounds``, else 2 with ``--quick``, else 5."""
+    return int(options.rounds or (2 if options.quick else 5))
+
+
 def run_suite(args: argparse.Namespace) -> None:
+    """The whole suite; writes ``results.md``, ``results.json`` and ``throughput.png``."""
     data_dir, out = Path(args.data), Path(args.out)
+    rows, cols, chunk_rows = shape(args)
+    repeats = repeats_of(args)
     out.mkdir(parents=True, exist_ok=True)
     data_dir.mkdir(parents=True, exist_ok=True)
-    ds = make_dataset(data_dir, args.rows, args.cols, args.chunk_rows)
+    ds = make_dataset(data_dir, rows, cols, chunk_rows)
     w = cases.Workload.open(ds)
     print(f"dataset {ds.path} ({ds.feature_bytes / MB:.0f} MB features), {w.threads} CPUs")
     load_before = os.getloadavg()
     cases.warm_up(w.x)
     skipped: dict[str, str] = {}
     results = measure_throughput(
-        w, quick=args.quick, repeats=args.repeats, cluster=not args.no_cluster, skipped=skipped
+        w, quick=args.quick, repeats=repeats, cluster=not args.no_cluster, skipped=skipped
     )
     if args.no_stores:
         skipped |= dict.fromkeys(stores_cases.SKIP_KEYS, "--no-stores")
     else:
         results |= stores_cases.measure_stores(
-            ds, data_dir, repeats=args.repeats, threads=w.threads, skipped=skipped
+            ds, data_dir, repeats=repeats, threads=w.threads, skipped=skipped
         )
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
     first_batch = measure_fast_start(args, data_dir, results)
@@ -145,7 +151,7 @@ def run_suite(args: argparse.Namespace) -> None:
     run = SuiteRun(
         dataset=ds,
         quick=args.quick,
-        repeats=args.repeats,
+        repeats=repeats,
         results=results,
         skipped=skipped,
         prefetch=prefetch,
@@ -157,34 +163,22 @@ def run_suite(args: argparse.Namespace) -> None:
     report.write_outputs(run, targets.evaluate(run), out)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rows", type=int)
-    parser.add_argument("--cols", type=int)
-    parser.add_argument("--chunk-rows", type=int)
-    parser.add_argument("--quick", action="store_true", help="small dataset, 1 repeat")
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--data", default=str(ROOT / "benchmarks" / "data"))
-    parser.add_argument("--no-cluster", action="store_true")
-    parser.add_argument(
-        "--no-stores",
-        action="store_true",
-        help="skip the sharded, latency, S3 and codec-pipeline cases (about a minute)",
+def run_stores(options: argparse.Namespace) -> None:
+    """Only the store cases on the suite's dataset; print their table and targets."""
+    data_dir = Path(options.data)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rows, cols, chunk_rows = default_shape(False)
+    ds = make_dataset(
+        data_dir, options.rows or rows, options.cols or cols, options.chunk_rows or chunk_rows
     )
-    args = parser.parse_args(argv)
-    rows, cols, chunk_rows = default_shape(args.quick)
-    args.rows = args.rows or rows
-    args.cols = args.cols or cols
-    args.chunk_rows = args.chunk_rows or chunk_rows
-    args.repeats = args.repeats or (2 if args.quick else 5)
-    return args
-
-
-def main(argv: list[str] | None = None) -> None:
-    run_suite(parse_args(argv))
-
-
-if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        main()
+    repeats = options.rounds or stores_cases.STORE_REPEATS
+    skipped: dict[str, str] = {}
+    threads = os.cpu_count() or 1  # as cases.Workload
+    results = stores_cases.measure_stores(
+        ds, data_dir, repeats=repeats, threads=threads, skipped=skipped
+    )
+    print("\n" + "\n".join(stores_cases.stores_section(results)) + "\n")
+    run = SuiteRun(ds, False, repeats, results, skipped, {}, {}, [])
+    for target in targets.evaluate(run, targets.STORE_TARGETS):
+        why = f" ({target.why})" if target.why else ""
+        print(f"  {target.status}  {target.what}: {target.measured}{why}")

@@ -1,5 +1,5 @@
-"""A real S3 endpoint for the tests: moto's server on loopback, and a guard that
-nothing else is contacted.
+"""A real S3 endpoint for the tests and the benchmarks: moto's server on loopback, and a
+guard that nothing else is contacted.
 
 :class:`S3Server` runs moto's ``ThreadedMotoServer`` on ``127.0.0.1`` on a free
 port (port 0: the kernel picks it, so parallel runs never collide) and hands out

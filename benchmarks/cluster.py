@@ -8,11 +8,11 @@ and on a ``LocalCluster`` (``--workers`` processes x 1 thread on 127.0.0.1):
   4 chunks, prefetch 2): every batch travels to this process;
 - per-feature moments (``feature_moments``): only per-chunk statistics travel.
 
-Prints MiB/s of decoded data and the cluster/local ratio, best of ``--repeat``.
+Prints MiB/s of decoded data and the cluster/local ratio, best of ``--rounds``.
 On one small machine the cluster mostly adds transfer and scheduling overhead;
 the point of a cluster is more cores, memory and I/O bandwidth than one host.
 
-    python benchmarks/bench_cluster.py [--rows N] [--workers 2] [--repeat 3]
+    python -m benchmarks --only cluster [--rows N] [--workers 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -32,23 +32,26 @@ from distributed import Client, LocalCluster
 import daskzarr_batches as dzb
 
 MiB = 2**20
+#: defaults of the options this benchmark reads
+ROWS, WORKERS, ROUNDS = 1_000_000, 2, 3
 
 
-def best_of(repeat: int, run: Callable[[], object]) -> float:
+def best_of(repeat: int, job: Callable[[], object]) -> float:
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        run()
+        job()
         times.append(time.perf_counter() - started)
     return min(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+def run(options: argparse.Namespace) -> None:
+    """Print each job's MiB/s locally and on the cluster, and their ratio."""
+    args = argparse.Namespace(
+        rows=options.rows or ROWS,
+        workers=options.workers or WORKERS,
+        repeat=options.rounds or ROUNDS,
+    )
 
     workdir = Path(tempfile.mkdtemp(prefix="dzb-bench-cluster-"))
     try:
@@ -97,7 +100,3 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(workdir)
-
-
-if __name__ == "__main__":
-    main()
