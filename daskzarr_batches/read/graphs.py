@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import zarr
 from dask.optimization import cull
 
 from ..plan.windows import ChunkPiece, Window
@@ -33,7 +32,6 @@ from .window import read_window
 
 __all__ = [
     "block_graph",
-    "blocks_by_shard",
     "count_tasks",
     "read_threads",
     "shard_graph",
@@ -152,28 +150,6 @@ def block_graph(
     mapped = (f"dzb-map-{token}", *block)
     dsk[mapped] = (apply_transform, transform, key, scope)
     return dsk, mapped
-
-
-def blocks_by_shard(source: Source) -> list[tuple[tuple[int, ...], ...]] | None:
-    """``source``'s stored blocks grouped by shard (``None``: not a sharded Zarr array).
-
-    Shards in C order, each with its non-empty inner blocks in C order; a
-    shard's first block comes before the next shard's in the C order of the
-    blocks.
-    """
-    if not isinstance(source, SliceSource) or not isinstance(source.array, zarr.Array):
-        return None
-    shards = source.array.shards
-    if shards is None:
-        return None
-    per_shard = [
-        max(shard // chunk, 1) for shard, chunk in zip(shards, source.array.chunks, strict=True)
-    ]
-    units: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-    for block in source.blocks():
-        shard = tuple(i // n for i, n in zip(block, per_shard, strict=True))
-        units.setdefault(shard, []).append(block)
-    return [tuple(blocks) for blocks in units.values()]
 
 
 def shard_graph(

@@ -52,6 +52,7 @@ from ..errors import (
 )
 from ..plan.batching import join_rows
 from ..plan.windows import ChunkPiece, Selector
+from ..store.layout import block_key, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
     NO_REPORT,
@@ -63,7 +64,6 @@ from ..store.policy import (
     native_view,
     policy_view,
     read_array,
-    storage_keys,
 )
 
 __all__ = []
@@ -140,7 +140,7 @@ def read_block(
     """
     ledger = Ledger()
     piece = ChunkPiece(block[0], slices[0].start, slices[0].stop, slice(None), slice(None))
-    fast, view = _views(array, name, policy, ledger, lambda: _stored_keys(array, block), scope)
+    fast, view = _views(array, name, policy, ledger, lambda: block_key(array, block), scope)
     skipped: tuple[tuple[int, int, int], ...] = ()
     result: np.ndarray | None = None
     if fast is not view:
@@ -171,17 +171,7 @@ def _block_keys(array: Any, block: tuple[int, ...]) -> list[str] | None:
     """The store key of a block of an unsharded Zarr array (``None``: not known)."""
     if not isinstance(array, zarr.Array) or array.shards is not None:
         return None
-    return _stored_keys(array, block)
-
-
-def _stored_keys(array: Any, block: tuple[int, ...]) -> list[str]:
-    """The store key holding a block of a Zarr array: its chunk's, or its shard's."""
-    if not isinstance(array, zarr.Array):
-        return []
-    if array.shards is not None:
-        block = tuple(b * c // s for b, c, s in zip(block, array.chunks, array.shards, strict=True))
-    prefix = f"{array.path}/" if array.path else ""
-    return [prefix + array.metadata.encode_chunk_key(block)]
+    return block_key(array, block)
 
 
 def apply_transform(

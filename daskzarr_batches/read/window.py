@@ -25,6 +25,7 @@ from ..errors import (
 )
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
+from ..store.layout import storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
@@ -32,7 +33,6 @@ from ..store.policy import (
     ReadPolicy,
     ReadReport,
     read_array,
-    storage_keys,
 )
 from ..store.shards import read_sharded, sharding_codec
 from .tasks import _owned, _views, chunk_error, put_rows

@@ -23,6 +23,7 @@ from ..errors import (
     ArrayNotFoundError,
     InvalidMetadataError,
 )
+from .layout import METADATA_DOCUMENTS
 from .pipelines import (
     CodecPipelineChoice,
     resolve_codec_pipeline,
@@ -270,10 +271,6 @@ def _array_in_group(group: zarr.Group, path: str | None, where: str) -> zarr.Arr
     raise ArrayNotFoundError(f"{what} at path {path!r} in {where}; arrays that exist: {listing}")
 
 
-# Metadata documents of a node: Zarr format 3, then format 2.
-_METADATA_DOCUMENTS = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
-
-
 # Fields an array document must have (the format 3 and format 2 specifications;
 # zarr-python requires every one of them too).
 _ARRAY_FIELDS = {
@@ -419,7 +416,7 @@ def _walk_arrays(store_path: Any) -> tuple[list[str], list[str]] | None:
         prefix = (store_path / path).path if path else store_path.path
         names = sorted([name async for name in store_path.store.list_dir(prefix)])
         for name in names:
-            if name in _METADATA_DOCUMENTS:
+            if name in METADATA_DOCUMENTS:
                 continue
             child = f"{path}/{name}" if path else name
             documents = await _node_documents(store_path, child)
@@ -447,9 +444,9 @@ def _walk_arrays(store_path: Any) -> tuple[list[str], list[str]] | None:
 async def _node_documents(store_path: Any, path: str) -> dict[str, bytes]:
     """The metadata documents stored for the node at ``path`` below ``store_path``."""
     node = store_path / path if path else store_path
-    found = await asyncio.gather(*((node / key).get() for key in _METADATA_DOCUMENTS))
+    found = await asyncio.gather(*((node / key).get() for key in METADATA_DOCUMENTS))
     return {
         key: buffer.to_bytes()
-        for key, buffer in zip(_METADATA_DOCUMENTS, found, strict=True)
+        for key, buffer in zip(METADATA_DOCUMENTS, found, strict=True)
         if buffer is not None
     }

@@ -1,12 +1,12 @@
 """``daskzarr-batches info``: what a Zarr store holds, and whether every chunk reads.
 
-A command-line adapter like ``tools.cli``: of this package it uses only the public
+A command-line adapter like ``tools.cli``: of this package it uses the public
 API (``open_array`` and the error classes, to explain a store that cannot be
-opened).  Everything else is Zarr's own API: the store's listing
-(``list_dir``/``list_prefix``/``getsize`` through ``zarr.core.sync.sync``),
-each array's metadata (``shards``, ``filters``, ``serializer``,
-``compressors``, ``metadata.encode_chunk_key``) and plain slicing to read a
-chunk.
+opened) and the store layout (``store.layout``: metadata document names, the
+key and grid of every stored object).  Everything else is Zarr's own API: the
+store's listing (``list_dir``/``list_prefix``/``getsize`` through
+``zarr.core.sync.sync``), each array's metadata (``shards``, ``filters``,
+``serializer``, ``compressors``) and plain slicing to read a chunk.
 
 Counting is by stored object: a chunk of an unsharded array, a shard of a
 sharded one (Zarr v3 ``sharding_indexed``).  The expected objects are every
@@ -27,7 +27,7 @@ import json
 import math
 import os
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -39,6 +39,17 @@ from tqdm import tqdm
 
 from .. import ArgumentValueError, ArrayNotFoundError, DaskZarrBatchesError, InvalidMetadataError
 from .. import open_array as _open_array
+from ..store.layout import (
+    METADATA_NAMES,
+    V2_ARRAY_METADATA,
+    V2_GROUP_METADATA,
+    V3_METADATA,
+    chunks_per_shard,
+    object_grid,
+    object_key,
+    object_keys,
+    object_shape,
+)
 
 __all__ = [
     "ArrayReport",
@@ -52,8 +63,6 @@ __all__ = [
     "run_info",
 ]
 
-#: Metadata documents of a node (Zarr format 3, then format 2, then consolidated).
-METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
 #: Stored objects whose size is asked for at once (``getsize`` calls in flight).
 SIZE_CONCURRENCY = 64
 #: Blocks of chunks (or shards) read at once by ``--check``.
@@ -310,7 +319,7 @@ def find_arrays(
     async def children(path: str) -> list[str]:
         prefix = f"{path}/" if path else ""
         names = [name async for name in store.list_dir(prefix)]
-        return sorted(f"{prefix}{name}" for name in names if name not in METADATA_KEYS)
+        return sorted(f"{prefix}{name}" for name in names if name not in METADATA_NAMES)
 
     found: list[tuple[str, zarr.Array]] = []
     pending = [""]
@@ -334,16 +343,16 @@ async def _node_kind(store: zarr.abc.store.Store, path: str) -> str | None:
     """``"array"``, ``"group"``, ``"broken"`` (a document Zarr cannot read) or None."""
     from zarr.core.buffer import default_buffer_prototype
 
-    document = await store.get(f"{path}/zarr.json", prototype=default_buffer_prototype())
+    document = await store.get(f"{path}/{V3_METADATA}", prototype=default_buffer_prototype())
     if document is not None:
         try:
             node_type = json.loads(document.to_bytes())["node_type"]
         except Exception:
             return "broken"
         return node_type if node_type in ("array", "group") else "broken"
-    if await store.exists(f"{path}/.zarray"):
+    if await store.exists(f"{path}/{V2_ARRAY_METADATA}"):
         return "array"
-    if await store.exists(f"{path}/.zgroup"):
+    if await store.exists(f"{path}/{V2_GROUP_METADATA}"):
         return "group"
     return None
 
@@ -358,10 +367,8 @@ def describe_array(array: zarr.Array, path: str, store: zarr.abc.store.Store) ->
     shape = tuple(int(n) for n in array.shape)
     chunks = tuple(int(n) for n in array.chunks)
     shards = None if array.shards is None else tuple(int(n) for n in array.shards)
-    per_shard = (
-        None if shards is None else math.prod(s // c for s, c in zip(shards, chunks, strict=True))
-    )
-    expected = _object_keys(array)
+    per_shard = None if shards is None else math.prod(chunks_per_shard(array))
+    expected = object_keys(array)
     prefix = f"{path}/" if path else ""
     try:
         sizes = sync(_listing(store, prefix))
@@ -401,24 +408,8 @@ async def _listing(store: zarr.abc.store.Store, prefix: str) -> dict[str, int]:
     return dict(zip(keys, await asyncio.gather(*(size(key) for key in keys)), strict=True))
 
 
-def _object_grid(array: zarr.Array) -> tuple[int, ...]:
-    """Objects (shards, else chunks) along each axis."""
-    outer = array.shards if array.shards is not None else array.chunks
-    return tuple(math.ceil(n / c) for n, c in zip(array.shape, outer, strict=True))
-
-
-def _object_coords(array: zarr.Array) -> Iterable[tuple[int, ...]]:
-    return itertools.product(*(range(n) for n in _object_grid(array)))
-
-
-def _object_keys(array: zarr.Array) -> dict[str, tuple[int, ...]]:
-    """``{key relative to the array: grid coordinates}`` of every expected object."""
-    encode = array.metadata.encode_chunk_key
-    return {encode(coords): coords for coords in _object_coords(array)}
-
-
 def _object_region(array: zarr.Array, coords: Sequence[int]) -> tuple[slice, ...]:
-    outer = array.shards if array.shards is not None else array.chunks
+    outer = object_shape(array)
     return tuple(
         slice(i * c, min((i + 1) * c, n))
         for i, c, n in zip(coords, outer, array.shape, strict=True)
@@ -526,8 +517,8 @@ def _object_blocks(
     (C order), so a region is contiguous in the grid and, for the common
     layout chunked along axis 0 only, a run of consecutive chunks.
     """
-    grid = _object_grid(array)
-    outer = array.shards if array.shards is not None else array.chunks
+    grid = object_grid(array)
+    outer = object_shape(array)
     object_bytes = math.prod(outer) * max(1, np.dtype(array.dtype).itemsize)
     room = max(1, min(CHECK_OBJECTS, block_bytes // max(1, object_bytes)))
     block: list[int] = []
@@ -535,14 +526,14 @@ def _object_blocks(
         take = max(1, min(size, room))
         block.insert(0, take)
         room = room // take if take == size else 1
-    encode = array.metadata.encode_chunk_key
     for first in itertools.product(*(range(0, g, b) for g, b in zip(grid, block, strict=True))):
         ranges = [range(f, min(f + b, g)) for f, b, g in zip(first, block, grid, strict=True)]
         region = tuple(
             slice(r.start * o, min(r.stop * o, n))
             for r, o, n in zip(ranges, outer, array.shape, strict=True)
         )
-        yield region, [(encode(coords), coords) for coords in itertools.product(*ranges)]
+        coords = itertools.product(*ranges)
+        yield region, [(object_key(array, c, relative=True), c) for c in coords]
 
 
 def format_bytes(n: int) -> str:
