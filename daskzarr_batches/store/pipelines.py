@@ -25,6 +25,7 @@ __all__ = [
     "CODEC_PIPELINE_ENV",
     "CodecPipelineChoice",
     "codec_pipeline_of",
+    "is_zarrs_pipeline",
     "resolve_codec_pipeline",
     "with_codec_pipeline",
     "zarr_pipeline",
@@ -96,13 +97,14 @@ def codec_pipeline_of(array: Any) -> Literal["zarrs", "zarr"]:
     did not survive the fork: such a process reads with zarr's pipeline).
     """
     pipeline = getattr(getattr(array, "_async_array", None), "codec_pipeline", None)
-    if not _is_zarrs(pipeline) or getattr(pipeline, "impl", None) is None:
+    if not is_zarrs_pipeline(pipeline) or getattr(pipeline, "impl", None) is None:
         return "zarr"
     _zarrs_state["used"] = True
     return "zarr" if _zarrs_state["forked"] else "zarrs"
 
 
-def _is_zarrs(pipeline: object) -> bool:
+def is_zarrs_pipeline(pipeline: object) -> bool:
+    """Whether ``pipeline`` is a zarrs (Rust) codec pipeline."""
     return type(pipeline).__module__.split(".")[0] == "zarrs" and hasattr(pipeline, "impl")
 
 
@@ -119,7 +121,7 @@ def with_codec_pipeline(array: zarr.Array, choice: Literal["zarrs", "zarr"]) -> 
         return array
     pipeline = _zarrs_pipeline(array) if choice == "zarrs" else None
     if pipeline is None:
-        if not _is_zarrs(inner.codec_pipeline):
+        if not is_zarrs_pipeline(inner.codec_pipeline):
             return array
         pipeline = zarr_pipeline(inner.metadata)
     view = copy.copy(inner)

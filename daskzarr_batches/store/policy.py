@@ -44,7 +44,7 @@ from ..errors import (
     StoreGoneError,
 )
 from .layout import is_metadata_key, metadata_key
-from .pipelines import codec_pipeline_of, zarr_pipeline
+from .pipelines import codec_pipeline_of, is_zarrs_pipeline, zarr_pipeline
 from .threads import drain, zarr_loop
 
 __all__ = [
@@ -415,7 +415,7 @@ def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> An
     store = PolicyStore(inner.store_path.store, policy, ledger, name, metadata_key(array))
     view = copy.copy(inner)  # a frozen dataclass: set its fields as its __init__ does
     object.__setattr__(view, "store_path", StorePath(store, inner.store_path.path))
-    if type(inner.codec_pipeline).__module__.split(".")[0] == "zarrs":
+    if is_zarrs_pipeline(inner.codec_pipeline):
         object.__setattr__(view, "codec_pipeline", zarr_pipeline(inner.metadata))
     return zarr.Array(view)
 
