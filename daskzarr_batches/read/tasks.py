@@ -286,8 +286,7 @@ def put_rows(out: np.ndarray, dest: Selector, rows: np.ndarray) -> None:
 
     numpy copies a row of a 2-d (or more) array item by item when it scatters
     by an index array; viewed as one opaque ``void`` item per row, the same
-    scatter is faster (16 MiB of 256-byte rows: 5.9 ms instead of 7.2 ms of CPU,
-    docs/benchmarks.md, *Cluster delivery*).
+    scatter costs less CPU (measured in docs/benchmarks.md, *Cluster delivery*).
     """
     width = out[:1].nbytes
     if (

@@ -452,8 +452,8 @@ def check_arrays(
     Objects are read a block at a time: the region of a rectangle of
     neighbouring objects of about ``block_bytes`` decoded bytes (at most
     ``CHECK_OBJECTS`` objects), in one ``array[region]`` call, so Zarr
-    decodes them concurrently and the overhead of a call (about a millisecond)
-    is paid per block, not per object.  Only when a block's read
+    decodes them concurrently and the fixed cost of a call is paid per
+    block, not per object.  Only when a block's read
     raises is each of its stored objects read alone, to name the ones that
     fail.  Missing objects inside a block read as the fill value and raise
     nothing.  ``threads`` blocks are read at once.
