@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import CorruptChunkError, ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
-from ..store.layout import storage_keys
+from ..store.layout import object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
@@ -195,7 +195,7 @@ def _read_shards(
 ) -> None:
     """Read a window of a sharded array with the shard reader, shard rows in parallel."""
     ordered = [piece for run in runs for piece in run]
-    shard_rows = max(view.shards[0], 1)
+    shard_rows = max(object_shape(view)[0], 1)
     coro = read_sharded(
         view, ordered, _starts([[p] for p in ordered]), place.out, _keeps_all,
         shards_in_flight=max(2, limit_rows // shard_rows),

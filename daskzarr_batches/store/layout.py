@@ -32,6 +32,7 @@ __all__ = [
     "array_prefix",
     "block_key",
     "blocks_by_shard",
+    "chunk_grid",
     "chunks_per_shard",
     "is_metadata_key",
     "metadata_key",
@@ -40,6 +41,7 @@ __all__ = [
     "object_keys",
     "object_shape",
     "shard_layout",
+    "shard_of",
     "storage_keys",
 ]
 
@@ -110,6 +112,11 @@ def storage_keys(array: Any, start: int, stop: int) -> list[str]:
         for row in rows
         for rest in itertools.product(*(range(n) for n in counts))
     ]
+
+
+def chunk_grid(array: zarr.Array) -> tuple[int, ...]:
+    """Chunks (inner chunks, when sharded) along each axis."""
+    return tuple(-(-n // c) for n, c in zip(array.shape, array.chunks, strict=True))
 
 
 def chunks_per_shard(array: zarr.Array) -> tuple[int, ...]:

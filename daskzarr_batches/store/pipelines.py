@@ -24,6 +24,7 @@ from ..errors import (
 __all__ = [
     "CODEC_PIPELINE_ENV",
     "CodecPipelineChoice",
+    "array_view",
     "codec_pipeline_of",
     "is_zarrs_pipeline",
     "resolve_codec_pipeline",
@@ -124,8 +125,22 @@ def with_codec_pipeline(array: zarr.Array, choice: Literal["zarrs", "zarr"]) -> 
         if not is_zarrs_pipeline(inner.codec_pipeline):
             return array
         pipeline = zarr_pipeline(inner.metadata)
-    view = copy.copy(inner)
-    object.__setattr__(view, "codec_pipeline", pipeline)
+    return array_view(array, codec_pipeline=pipeline)
+
+
+def array_view(
+    array: zarr.Array, *, store_path: Any = None, codec_pipeline: Any = None
+) -> zarr.Array:
+    """A new ``zarr.Array`` on ``array``'s metadata with its store path or codec pipeline replaced.
+
+    The one way the package builds an array view (the codec pipeline chosen at
+    open, the read policy's store): no I/O, nothing rebuilt but the fields given.
+    """
+    view = copy.copy(array._async_array)  # a frozen dataclass: set fields as its __init__ does
+    if store_path is not None:
+        object.__setattr__(view, "store_path", store_path)
+    if codec_pipeline is not None:
+        object.__setattr__(view, "codec_pipeline", codec_pipeline)
     return zarr.Array(view)
 
 

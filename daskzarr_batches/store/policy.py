@@ -21,7 +21,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextvars
-import copy
 import errno
 import os
 import random
@@ -44,7 +43,7 @@ from ..errors import (
     StoreGoneError,
 )
 from .layout import is_metadata_key, metadata_key
-from .pipelines import codec_pipeline_of, is_zarrs_pipeline, zarr_pipeline
+from .pipelines import array_view, codec_pipeline_of, is_zarrs_pipeline, zarr_pipeline
 from .threads import drain, zarr_loop
 
 __all__ = [
@@ -413,11 +412,12 @@ def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> An
     zarr_loop()  # Zarr's blocking I/O on daemon threads, before any read of a task
     inner = array._async_array
     store = PolicyStore(inner.store_path.store, policy, ledger, name, metadata_key(array))
-    view = copy.copy(inner)  # a frozen dataclass: set its fields as its __init__ does
-    object.__setattr__(view, "store_path", StorePath(store, inner.store_path.path))
-    if is_zarrs_pipeline(inner.codec_pipeline):
-        object.__setattr__(view, "codec_pipeline", zarr_pipeline(inner.metadata))
-    return zarr.Array(view)
+    zarrs = is_zarrs_pipeline(inner.codec_pipeline)
+    return array_view(
+        array,
+        store_path=StorePath(store, inner.store_path.path),
+        codec_pipeline=zarr_pipeline(inner.metadata) if zarrs else None,
+    )
 
 
 def native_view(

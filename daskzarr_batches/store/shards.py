@@ -39,7 +39,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from ..plan.shards import reads_whole_shard
 from ..plan.windows import ChunkPiece
-from .layout import chunks_per_shard, object_key, shard_of
+from .layout import chunk_grid, chunks_per_shard, object_key, shard_of
 
 __all__ = ["read_shard_blocks", "read_sharded", "sharding_codec"]
 
@@ -240,11 +240,10 @@ class _Window:
         self.out = out
         self.keeps_all = keeps_all
         self.scatter = scatter
-        shape, chunk_shape = shards.shape, shards.chunk_shape
-        counts = [-(-s // c) for s, c in zip(shape[1:], chunk_shape[1:], strict=True)]
+        total, *counts = chunk_grid(shards.array)
         #: global chunk indices along the other axes, every combination
         self.others = list(itertools.product(*(range(n) for n in counts)))
-        self.total = -(-shape[0] // chunk_shape[0])  # axis-0 chunks
+        self.total = total  # axis-0 chunks
 
     async def read_row(self, row: int, items: list[tuple[ChunkPiece, int]]) -> None:
         """Fetch shard row ``row`` once (each of its objects) and decode its pieces."""
