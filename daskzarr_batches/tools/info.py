@@ -22,20 +22,17 @@ not reported as corrupt: Zarr returns the fill value for them.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
 import os
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
 import zarr
 import zarr.abc.store
-from tqdm import tqdm
 
 from .. import ArgumentValueError, ArrayNotFoundError, DaskZarrBatchesError, InvalidMetadataError
 from .. import open_array as _open_array
@@ -45,15 +42,12 @@ from ..store.layout import (
     V2_GROUP_METADATA,
     V3_METADATA,
     chunks_per_shard,
-    object_grid,
-    object_key,
     object_keys,
-    object_shape,
 )
+from .check import check_arrays, progress_bar
 
 __all__ = [
     "ArrayReport",
-    "check_arrays",
     "describe_array",
     "find_arrays",
     "format_bytes",
@@ -65,12 +59,6 @@ __all__ = [
 
 #: Stored objects whose size is asked for at once (``getsize`` calls in flight).
 SIZE_CONCURRENCY = 64
-#: Blocks of chunks (or shards) read at once by ``--check``.
-CHECK_THREADS = 4
-#: Decoded bytes ``--check`` reads in one call (a block of neighbouring chunks).
-CHECK_BYTES = 16 * 2**20
-#: Objects ``--check`` reads in one call at most, so that tiny chunks still spread over threads.
-CHECK_OBJECTS = 1024
 
 
 @dataclass
@@ -202,7 +190,9 @@ def run_info(
     try:
         arrays = find_arrays(store, source, storage_options)
         reports = []
-        with _bar(progress, total=len(arrays), desc="listing", unit="array", leave=False) as bar:
+        with progress_bar(
+            progress, total=len(arrays), desc="listing", unit="array", leave=False
+        ) as bar:
             for path, array in arrays:
                 reports.append(describe_array(array, path, store))
                 bar.update(1)
@@ -408,14 +398,6 @@ async def _listing(store: zarr.abc.store.Store, prefix: str) -> dict[str, int]:
     return dict(zip(keys, await asyncio.gather(*(size(key) for key in keys)), strict=True))
 
 
-def _object_region(array: zarr.Array, coords: Sequence[int]) -> tuple[slice, ...]:
-    outer = object_shape(array)
-    return tuple(
-        slice(i * c, min((i + 1) * c, n))
-        for i, c, n in zip(coords, outer, array.shape, strict=True)
-    )
-
-
 def codec_names(array: zarr.Array) -> list[str]:
     """Names of the codecs a chunk goes through, in encoding order.
 
@@ -438,102 +420,6 @@ def _codec_name(codec: Any) -> str:
     except Exception:
         return type(codec).__name__
     return str(name)
-
-
-def check_arrays(
-    arrays: Sequence[tuple[str, zarr.Array]],
-    reports: Sequence[ArrayReport],
-    progress: Callable[..., Any] | None = None,
-    threads: int = CHECK_THREADS,
-    block_bytes: int = CHECK_BYTES,
-) -> None:
-    """Read every stored chunk (or shard) of each array; record those that raise.
-
-    Objects are read a block at a time: the region of a rectangle of
-    neighbouring objects of about ``block_bytes`` decoded bytes (at most
-    ``CHECK_OBJECTS`` objects), in one ``array[region]`` call, so Zarr
-    decodes them concurrently and the fixed cost of a call is paid per
-    block, not per object.  Only when a block's read
-    raises is each of its stored objects read alone, to name the ones that
-    fail.  Missing objects inside a block read as the fill value and raise
-    nothing.  ``threads`` blocks are read at once.
-
-    Fills ``report.corrupt`` (sorted by key) and sets ``report.checked``.
-    """
-    jobs = []
-    for (_, array), report in zip(arrays, reports, strict=True):
-        missing = set(report.missing)
-        for region, objects in _object_blocks(array, block_bytes):
-            stored = [(key, coords) for key, coords in objects if key not in missing]
-            if stored:
-                jobs.append((report, array, region, stored))
-        report.checked = True
-
-    def read(array: zarr.Array, region: tuple[slice, ...]) -> str | None:
-        try:
-            array[region]
-        except Exception as exc:
-            return _one_line(f"{type(exc).__name__}: {exc}")
-        return None
-
-    def check(
-        report: ArrayReport,
-        array: zarr.Array,
-        region: tuple[slice, ...],
-        stored: list[tuple[str, tuple[int, ...]]],
-    ) -> int:
-        if read(array, region) is not None:  # find the objects that fail
-            for key, coords in stored:
-                error = read(array, _object_region(array, coords))
-                if error is not None:
-                    report.corrupt.append((key, error))  # list.append is atomic
-        return len(stored)
-
-    total = sum(len(stored) for *_, stored in jobs)
-    with (
-        _bar(progress, total=total, desc="checking", unit="chunk") as bar,
-        ThreadPoolExecutor(max_workers=max(1, threads)) as pool,
-    ):
-        # Two blocks per thread in flight: memory stays bounded, whatever the store.
-        pending: set[Future[int]] = set()
-        for job in jobs:
-            pending.add(pool.submit(check, *job))
-            if len(pending) >= 2 * threads:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    bar.update(future.result())
-        for future in as_completed(pending):
-            bar.update(future.result())
-    for report in reports:
-        report.corrupt.sort()
-
-
-def _object_blocks(
-    array: zarr.Array, block_bytes: int
-) -> Iterator[tuple[tuple[slice, ...], list[tuple[str, tuple[int, ...]]]]]:
-    """Rectangles of neighbouring objects of about ``block_bytes``: (region, [(key, coords)]).
-
-    The rectangle spans whole trailing axes of the object grid while it fits
-    (C order), so a region is contiguous in the grid and, for the common
-    layout chunked along axis 0 only, a run of consecutive chunks.
-    """
-    grid = object_grid(array)
-    outer = object_shape(array)
-    object_bytes = math.prod(outer) * max(1, np.dtype(array.dtype).itemsize)
-    room = max(1, min(CHECK_OBJECTS, block_bytes // max(1, object_bytes)))
-    block: list[int] = []
-    for size in reversed(grid):
-        take = max(1, min(size, room))
-        block.insert(0, take)
-        room = room // take if take == size else 1
-    for first in itertools.product(*(range(0, g, b) for g, b in zip(grid, block, strict=True))):
-        ranges = [range(f, min(f + b, g)) for f, b, g in zip(first, block, grid, strict=True)]
-        region = tuple(
-            slice(r.start * o, min(r.stop * o, n))
-            for r, o, n in zip(ranges, outer, array.shape, strict=True)
-        )
-        coords = itertools.product(*ranges)
-        yield region, [(object_key(array, c, relative=True), c) for c in coords]
 
 
 def format_bytes(n: int) -> str:
@@ -629,12 +515,3 @@ def format_check(reports: Sequence[ArrayReport]) -> str:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
-
-
-def _bar(progress: Callable[..., Any] | None, **kwargs: Any) -> Any:
-    """A progress bar from ``progress``, or a disabled ``tqdm`` bar without one."""
-    return tqdm(disable=True) if progress is None else progress(**kwargs)
