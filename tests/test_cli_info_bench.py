@@ -15,6 +15,7 @@ import pytest
 import zarr
 
 import daskzarr_batches as dzb
+from daskzarr_batches.store.layout import object_keys
 from daskzarr_batches.tools import cli as _cli
 from daskzarr_batches.tools.cli import main
 
@@ -484,6 +485,7 @@ def test_options_reach_fsspec(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("block_bytes", [1, 100, 2**20])
 def test_check_by_blocks_names_the_same_chunks(tmp_path: Path, block_bytes: int) -> None:
+    from daskzarr_batches.tools import check as _check
     from daskzarr_batches.tools import info as _info
 
     store_path = make_group(tmp_path / "g.zarr")
@@ -493,7 +495,7 @@ def test_check_by_blocks_names_the_same_chunks(tmp_path: Path, block_bytes: int)
     store = _info.open_store(str(store_path), None)
     arrays = _info.find_arrays(store, str(store_path))
     reports = [_info.describe_array(array, path, store) for path, array in arrays]
-    _info.check_arrays(arrays, reports, threads=1, block_bytes=block_bytes)
+    _check.check_arrays(arrays, reports, threads=1, block_bytes=block_bytes)
     assert [(r.path, [key for key, _ in r.corrupt], r.missing) for r in reports] == [
         ("sub/sharded", [], []),
         ("v2", ["2"], []),
@@ -503,7 +505,7 @@ def test_check_by_blocks_names_the_same_chunks(tmp_path: Path, block_bytes: int)
 
 
 def test_blocks_tile_the_object_grid() -> None:
-    from daskzarr_batches.tools import info as _info
+    from daskzarr_batches.tools import check as _check
 
     array = zarr.create_array(zarr.storage.MemoryStore(), shape=(10, 6), chunks=(2, 3), dtype="f4")
     # 5 x 2 chunks of 24 bytes
@@ -512,10 +514,10 @@ def test_blocks_tile_the_object_grid() -> None:
         (48, 5),  # a row of chunks
         (120, 3),  # two rows: rows 0-1, 2-3, 4
     ]:
-        blocks = list(_info._object_blocks(array, block_bytes))
+        blocks = list(_check._object_blocks(array, block_bytes))
         assert len(blocks) == regions
         keys = [key for _, objects in blocks for key, _ in objects]
-        assert sorted(keys) == sorted(_info._object_keys(array))
+        assert sorted(keys) == sorted(object_keys(array))
     region, objects = blocks[-1]
     assert region == (slice(8, 10), slice(0, 6))
     assert [key for key, _ in objects] == ["c/4/0", "c/4/1"]

@@ -18,7 +18,7 @@ import zarr
 import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
-from stores import CountingStore, LatencyStore, open_wrapped
+from stores import CountingStore, FaultStore, LatencyStore, open_wrapped
 from strategies import property_settings
 
 import daskzarr_batches as dzb
@@ -205,6 +205,23 @@ def test_a_sharded_chunk_stream_applies_the_read_policy(tmp_path: Path) -> None:
         pytest.warns(dzb.SkippedChunksWarning),
     ):
         consume(dzb.chunk_stream(x, on_error="skip", missing="error"))
+
+
+def test_a_sharded_chunk_stream_retries_a_shard_then_names_its_first_block() -> None:
+    """Chunk streams read shards with the batch windows' shard reader and its fallback."""
+    data = np.arange(96, dtype="f4").reshape(48, 2) + 1
+    x, _, _ = sharded_pair(data, (4, 2), (16, 2))
+    faults = FaultStore(x.store, {"c/1/0": [ConnectionResetError("reset")] * 2})
+    stream = dzb.chunk_stream(open_wrapped(faults), with_index=True, retries=2)
+    got = dict(consume(stream))
+    assert np.array_equal(np.concatenate([got[(i, 0)] for i in range(12)]), data)
+    assert faults.attempts["c/1/0"] == 3 and stream.stats.retries == 2  # one whole-shard get
+    gone = FaultStore(x.store, {"c/1/0": [ConnectionResetError("reset")] * 9})
+    with pytest.raises(
+        dzb.ChunkReadError, match=r"chunk \(4, 0\) \(samples 16:20.*after 1 retries"
+    ):
+        consume(dzb.chunk_stream(open_wrapped(gone), retries=1))
+    assert gone.attempts["c/1/0"] == 2  # retries spent: not read again block by block
 
 
 def test_a_sharded_chunk_stream_on_a_cluster(client: Any, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Graph builders: one dask graph per window, or per stored block or shard, of task functions.
 
-Task functions take the array object as an argument (not a key of its own), so
-distributed sends it with each task and no worker is pinned by a shared key."""
+Task functions take the array object itself as an argument (not a key of its
+own), so distributed sends it with each task and no worker is pinned by a
+shared key."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import zarr
 from dask.optimization import cull
 
 from ..plan.windows import ChunkPiece, Window
@@ -33,7 +33,6 @@ from .window import read_window
 
 __all__ = [
     "block_graph",
-    "blocks_by_shard",
     "count_tasks",
     "read_threads",
     "shard_graph",
@@ -73,9 +72,8 @@ def window_graph(
         out_key = (f"dzb-array-{token}", window.index, position)
         outputs.append(out_key)
         if isinstance(source, SliceSource):
-            array_key = _place_array(dsk, source)
             dsk[out_key] = (
-                read_window, array_key, source.name, window.size, source.row_bytes,
+                read_window, source.array, source.name, window.size, source.row_bytes,
                 tuple(pieces), policy, scope, plan_order,
                 _share(decode_bytes, source, sources),
             )  # fmt: skip
@@ -138,9 +136,8 @@ def block_graph(
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
     if isinstance(source, SliceSource):
-        array_key = _place_array(dsk, source)
         dsk[key] = (
-            read_block, array_key, source.name, block, source.block_slices(block), policy, scope
+            read_block, source.array, source.name, block, source.block_slices(block), policy, scope
         )  # fmt: skip
     else:
         assert isinstance(source, DaskSource)
@@ -152,28 +149,6 @@ def block_graph(
     mapped = (f"dzb-map-{token}", *block)
     dsk[mapped] = (apply_transform, transform, key, scope)
     return dsk, mapped
-
-
-def blocks_by_shard(source: Source) -> list[tuple[tuple[int, ...], ...]] | None:
-    """``source``'s stored blocks grouped by shard (``None``: not a sharded Zarr array).
-
-    Shards in C order, each with its non-empty inner blocks in C order; a
-    shard's first block comes before the next shard's in the C order of the
-    blocks.
-    """
-    if not isinstance(source, SliceSource) or not isinstance(source.array, zarr.Array):
-        return None
-    shards = source.array.shards
-    if shards is None:
-        return None
-    per_shard = [
-        max(shard // chunk, 1) for shard, chunk in zip(shards, source.array.chunks, strict=True)
-    ]
-    units: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-    for block in source.blocks():
-        shard = tuple(i // n for i, n in zip(block, per_shard, strict=True))
-        units.setdefault(shard, []).append(block)
-    return [tuple(blocks) for blocks in units.values()]
 
 
 def shard_graph(
@@ -189,18 +164,12 @@ def shard_graph(
     Its result is a list of :data:`ShardItem`, one per block, in order.
     """
     dsk: dict[Key, Any] = {}
-    array_key = _place_array(dsk, source)
     key = (f"dzb-shard-{token}", *blocks[0])
     slices = tuple(source.block_slices(block) for block in blocks)
     dsk[key] = (
-        read_shard, array_key, source.name, tuple(blocks), slices, policy, scope, transform
+        read_shard, source.array, source.name, tuple(blocks), slices, policy, scope, transform
     )  # fmt: skip
     return dsk, key
-
-
-def _place_array(dsk: dict[Key, Any], source: SliceSource) -> Any:
-    """The array object as a read task's argument: inline, not a key of its own."""
-    return source.array
 
 
 def _add_dask_rows(dsk: dict[Key, Any], source: DaskSource, key: Key, piece: ChunkPiece) -> None:

@@ -1,11 +1,11 @@
-"""Reading: a planned window (or one stored block) becomes one dask graph.
+"""Task functions: what a read task does with one block, one shard or a window's pieces.
 
-This layer owns every task function and graph builder; it reads the
-descriptions of :mod:`._sources` and the plan of :mod:`._plan`, and nothing
-below it knows about tasks.  The task functions at the top run inside dask
-tasks (threads or distributed workers), so they are plain module-level
-functions of picklable arguments.  The graph builders below them only
-arrange those tasks; they do no I/O.
+The read layer owns every task function (this module and :mod:`.window`) and
+graph builder (:mod:`.graphs`); it reads the descriptions of
+:mod:`~daskzarr_batches.store.sources` and the plan, and nothing below it
+knows about tasks.  Task functions run inside dask tasks (threads or
+distributed workers), so they are plain module-level functions of picklable
+arguments; a failed read is named by :mod:`.failures`.
 
 A window graph holds, per array of the stream, the window's samples in
 *ascending sample order*; the plan's order is applied later, while batches
@@ -35,7 +35,6 @@ axes) for chunk streams, optionally followed by a transform task.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,6 +51,7 @@ from ..errors import (
 )
 from ..plan.batching import join_rows
 from ..plan.windows import ChunkPiece, Selector
+from ..store.layout import block_key
 from ..store.policy import (
     DEFAULT_POLICY,
     NO_REPORT,
@@ -59,12 +59,12 @@ from ..store.policy import (
     Ledger,
     ReadPolicy,
     ReadReport,
-    is_transient,
     native_view,
     policy_view,
     read_array,
-    storage_keys,
 )
+from ..store.shards import read_shard_blocks, sharding_codec
+from .failures import raise_failed_read, read_named
 
 __all__ = []
 
@@ -75,35 +75,7 @@ Key = Any  # a dask key: str or tuple starting with str
 # Task functions (run on the scheduler's workers)
 
 
-def chunk_error(
-    array: Any,
-    name: str,
-    what: str,
-    piece: ChunkPiece | None,
-    ledger: Ledger,
-    exc: Exception,
-    keys: list[str] | None = None,
-) -> ChunkReadError:
-    """The library error for a chunk whose read raised ``exc``.
-
-    ``keys``: the chunk's store keys, if known (default: every key of its
-    axis-0 chunk row).
-    """
-    if keys is None:
-        keys = storage_keys(array, piece.start, piece.stop) if piece is not None else []
-    where = what
-    if piece is not None:
-        shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
-        where += f" (samples {piece.start}:{piece.stop}" + (f", key {shown})" if keys else ")")
-    where += f" of array {name}"
-    failed = [key for key in ledger.failed if not keys or key in keys]
-    if failed or is_transient(exc) or not isinstance(array, zarr.Array):
-        retried = f" after {ledger.retries} retries" if ledger.retries else ""
-        return ChunkReadError(f"could not read {where}{retried}: {type(exc).__name__}: {exc}")
-    return CorruptChunkError(f"{where} does not decode: {type(exc).__name__}: {exc}")
-
-
-def _views(
+def read_views(
     array: Any,
     name: str,
     policy: ReadPolicy,
@@ -139,25 +111,25 @@ def read_block(
     the report lists it as skipped.
     """
     ledger = Ledger()
-    piece = ChunkPiece(block[0], slices[0].start, slices[0].stop, slice(None), slice(None))
-    fast, view = _views(array, name, policy, ledger, lambda: _stored_keys(array, block), scope)
+    piece = _block_piece(block, slices)
+    fast, view = read_views(array, name, policy, ledger, lambda: block_key(array, block), scope)
     skipped: tuple[tuple[int, int, int], ...] = ()
     result: np.ndarray | None = None
     if fast is not view:
         with contextlib.suppress(Exception):  # read again below, through the policy
             result = _owned(np.asarray(read_array(fast, slices, scope)))
-    try:
-        if result is None:
-            result = _owned(np.asarray(read_array(view, slices, scope)))
-    except (MissingChunkError, StoreGoneError, ReadCancelledError):
-        raise
-    except Exception as exc:
-        error = chunk_error(
-            view, name, f"chunk {block}", piece, ledger, exc, _block_keys(view, block)
-        )
-        if not isinstance(error, CorruptChunkError) or policy.on_error != "skip":
-            raise error from exc
-        result, skipped = None, ((block[0], piece.start, piece.stop),)
+    if result is None:
+        unsharded = isinstance(view, zarr.Array) and view.shards is None
+        keys = block_key(view, block) if unsharded else None  # else: its chunk row's
+        try:
+            result = read_named(
+                lambda: _owned(np.asarray(read_array(view, slices, scope))),
+                view, name, f"chunk {block}", piece, ledger, keys,
+            )  # fmt: skip
+        except CorruptChunkError:
+            if policy.on_error != "skip":
+                raise
+            result, skipped = None, ((block[0], piece.start, piece.stop),)
     missing = tuple(dict.fromkeys(ledger.missing))
     return result, ReadReport(
         missing_keys=missing,
@@ -165,23 +137,6 @@ def read_block(
         retries=ledger.retries,
         skipped=skipped,
     )
-
-
-def _block_keys(array: Any, block: tuple[int, ...]) -> list[str] | None:
-    """The store key of a block of an unsharded Zarr array (``None``: not known)."""
-    if not isinstance(array, zarr.Array) or array.shards is not None:
-        return None
-    return _stored_keys(array, block)
-
-
-def _stored_keys(array: Any, block: tuple[int, ...]) -> list[str]:
-    """The store key holding a block of a Zarr array: its chunk's, or its shard's."""
-    if not isinstance(array, zarr.Array):
-        return []
-    if array.shards is not None:
-        block = tuple(b * c // s for b, c, s in zip(block, array.chunks, array.shards, strict=True))
-    prefix = f"{array.path}/" if array.path else ""
-    return [prefix + array.metadata.encode_chunk_key(block)]
 
 
 def apply_transform(
@@ -217,44 +172,36 @@ def read_shard(
 ) -> list[ShardItem]:
     """Read the stored blocks of one shard with one read; one item per block, in order.
 
-    One Zarr read of the shard's region fetches the whole shard with one
-    request and decodes its inner chunks concurrently; each block is copied
-    out as an array the caller owns (``transform`` applied to it here, its
-    error returned beside the block so the stream names that block).  If the
-    read fails, the blocks are read again one by one (:func:`read_block`), so
-    errors name the block and ``on_error="skip"`` skips single blocks; a read
-    whose retries were spent is not tried again.
+    The shard reader (:func:`~daskzarr_batches.store.shards.read_shard_blocks`)
+    fetches the whole shard with one request and decodes its inner chunks
+    concurrently, each into an array the caller owns (``transform`` applied
+    to it here, its error returned beside the block so the stream names that
+    block).  If the read fails, the blocks are read again one by one
+    (:func:`read_block`), so errors name the block and ``on_error="skip"``
+    skips single blocks; a read whose retries were spent is not tried again
+    (:func:`~daskzarr_batches.read.failures.raise_failed_read`).
     """
     ledger = Ledger()
-    view, region = _whole_shard(
-        policy_view(array, name, policy, ledger),
-        tuple(
-            slice(min(s[axis].start for s in slices), max(s[axis].stop for s in slices))
-            for axis in range(len(slices[0]))
-        ),
-    )
-    try:
-        slab: np.ndarray | None = np.asarray(read_array(view, region, scope))
-    except (MissingChunkError, StoreGoneError, ReadCancelledError):
-        raise
-    except Exception as exc:
-        if ledger.failed:  # the shard's retries are spent: name its first block
-            first = ChunkPiece(
-                blocks[0][0], slices[0][0].start, slices[0][0].stop, slice(None), slice(None)
-            )
-            raise chunk_error(view, name, f"chunk {blocks[0]}", first, ledger, exc) from exc
-        slab = None  # read again block by block, so that the error names the block
+    view = policy_view(array, name, policy, ledger)
+    named = [
+        (f"chunk {block}", _block_piece(block, where))
+        for block, where in zip(blocks, slices, strict=True)
+    ]
+    outs: list[np.ndarray] | None = None
+    if sharding_codec(view) is not None:
+        try:
+            outs = run_on_loop(read_shard_blocks(view, blocks, slices), scope)
+        except (MissingChunkError, StoreGoneError, ReadCancelledError):
+            raise
+        except Exception:  # read again block by block, so that the error names the block
+            raise_failed_read(view, name, named, ledger)
     items: list[ShardItem] = []
     missing = tuple(dict.fromkeys(ledger.missing))
     for number, (block, where) in enumerate(zip(blocks, slices, strict=True)):
-        if slab is None:
+        if outs is None:
             item, report = read_block(array, name, block, where, policy, scope)
         else:
-            local = tuple(
-                slice(s.start - r.start, s.stop - r.start)
-                for s, r in zip(where, region, strict=True)
-            )
-            item = np.array(slab[local], copy=True)
+            item = outs[number]
             report = ReadReport(
                 missing_keys=missing,
                 missing_chunks=(block[0],) if missing else (),
@@ -268,6 +215,18 @@ def read_shard(
                 item, error = None, exc
         items.append((block, item, report, error))
     return items
+
+
+def _block_piece(block: tuple[int, ...], where: tuple[slice, ...]) -> ChunkPiece:
+    """Block ``block`` (at ``where`` in the array) as the piece errors name."""
+    return ChunkPiece(block[0], where[0].start, where[0].stop, slice(None), slice(None))
+
+
+def run_on_loop(coro: Any, scope: CancelScope | None) -> Any:
+    """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
+    from zarr.core.sync import sync
+
+    return sync(coro) if scope is None else scope.run(coro)
 
 
 def read_block_result(block: Any) -> tuple[np.ndarray, ReadReport]:
@@ -327,8 +286,7 @@ def put_rows(out: np.ndarray, dest: Selector, rows: np.ndarray) -> None:
 
     numpy copies a row of a 2-d (or more) array item by item when it scatters
     by an index array; viewed as one opaque ``void`` item per row, the same
-    scatter is faster (16 MiB of 256-byte rows: 5.9 ms instead of 7.2 ms of CPU,
-    docs/benchmarks.md, *Cluster delivery*).
+    scatter costs less CPU (measured in docs/benchmarks.md, *Cluster delivery*).
     """
     width = out[:1].nbytes
     if (
@@ -352,31 +310,3 @@ def _owned(array: np.ndarray) -> np.ndarray:
     if array.flags.owndata and array.flags.writeable:
         return array
     return array.copy()
-
-
-# --------------------------------------------------------------------------
-# Graph builders (run on the client, no I/O)
-
-
-def _whole_shard(view: Any, region: tuple[slice, ...]) -> tuple[Any, tuple[slice, ...]]:
-    """``view`` and ``region`` widened to the whole shard holding ``region``.
-
-    Zarr fetches a shard with one request only when the selection covers the
-    whole shard; a shard at the array's edge is cropped, and Zarr would read
-    its index and then each inner chunk (a request each).  A shard is stored
-    at its full shape whatever the array's, so the view gets a shape rounded
-    up to whole shards (the metadata only; no I/O) and the region the whole
-    shard; the rows past the array's end are dropped by the caller.
-    """
-    shards = view.shards if isinstance(view, zarr.Array) else None
-    if shards is None:
-        return view, region
-    whole = tuple(slice(r.start, r.start + n) for r, n in zip(region, shards, strict=True))
-    if all(w.stop <= size for w, size in zip(whole, view.shape, strict=True)):
-        return view, whole
-    from zarr.core.array import AsyncArray
-
-    inner = view._async_array
-    shape = tuple(-(-size // n) * n for size, n in zip(view.shape, shards, strict=True))
-    metadata = dataclasses.replace(inner.metadata, shape=shape)
-    return zarr.Array(AsyncArray(metadata, inner.store_path, config=inner.config)), whole

@@ -16,15 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import (
-    ChunkReadError,
-    CorruptChunkError,
-    MissingChunkError,
-    ReadCancelledError,
-    StoreGoneError,
-)
+from ..errors import CorruptChunkError, ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
+from ..store.layout import object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
@@ -32,10 +27,10 @@ from ..store.policy import (
     ReadPolicy,
     ReadReport,
     read_array,
-    storage_keys,
 )
 from ..store.shards import read_sharded, sharding_codec
-from .tasks import _owned, _views, chunk_error, put_rows
+from .failures import raise_failed_read, read_named
+from .tasks import _owned, put_rows, read_views, run_on_loop
 
 __all__ = ["read_rows", "read_window", "release_free_memory"]
 
@@ -50,12 +45,11 @@ def read_rows(
     :class:`ChunkReadError` when the store failed (after its retries),
     :class:`CorruptChunkError` when the bytes arrived and did not decode.
     """
-    try:
-        slab = np.asarray(read_array(array, (slice(piece.start, piece.stop),), scope))
-    except (MissingChunkError, StoreGoneError, ReadCancelledError):
-        raise
-    except Exception as exc:
-        raise chunk_error(array, name, f"axis-0 chunk {piece.chunk}", piece, ledger, exc) from exc
+    span = (slice(piece.start, piece.stop),)
+    slab = read_named(
+        lambda: np.asarray(read_array(array, span, scope)),
+        array, name, f"axis-0 chunk {piece.chunk}", piece, ledger,
+    )  # fmt: skip
     return slab[piece.take]
 
 
@@ -79,13 +73,14 @@ def read_window(
     not decode (their rows are left out, in either order).
 
     A window that is one run of consecutive chunks in order (sequential) is
-    read with one slice and returned as read.  Otherwise Zarr arrays read
-    their chunks concurrently on Zarr's event loop, each chunk's rows
-    ``take`` copied into place as soon as it is decoded, while the chunks in
-    flight hold at most ``DECODE_GROUP_BYTES`` of decoded rows (at least one
-    chunk).  When the window keeps only some rows of its chunks (exact
-    shuffle), that limit is also at most ``max(window / 16, one chunk per
-    CPU)``, so decoding adds little to the window's memory.  Each chunk is
+    read with one slice and returned as read.  A sharded array read by Zarr's
+    own pipeline goes through the shard reader (``store.shards``).  Otherwise
+    Zarr arrays read their chunks concurrently on Zarr's event loop, each
+    chunk's rows ``take`` copied into place as soon as it is decoded, while
+    the chunks in flight hold at most ``DECODE_GROUP_BYTES`` of decoded rows
+    (at least one chunk).  When the window keeps only some rows of its chunks
+    (exact shuffle), that limit is also at most ``max(window / 16, one chunk
+    per CPU)``, so decoding adds little to the window's memory.  Each chunk is
     its own read on the event loop, so a failure cancels every other read of
     the window before the window is read again run by run (numpy arrays are
     read that way in the first place), chunk by chunk, so that the error
@@ -103,7 +98,45 @@ def read_window(
     def keys() -> list[str]:  # the store keys of the window's chunk rows
         return [key for piece in pieces for key in storage_keys(array, piece.start, piece.stop)]
 
-    fast, array = _views(array, name, policy, ledger, keys, scope)
+    fast, view = read_views(array, name, policy, ledger, keys, scope)
+    limit_rows, streaming = _decode_limit(pieces, size, row_bytes, decode_bytes)
+    runs = _runs(pieces, limit_rows)
+    # zarrs reads shards natively; Zarr's own pipeline reads them through store.shards
+    sharded = fast is view and sharding_codec(view) is not None
+    if not sharded and _one_slice(runs, size, plan_order):
+        with contextlib.suppress(Exception):  # read again below, chunk by chunk
+            whole = (slice(runs[0][0].start, runs[0][-1].stop),)
+            rows = _owned(np.asarray(read_array(fast, whole, scope)))
+            return rows, _report(view, pieces, ledger, ())
+    shape, dtype = (size, *view.shape[1:]), np.dtype(view.dtype)
+    place = _Placer(
+        np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype), plan_order
+    )
+    try:
+        if sharded:
+            _read_shards(view, runs, place, limit_rows, scope)
+            return place.out, _report(view, pieces, ledger, ())
+        inner = getattr(fast, "_async_array", None)
+        if inner is not None and (len(runs) > 1 or fast is not view):
+            chunks = [[piece] for run in runs for piece in run]
+            _read_runs_concurrently(
+                inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope,
+                kept_rows=fast is view,  # zarrs reads an orthogonal selection through Zarr
+            )  # fmt: skip
+            return place.out, _report(view, pieces, ledger, ())
+    except ReadCancelledError:
+        raise
+    except Exception:  # the other reads were cancelled; read again run by run,
+        pass  # so that the error names the chunk that fails
+    skipped = _read_again(view, name, runs, place, ledger, policy, scope)
+    out = _without(place.out, skipped, size, plan_order)
+    return out, _report(view, pieces, ledger, [p for p, _ in skipped])
+
+
+def _decode_limit(
+    pieces: Sequence[ChunkPiece], size: int, row_bytes: int, decode_bytes: int | None
+) -> tuple[int, bool]:
+    """Decoded rows a window keeps in flight, and whether it places each chunk as it arrives."""
     largest = max(piece.rows for piece in pieces)
     limit_rows = DECODE_GROUP_BYTES // max(row_bytes, 1)
     partial = not all(_keeps_all(piece) for piece in pieces)
@@ -114,92 +147,109 @@ def read_window(
         limit_rows, streaming = decode_bytes // max(row_bytes, 1), True
         if 2 * limit_rows >= largest:  # half a chunk or more: one decoding, the next read
             limit_rows = max(limit_rows, 2 * largest)
-    limit_rows = max(limit_rows, largest)
-    runs = _runs(pieces, limit_rows)
-    # zarrs reads shards natively; Zarr's own pipeline reads them through store.shards
-    sharded = fast is array and sharding_codec(array) is not None
-    whole_run = len(runs) == 1 and _is_whole(runs[0], size)
-    if whole_run and not sharded and (not plan_order or _in_plan_order(runs[0])):
-        with contextlib.suppress(Exception):  # read again below, chunk by chunk
-            whole = (slice(runs[0][0].start, runs[0][-1].stop),)
-            rows = _owned(np.asarray(read_array(fast, whole, scope)))
-            return rows, _report(array, pieces, ledger, ())
-    shape, dtype = (size, *array.shape[1:]), np.dtype(array.dtype)
-    out = np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype)
+    return max(limit_rows, largest), streaming
 
-    def place(run: Sequence[ChunkPiece], slab: np.ndarray, at: int, kept: bool = False) -> None:
-        if kept:  # the rows ``take`` of a one-chunk run, read as such
-            if plan_order:
-                put_rows(out, run[0].dest, slab)
-            else:
-                out[at : at + len(slab)] = slab
+
+def _one_slice(runs: Sequence[Sequence[ChunkPiece]], size: int, plan_order: bool) -> bool:
+    """Whether the window is one slice of the array, returned as read."""
+    if len(runs) != 1 or not _is_whole(runs[0], size):
+        return False
+    return not plan_order or _in_plan_order(runs[0])
+
+
+class _Placer:
+    """Puts decoded rows into a window's output, in ascending sample order or plan order."""
+
+    def __init__(self, out: np.ndarray, plan_order: bool) -> None:
+        self.out = out
+        self.plan_order = plan_order
+
+    def __call__(
+        self, run: Sequence[ChunkPiece], slab: np.ndarray, at: int, kept: bool = False
+    ) -> None:
+        """Place run ``run`` decoded as ``slab`` at ``at`` (``kept``: one chunk's rows ``take``)."""
+        if kept:
+            self.piece(run[0], slab, at)
             return
         lo = run[0].start
         for piece in run:
             local = piece.start - lo
             rows = slab[local : local + piece.rows][piece.take]
-            if plan_order:
-                put_rows(out, piece.dest, rows)
-            else:
-                out[at : at + len(rows)] = rows
+            self.piece(piece, rows, at)
             at += len(rows)
 
-    if sharded:
-        ordered = [piece for run in runs for piece in run]
-        shard_rows = max(array.shards[0], 1)
-        try:
-            coro = read_sharded(
-                array, ordered, _starts([[p] for p in ordered]), out, _keeps_all,
-                shards_in_flight=max(2, limit_rows // shard_rows),
-                scatter=(lambda p, rows: put_rows(out, p.dest, rows)) if plan_order else None,
-            )  # fmt: skip
-            _run(coro, scope)
-            return out, _report(array, pieces, ledger, ())
-        except ReadCancelledError:
-            raise
-        except Exception:  # the other reads were cancelled; read again run by run,
-            pass  # so that the error names the chunk that fails
-    inner = getattr(fast, "_async_array", None)
-    if inner is not None and not sharded and (len(runs) > 1 or fast is not array):
-        chunks = [[piece] for run in runs for piece in run]
-        try:
-            _read_runs_concurrently(
-                inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope,
-                kept_rows=fast is array,  # zarrs reads an orthogonal selection through Zarr
-            )  # fmt: skip
-            return out, _report(array, pieces, ledger, ())
-        except Exception:  # the other reads were cancelled; read again run by run,
-            pass  # so that the error names the chunk that fails
-    _raise_failed_read(array, name, pieces, ledger)  # retries spent: do not read it again
-    skipped: list[tuple[ChunkPiece, int, CorruptChunkError]] = []
+    def piece(self, piece: ChunkPiece, rows: np.ndarray, at: int) -> None:
+        """Place the kept rows of one chunk at ``at`` (or at its ``dest``, in plan order)."""
+        if self.plan_order:
+            put_rows(self.out, piece.dest, rows)
+        else:
+            self.out[at : at + len(rows)] = rows
+
+
+def _read_shards(
+    view: Any,
+    runs: Sequence[Sequence[ChunkPiece]],
+    place: _Placer,
+    limit_rows: int,
+    scope: CancelScope | None,
+) -> None:
+    """Read a window of a sharded array with the shard reader, shard rows in parallel."""
+    ordered = [piece for run in runs for piece in run]
+    shard_rows = max(object_shape(view)[0], 1)
+    coro = read_sharded(
+        view, ordered, _starts([[p] for p in ordered]), place.out, _keeps_all,
+        shards_in_flight=max(2, limit_rows // shard_rows),
+        scatter=(lambda p, rows: place.piece(p, rows, 0)) if place.plan_order else None,
+    )  # fmt: skip
+    run_on_loop(coro, scope)
+
+
+def _read_again(
+    view: Any,
+    name: str,
+    runs: Sequence[Sequence[ChunkPiece]],
+    place: _Placer,
+    ledger: Ledger,
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+) -> list[tuple[ChunkPiece, int]]:
+    """A failed window read again run by run, then chunk by chunk, to name the chunk that fails.
+
+    Returns the chunks left out (``on_error="skip"``) and where their rows
+    would have gone.  A key whose retries are spent is not read again.
+    """
+    named = [(f"axis-0 chunk {piece.chunk}", piece) for run in runs for piece in run]
+    raise_failed_read(view, name, named, ledger)
+    skipped: list[tuple[ChunkPiece, int]] = []
     for run, at in zip(runs, _starts(runs), strict=True):
         try:
             span = (slice(run[0].start, run[-1].stop),)
-            place(run, _owned(np.asarray(read_array(array, span, scope))), at)
+            place(run, _owned(np.asarray(read_array(view, span, scope))), at)
             continue
         except Exception:
             pass  # chunk by chunk, so that the error names the chunk that fails
         for piece, where in zip(run, _starts([[p] for p in run]), strict=True):
             try:
-                rows = read_rows(array, name, piece, ledger, scope)
-            except CorruptChunkError as exc:
+                rows = read_rows(view, name, piece, ledger, scope)
+            except CorruptChunkError:
                 if policy.on_error != "skip":
                     raise
-                skipped.append((piece, at + where, exc))
+                skipped.append((piece, at + where))
                 continue
-            if plan_order:
-                put_rows(out, piece.dest, rows)
-            else:
-                out[at + where : at + where + len(rows)] = rows
-    if skipped:
-        drop = np.concatenate(
-            [
-                np.arange(size)[p.dest] if plan_order else np.arange(w, w + _taken(p))
-                for p, w, _ in skipped
-            ]
-        )
-        out = np.delete(out, drop, axis=0)
-    return out, _report(array, pieces, ledger, [p for p, _, _ in skipped])
+            place.piece(piece, rows, at + where)
+    return skipped
+
+
+def _without(
+    out: np.ndarray, skipped: Sequence[tuple[ChunkPiece, int]], size: int, plan_order: bool
+) -> np.ndarray:
+    """``out`` without the rows of the chunks left out."""
+    if not skipped:
+        return out
+    drop = np.concatenate(
+        [np.arange(size)[p.dest] if plan_order else np.arange(w, w + _taken(p)) for p, w in skipped]
+    )
+    return np.delete(out, drop, axis=0)
 
 
 def release_free_memory() -> None:
@@ -238,24 +288,6 @@ def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if nbytes < 2**20 or dtype.hasobject:
         return np.empty(shape, dtype)
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
-
-
-def _raise_failed_read(array: Any, name: str, pieces: Sequence[ChunkPiece], ledger: Ledger) -> None:
-    """Raise the error of a key whose read failed for good, naming its chunk.
-
-    First :class:`StoreGoneError` if the array turned out to be gone: its
-    chunks are not read again one by one.
-    """
-    ledger.check_gone()
-    for key, exc in ledger.failed.items():
-        for piece in pieces:
-            if key in storage_keys(array, piece.start, piece.stop):
-                what = f"axis-0 chunk {piece.chunk}"
-                raise chunk_error(array, name, what, piece, ledger, exc) from exc
-        raise ChunkReadError(
-            f"could not read {key!r} of array {name} after {ledger.retries} retries: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
 
 
 def _report(
@@ -347,16 +379,9 @@ def _read_runs_concurrently(
             for run, at in zip(runs, starts, strict=True):
                 group.create_task(one(run, at))
 
-    _run(read_all(), scope)
+    run_on_loop(read_all(), scope)
     for run, slab, at in arrived:
         place(run, slab, at)
-
-
-def _run(coro: Any, scope: CancelScope | None) -> Any:
-    """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
-    from zarr.core.sync import sync
-
-    return sync(coro) if scope is None else scope.run(coro)
 
 
 def _runs(pieces: Sequence[ChunkPiece], max_rows: int) -> list[list[ChunkPiece]]:

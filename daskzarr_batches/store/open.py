@@ -23,6 +23,13 @@ from ..errors import (
     ArrayNotFoundError,
     InvalidMetadataError,
 )
+from .layout import (
+    METADATA_DOCUMENTS,
+    V2_ARRAY_METADATA,
+    V2_ATTRIBUTES,
+    V2_GROUP_METADATA,
+    V3_METADATA,
+)
 from .pipelines import (
     CodecPipelineChoice,
     resolve_codec_pipeline,
@@ -270,14 +277,10 @@ def _array_in_group(group: zarr.Group, path: str | None, where: str) -> zarr.Arr
     raise ArrayNotFoundError(f"{what} at path {path!r} in {where}; arrays that exist: {listing}")
 
 
-# Metadata documents of a node: Zarr format 3, then format 2.
-_METADATA_DOCUMENTS = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
-
-
 # Fields an array document must have (the format 3 and format 2 specifications;
 # zarr-python requires every one of them too).
 _ARRAY_FIELDS = {
-    "zarr.json": (
+    V3_METADATA: (
         "shape",
         "data_type",
         "chunk_grid",
@@ -285,7 +288,7 @@ _ARRAY_FIELDS = {
         "fill_value",
         "codecs",
     ),
-    ".zarray": ("shape", "chunks", "dtype", "fill_value", "order"),
+    V2_ARRAY_METADATA: ("shape", "chunks", "dtype", "fill_value", "order"),
 }
 
 
@@ -297,11 +300,11 @@ def _document_problem(key: str, raw: bytes) -> str | None:
         return f"not valid JSON ({exc})"
     if not isinstance(document, dict):
         return f"not a JSON object but a JSON {type(document).__name__}"
-    if key == ".zattrs":
+    if key == V2_ATTRIBUTES:
         return None
-    expected_format = 3 if key == "zarr.json" else 2
-    required = ["zarr_format", "node_type"] if key == "zarr.json" else ["zarr_format"]
-    if key != ".zgroup" and document.get("node_type", "array") == "array":
+    expected_format = 3 if key == V3_METADATA else 2
+    required = ["zarr_format", "node_type"] if key == V3_METADATA else ["zarr_format"]
+    if key != V2_GROUP_METADATA and document.get("node_type", "array") == "array":
         required += _ARRAY_FIELDS[key]
     missing = [name for name in required if name not in document]
     if missing:
@@ -312,14 +315,14 @@ def _document_problem(key: str, raw: bytes) -> str | None:
         )
     if document["zarr_format"] != expected_format:
         return f"zarr_format is {document['zarr_format']!r}, expected {expected_format}"
-    if key == ".zgroup" or document.get("node_type") == "group":
+    if key == V2_GROUP_METADATA or document.get("node_type") == "group":
         return None
-    if key == "zarr.json" and document["node_type"] != "array":
+    if key == V3_METADATA and document["node_type"] != "array":
         return f"node_type is {document['node_type']!r}, expected 'array' or 'group'"
     from zarr.core.metadata.v2 import ArrayV2Metadata
     from zarr.core.metadata.v3 import ArrayV3Metadata
 
-    parse = ArrayV3Metadata.from_dict if key == "zarr.json" else ArrayV2Metadata.from_dict
+    parse = ArrayV3Metadata.from_dict if key == V3_METADATA else ArrayV2Metadata.from_dict
     try:
         with warnings.catch_warnings():  # e.g. dtypes without a stable specification
             warnings.simplefilter("ignore")
@@ -419,22 +422,22 @@ def _walk_arrays(store_path: Any) -> tuple[list[str], list[str]] | None:
         prefix = (store_path / path).path if path else store_path.path
         names = sorted([name async for name in store_path.store.list_dir(prefix)])
         for name in names:
-            if name in _METADATA_DOCUMENTS:
+            if name in METADATA_DOCUMENTS:
                 continue
             child = f"{path}/{name}" if path else name
             documents = await _node_documents(store_path, child)
             problem = _node_problem(child, documents)
             if problem is not None:
                 problems.append(problem)
-            elif "zarr.json" in documents:
-                node_type = json.loads(documents["zarr.json"])["node_type"]
+            elif V3_METADATA in documents:
+                node_type = json.loads(documents[V3_METADATA])["node_type"]
                 if node_type == "array":
                     arrays.append(child)
                 else:
                     await walk(child)
-            elif ".zarray" in documents:
+            elif V2_ARRAY_METADATA in documents:
                 arrays.append(child)
-            elif ".zgroup" in documents:
+            elif V2_GROUP_METADATA in documents:
                 await walk(child)
 
     try:
@@ -447,9 +450,9 @@ def _walk_arrays(store_path: Any) -> tuple[list[str], list[str]] | None:
 async def _node_documents(store_path: Any, path: str) -> dict[str, bytes]:
     """The metadata documents stored for the node at ``path`` below ``store_path``."""
     node = store_path / path if path else store_path
-    found = await asyncio.gather(*((node / key).get() for key in _METADATA_DOCUMENTS))
+    found = await asyncio.gather(*((node / key).get() for key in METADATA_DOCUMENTS))
     return {
         key: buffer.to_bytes()
-        for key, buffer in zip(_METADATA_DOCUMENTS, found, strict=True)
+        for key, buffer in zip(METADATA_DOCUMENTS, found, strict=True)
         if buffer is not None
     }

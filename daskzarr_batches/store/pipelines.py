@@ -24,7 +24,9 @@ from ..errors import (
 __all__ = [
     "CODEC_PIPELINE_ENV",
     "CodecPipelineChoice",
+    "array_view",
     "codec_pipeline_of",
+    "is_zarrs_pipeline",
     "resolve_codec_pipeline",
     "with_codec_pipeline",
     "zarr_pipeline",
@@ -96,13 +98,14 @@ def codec_pipeline_of(array: Any) -> Literal["zarrs", "zarr"]:
     did not survive the fork: such a process reads with zarr's pipeline).
     """
     pipeline = getattr(getattr(array, "_async_array", None), "codec_pipeline", None)
-    if not _is_zarrs(pipeline) or getattr(pipeline, "impl", None) is None:
+    if not is_zarrs_pipeline(pipeline) or getattr(pipeline, "impl", None) is None:
         return "zarr"
     _zarrs_state["used"] = True
     return "zarr" if _zarrs_state["forked"] else "zarrs"
 
 
-def _is_zarrs(pipeline: object) -> bool:
+def is_zarrs_pipeline(pipeline: object) -> bool:
+    """Whether ``pipeline`` is a zarrs (Rust) codec pipeline."""
     return type(pipeline).__module__.split(".")[0] == "zarrs" and hasattr(pipeline, "impl")
 
 
@@ -119,11 +122,25 @@ def with_codec_pipeline(array: zarr.Array, choice: Literal["zarrs", "zarr"]) -> 
         return array
     pipeline = _zarrs_pipeline(array) if choice == "zarrs" else None
     if pipeline is None:
-        if not _is_zarrs(inner.codec_pipeline):
+        if not is_zarrs_pipeline(inner.codec_pipeline):
             return array
         pipeline = zarr_pipeline(inner.metadata)
-    view = copy.copy(inner)
-    object.__setattr__(view, "codec_pipeline", pipeline)
+    return array_view(array, codec_pipeline=pipeline)
+
+
+def array_view(
+    array: zarr.Array, *, store_path: Any = None, codec_pipeline: Any = None
+) -> zarr.Array:
+    """A new ``zarr.Array`` on ``array``'s metadata with its store path or codec pipeline replaced.
+
+    The one way the package builds an array view (the codec pipeline chosen at
+    open, the read policy's store): no I/O, nothing rebuilt but the fields given.
+    """
+    view = copy.copy(array._async_array)  # a frozen dataclass: set fields as its __init__ does
+    if store_path is not None:
+        object.__setattr__(view, "store_path", store_path)
+    if codec_pipeline is not None:
+        object.__setattr__(view, "codec_pipeline", codec_pipeline)
     return zarr.Array(view)
 
 

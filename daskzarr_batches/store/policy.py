@@ -21,9 +21,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextvars
-import copy
 import errno
-import itertools
 import os
 import random
 import threading
@@ -44,7 +42,8 @@ from ..errors import (
     ReadCancelledError,
     StoreGoneError,
 )
-from .pipelines import codec_pipeline_of, zarr_pipeline
+from .layout import is_metadata_key, metadata_key
+from .pipelines import array_view, codec_pipeline_of, is_zarrs_pipeline, zarr_pipeline
 from .threads import drain, zarr_loop
 
 __all__ = [
@@ -60,11 +59,9 @@ __all__ = [
     "ReadReport",
     "absent_keys",
     "is_transient",
-    "metadata_key",
     "native_view",
     "policy_view",
     "read_array",
-    "storage_keys",
 ]
 
 MissingMode = Literal["warn", "fill", "error"]
@@ -75,8 +72,6 @@ DEFAULT_RETRIES = 3
 #: First backoff before a retry; it doubles each attempt, with jitter, up to the cap.
 RETRY_BASE_SECONDS = 0.05
 RETRY_MAX_SECONDS = 2.0
-
-_METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 
 #: The store requests in flight allowed to the read running in this context (set by
 #: :meth:`CancelScope.run` for the coroutines of one stream; ``None``: no stream-wide limit).
@@ -218,7 +213,7 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
         else:
             async with limit:  # the stream's io_concurrency: requests, not decodes
                 result = await self._retrying(key, self._store.get, key, prototype, byte_range)
-        if result is None and _is_chunk_key(key):
+        if result is None and not is_metadata_key(key):
             await self._check_gone()
             self.ledger.missing.append(key)
             if self.policy.missing == "error":
@@ -383,14 +378,6 @@ def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | No
     return array[selection]
 
 
-def metadata_key(array: Any) -> str | None:
-    """The store key of a Zarr array's own metadata document (``None``: not a Zarr array)."""
-    if not isinstance(array, zarr.Array):
-        return None
-    prefix = f"{array.path}/" if array.path else ""
-    return prefix + ("zarr.json" if array.metadata.zarr_format == 3 else ".zarray")
-
-
 def gone_message(store: Any, metadata: str, name: str) -> str:
     """What :class:`StoreGoneError` says: the store, the array, what is gone."""
     if type(store) is zarr.storage.LocalStore and not os.path.isdir(os.fspath(store.root)):
@@ -425,11 +412,12 @@ def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> An
     zarr_loop()  # Zarr's blocking I/O on daemon threads, before any read of a task
     inner = array._async_array
     store = PolicyStore(inner.store_path.store, policy, ledger, name, metadata_key(array))
-    view = copy.copy(inner)  # a frozen dataclass: set its fields as its __init__ does
-    object.__setattr__(view, "store_path", StorePath(store, inner.store_path.path))
-    if type(inner.codec_pipeline).__module__.split(".")[0] == "zarrs":
-        object.__setattr__(view, "codec_pipeline", zarr_pipeline(inner.metadata))
-    return zarr.Array(view)
+    zarrs = is_zarrs_pipeline(inner.codec_pipeline)
+    return array_view(
+        array,
+        store_path=StorePath(store, inner.store_path.path),
+        codec_pipeline=zarr_pipeline(inner.metadata) if zarrs else None,
+    )
 
 
 def native_view(
@@ -472,8 +460,8 @@ def absent_keys(store: Any, keys: list[str], scope: CancelScope | None = None) -
     """The ``keys`` that ``store`` does not hold, in order.
 
     A local directory store is asked with one ``stat`` per key on this
-    thread (a few microseconds each), any other with ``store.exists`` on
-    Zarr's event loop, all at once.
+    thread (cheap beside the read: docs/architecture.md, *Codec pipelines*),
+    any other with ``store.exists`` on Zarr's event loop, all at once.
     """
     if not keys:
         return []
@@ -491,21 +479,6 @@ def absent_keys(store: Any, keys: list[str], scope: CancelScope | None = None) -
 
         exists = sync(found())
     return [key for key, there in zip(keys, exists, strict=True) if not there]
-
-
-def storage_keys(array: Any, start: int, stop: int) -> list[str]:
-    """Store keys holding samples ``start:stop`` of a Zarr array (chunks or shards)."""
-    if not isinstance(array, zarr.Array) or stop <= start:
-        return []
-    grid = array.shards or array.chunks
-    counts = [-(-size // step) for size, step in zip(array.shape[1:], grid[1:], strict=True)]
-    rows = range(start // grid[0], (stop - 1) // grid[0] + 1)
-    prefix = f"{array.path}/" if array.path else ""
-    return [
-        prefix + array.metadata.encode_chunk_key((row, *rest))
-        for row in rows
-        for rest in itertools.product(*(range(n) for n in counts))
-    ]
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -611,7 +584,3 @@ def _error_code(error: BaseException) -> str | None:
         code = response.get("Error", {}).get("Code")
         return code if isinstance(code, str) else None
     return None
-
-
-def _is_chunk_key(key: str) -> bool:
-    return not key.rsplit("/", 1)[-1].endswith(_METADATA)

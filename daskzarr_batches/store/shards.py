@@ -1,4 +1,4 @@
-"""Shard-aware reading: each shard a window touches is fetched once, in few requests.
+"""The one shard reader: each shard a read touches is fetched once, in few requests.
 
 Zarr's sharding codec reads part of a shard by fetching the shard's index and
 then each inner chunk's byte range one after another, and copies a shard's
@@ -18,8 +18,11 @@ sharded array instead:
   output, chunks concurrently, shards ``shards_in_flight`` at a time; a
   shard's bytes are dropped once its chunks are decoded.
 
-Only for Zarr's own (batched) codec pipeline; another pipeline (e.g. a Rust
-one that reads shards itself) is left to read the array as usual.
+Batch windows read their chunks with :func:`read_sharded`; chunk streams read
+the inner blocks of one shard with :func:`read_shard_blocks` (the whole shard
+in one request, each block decoded into an array of its own).  Only for Zarr's
+own (batched) codec pipeline; another pipeline (e.g. a Rust one that reads
+shards itself) is left to read the array as usual.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from ..plan.shards import reads_whole_shard
 from ..plan.windows import ChunkPiece
+from .layout import chunk_grid, chunks_per_shard, object_key, shard_of
 
-__all__ = ["read_sharded", "sharding_codec"]
+__all__ = ["read_shard_blocks", "read_sharded", "sharding_codec"]
 
 T = TypeVar("T")
 
@@ -72,6 +76,126 @@ class _Bytes:
         return self.data
 
 
+#: Inner chunk coordinates, local to their shard.
+Coords = tuple[int, ...]
+#: One inner chunk to decode: its bytes (``None``: absent), the part of the chunk
+#: kept and where that part goes in the output.
+Decode = tuple[Buffer | None, tuple[slice, ...], tuple[slice, ...]]
+
+
+class _Shards:
+    """What reading the shards of one sharded array needs: its codec, store and geometry.
+
+    ``array`` is the policy view of the array: its store is the one fetches go through.
+    """
+
+    def __init__(self, array: Any) -> None:
+        codec = sharding_codec(array)
+        assert codec is not None
+        from zarr.codecs.sharding import ShardingCodecIndexLocation
+
+        inner = array._async_array
+        self.array = array
+        self.codec = codec
+        self.store = inner.store_path.store
+        shard_spec = inner.metadata.get_chunk_spec(
+            (0,) * len(array.shape), inner.config, default_buffer_prototype()
+        )
+        self.chunk_spec = codec._get_chunk_spec(shard_spec)
+        self.per_shard = chunks_per_shard(array)
+        self.chunk_shape = tuple(codec.chunk_shape)
+        self.shape = tuple(array.shape)
+        self.index_size = codec._shard_index_size(self.per_shard)
+        self.index_at_start = codec.index_location == ShardingCodecIndexLocation.start
+
+    def key(self, block: tuple[int, ...]) -> str:
+        """The store key of the shard holding chunk ``block`` (global chunk coordinates)."""
+        return object_key(self.array, shard_of(block, self.per_shard))
+
+    def local(self, block: tuple[int, ...]) -> Coords:
+        """Coordinates of chunk ``block`` inside its shard."""
+        return tuple(b % n for b, n in zip(block, self.per_shard, strict=True))
+
+    async def fetch(self, key: str, coords: Sequence[Coords], whole: bool) -> dict[Coords, Buffer]:
+        """The bytes of inner chunks ``coords`` of shard ``key`` (absent ones left out).
+
+        ``whole``: the shard in one request; else its index, then the chunks'
+        byte ranges, adjacent ranges merged, fetched concurrently.
+        """
+        prototype = default_buffer_prototype()
+        size = self.index_size
+        if whole:
+            data = await self.store.get(key, prototype)
+            if data is None:
+                return {}
+            raw = data[0:size] if self.index_at_start else data[len(data) - size : len(data)]
+            spans = await self._spans(raw, coords)
+            return {c: data[lo:hi] for c, (lo, hi) in spans.items()}
+        request: ByteRequest = (
+            RangeByteRequest(0, size) if self.index_at_start else SuffixByteRequest(size)
+        )
+        raw_index = await self.store.get(key, prototype, request)
+        if raw_index is None:
+            return {}
+        spans = await self._spans(raw_index, coords)
+        merged = _merged(spans.values())
+        datas = await _all(
+            [self.store.get(key, prototype, RangeByteRequest(lo, hi)) for lo, hi in merged]
+        )
+        found = {}
+        for c, (lo, hi) in spans.items():
+            for (start, stop), data in zip(merged, datas, strict=True):
+                if data is not None and start <= lo and hi <= stop:
+                    found[c] = data[lo - start : hi - start]
+        return found
+
+    async def _spans(
+        self, raw_index: Buffer, coords: Sequence[Coords]
+    ) -> dict[Coords, tuple[int, int]]:
+        """The byte range of each stored chunk of ``coords``, from the shard's index."""
+        index = await self.codec._decode_shard_index(raw_index, self.per_shard)
+        spans = {}
+        for c in coords:
+            span = index.get_chunk_slice(c)
+            if span:
+                spans[c] = (int(span[0]), int(span[1]))
+        return spans
+
+    async def decode(self, chunks: Sequence[Decode], out: np.ndarray) -> None:
+        """Decode inner chunks into ``out`` with the shard's inner codec pipeline."""
+        target = default_buffer_prototype().nd_buffer.from_numpy_array(out)
+        batch = [
+            (_Bytes(data), self.chunk_spec, chunk_selection, out_selection, True)
+            for data, chunk_selection, out_selection in chunks
+        ]
+        await self.codec.codec_pipeline.read(batch, target)
+
+
+async def read_shard_blocks(
+    array: Any, blocks: Sequence[tuple[int, ...]], slices: Sequence[tuple[slice, ...]]
+) -> list[np.ndarray]:
+    """Chunks ``blocks`` (all in one shard; ``slices``: where each sits in the array), each
+    decoded into an array of its own; the shard is fetched whole, in one request.
+
+    ``array`` is the policy view of a sharded array (:func:`sharding_codec`).
+    A missing shard reads as the fill value (the policy store records it).
+    """
+    shards = _Shards(array)
+    locals_ = [shards.local(block) for block in blocks]
+    found = await shards.fetch(shards.key(blocks[0]), locals_, whole=True)
+    outs = [
+        np.empty(tuple(s.stop - s.start for s in where), dtype=np.dtype(array.dtype))
+        for where in slices
+    ]
+
+    async def one(coords: Coords, out: np.ndarray) -> None:
+        kept = tuple(slice(0, n) for n in out.shape)
+        await shards.decode([(found.get(coords), kept, kept)], out)
+
+    await _all([one(coords, out) for coords, out in zip(locals_, outs, strict=True)])
+    return outs
+
+
 async def read_sharded(
     array: Any,
     pieces: Sequence[ChunkPiece],
@@ -86,127 +210,91 @@ async def read_sharded(
     Piece ``i``'s kept rows go to ``out[starts[i]:]``, or, with ``scatter``,
     are handed to ``scatter(piece, rows)`` (a window in plan order).  ``array`` is the
     policy view of the array: its store is the one fetches go through.
+    Shard rows are read ``shards_in_flight`` at a time.
     """
-    codec = sharding_codec(array)
-    assert codec is not None
-    inner = array._async_array
-    meta = inner.metadata
-    store = inner.store_path.store
-    prefix = f"{inner.store_path.path}/" if inner.store_path.path else ""
-    shard_spec = meta.get_chunk_spec(
-        (0,) * len(array.shape), inner.config, default_buffer_prototype()
-    )
-    chunk_spec = codec._get_chunk_spec(shard_spec)
-    per_shard = codec._get_chunks_per_shard(shard_spec)
-    chunk_shape = tuple(codec.chunk_shape)
-    shape = tuple(array.shape)
-    total = -(-shape[0] // chunk_shape[0])
-    # chunks along the other axes: (global index per axis) for every combination
-    counts = [-(-s // c) for s, c in zip(shape[1:], chunk_shape[1:], strict=True)]
-    others = list(itertools.product(*(range(n) for n in counts)))
-    out_nd = default_buffer_prototype().nd_buffer.from_numpy_array(out)
+    shards = _Shards(array)
     rows: dict[int, list[tuple[ChunkPiece, int]]] = {}
     for piece, at in zip(pieces, starts, strict=True):
-        rows.setdefault(piece.chunk // per_shard[0], []).append((piece, at))
+        rows.setdefault(piece.chunk // shards.per_shard[0], []).append((piece, at))
     limit = asyncio.Semaphore(max(1, shards_in_flight))
+    window = _Window(shards, out, keeps_all, scatter)
 
-    def key_of(row: int, rest: tuple[int, ...]) -> str:
-        grid = tuple(g // n for g, n in zip(rest, per_shard[1:], strict=True))
-        return prefix + meta.encode_chunk_key((row, *grid))
+    async def one_row(row: int, items: list[tuple[ChunkPiece, int]]) -> None:
+        async with limit:
+            await window.read_row(row, items)
 
-    async def fetch(key: str, locals_: list[int], whole: bool) -> dict[tuple[int, ...], Buffer]:
-        """The needed inner chunks of one shard object, by their coordinates in it."""
-        from zarr.codecs.sharding import ShardingCodecIndexLocation
+    await _all([one_row(row, items) for row, items in rows.items()])
 
-        prototype = default_buffer_prototype()
-        size = codec._shard_index_size(per_shard)
-        at_start = codec.index_location == ShardingCodecIndexLocation.start
-        if whole:
-            data = await store.get(key, prototype)
-            if data is None:
-                return {}
-            raw = data[0:size] if at_start else data[len(data) - size : len(data)]
-            index = await codec._decode_shard_index(raw, per_shard)
-            found = {}
-            for coords in _coords(locals_, per_shard):
-                span = index.get_chunk_slice(coords)
-                if span:
-                    found[coords] = data[span[0] : span[1]]
-            return found
-        request: ByteRequest = RangeByteRequest(0, size) if at_start else SuffixByteRequest(size)
-        raw_index = await store.get(key, prototype, request)
-        if raw_index is None:
-            return {}
-        index = await codec._decode_shard_index(raw_index, per_shard)
-        spans = {}
-        for coords in _coords(locals_, per_shard):
-            span = index.get_chunk_slice(coords)
-            if span:
-                spans[coords] = (int(span[0]), int(span[1]))
-        merged: list[list[int]] = []
-        for lo, hi in sorted(spans.values()):
-            if merged and lo <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        datas = await _all(
-            [store.get(key, prototype, RangeByteRequest(lo, hi)) for lo, hi in merged]
-        )
-        found = {}
-        for coords, (lo, hi) in spans.items():
-            for (start, stop), data in zip(merged, datas, strict=True):
-                if data is not None and start <= lo and hi <= stop:
-                    found[coords] = data[lo - start : hi - start]
-        return found
 
-    async def decode(piece: ChunkPiece, at: int, chunks: dict[str, dict[Any, Buffer]]) -> None:
-        row, local = divmod(piece.chunk, per_shard[0])
-        whole = keeps_all(piece) and scatter is None
-        target = out_nd
-        lo = at
-        if not whole:
-            temp = np.empty((piece.rows, *shape[1:]), dtype=out.dtype)
-            target = default_buffer_prototype().nd_buffer.from_numpy_array(temp)
-            lo = 0
-        batch = []
-        for rest in others:
-            coords = (local, *(g % n for g, n in zip(rest, per_shard[1:], strict=True)))
+class _Window:
+    """One window's output, filled shard row by shard row by :func:`read_sharded`."""
+
+    def __init__(
+        self,
+        shards: _Shards,
+        out: np.ndarray,
+        keeps_all: Callable[[ChunkPiece], bool],
+        scatter: Callable[[ChunkPiece, np.ndarray], None] | None,
+    ) -> None:
+        self.shards = shards
+        self.out = out
+        self.keeps_all = keeps_all
+        self.scatter = scatter
+        total, *counts = chunk_grid(shards.array)
+        #: global chunk indices along the other axes, every combination
+        self.others = list(itertools.product(*(range(n) for n in counts)))
+        self.total = total  # axis-0 chunks
+
+    async def read_row(self, row: int, items: list[tuple[ChunkPiece, int]]) -> None:
+        """Fetch shard row ``row`` once (each of its objects) and decode its pieces."""
+        per_shard = self.shards.per_shard
+        locals_ = [piece.chunk % per_shard[0] for piece, _ in items]
+        existing = min(per_shard[0], self.total - row * per_shard[0])
+        whole = reads_whole_shard(len(locals_), existing)
+        keys = {self._key(row, rest): None for rest in self.others}
+        coords = _coords(locals_, per_shard)
+        found = await _all([self.shards.fetch(key, coords, whole) for key in keys])
+        chunks = dict(zip(keys, found, strict=True))
+        await _all([self._decode(piece, at, chunks) for piece, at in items])
+
+    def _key(self, row: int, rest: tuple[int, ...]) -> str:
+        return self.shards.key((row * self.shards.per_shard[0], *rest))
+
+    async def _decode(
+        self, piece: ChunkPiece, at: int, chunks: dict[str, dict[Coords, Buffer]]
+    ) -> None:
+        """Decode axis-0 chunk ``piece`` (every chunk of its row) and place its kept rows."""
+        shards, out = self.shards, self.out
+        whole = self.keeps_all(piece) and self.scatter is None
+        target, lo = (out, at) if whole else (self._temp(piece), 0)
+        row = piece.chunk // shards.per_shard[0]
+        batch: list[Decode] = []
+        for rest in self.others:
             widths = [
-                min(c, s - g * c) for g, c, s in zip(rest, chunk_shape[1:], shape[1:], strict=True)
+                min(c, s - g * c)
+                for g, c, s in zip(rest, shards.chunk_shape[1:], shards.shape[1:], strict=True)
             ]
             chunk_selection = (slice(0, piece.rows), *(slice(0, w) for w in widths))
             out_selection = (
                 slice(lo, lo + piece.rows),
                 *(
                     slice(g * c, g * c + w)
-                    for g, c, w in zip(rest, chunk_shape[1:], widths, strict=True)
+                    for g, c, w in zip(rest, shards.chunk_shape[1:], widths, strict=True)
                 ),
             )
-            data = chunks[key_of(row, rest)].get(coords)
-            batch.append((_Bytes(data), chunk_spec, chunk_selection, out_selection, True))
-        await codec.codec_pipeline.read(batch, target)
+            data = chunks[self._key(row, rest)].get(shards.local((piece.chunk, *rest)))
+            batch.append((data, chunk_selection, out_selection))
+        await shards.decode(batch, target)
         if not whole:
-            kept = temp[piece.take]
-            if scatter is not None:
-                scatter(piece, kept)
+            kept = target[piece.take]
+            if self.scatter is not None:
+                self.scatter(piece, kept)
             else:
                 out[at : at + len(kept)] = kept
 
-    async def one_row(row: int, items: list[tuple[ChunkPiece, int]]) -> None:
-        async with limit:
-            locals_ = [piece.chunk % per_shard[0] for piece, _ in items]
-            existing = min(per_shard[0], total - row * per_shard[0])
-            whole = reads_whole_shard(len(locals_), existing)
-            keys = {key_of(row, rest): None for rest in others}
-            found = await _all([fetch(key, locals_, whole) for key in keys])
-            chunks = dict(zip(keys, found, strict=True))
-            async with asyncio.TaskGroup() as group:
-                for piece, at in items:
-                    group.create_task(decode(piece, at, chunks))
-
-    async with asyncio.TaskGroup() as group:  # a failure cancels the siblings
-        for row, items in rows.items():
-            group.create_task(one_row(row, items))
+    def _temp(self, piece: ChunkPiece) -> np.ndarray:
+        """A chunk-sized buffer for a chunk of which the window keeps some rows."""
+        return np.empty((piece.rows, *self.shards.shape[1:]), dtype=self.out.dtype)
 
 
 async def _all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
@@ -222,7 +310,18 @@ async def _all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
     return [task.result() for task in tasks]
 
 
-def _coords(locals_: list[int], per_shard: tuple[int, ...]) -> list[tuple[int, ...]]:
+def _merged(spans: Any) -> list[tuple[int, int]]:
+    """Byte ranges, sorted, with adjacent or overlapping ones merged."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi) for lo, hi in merged]
+
+
+def _coords(locals_: list[int], per_shard: tuple[int, ...]) -> list[Coords]:
     """Inner chunk coordinates of axis-0 chunks ``locals_`` of a shard, in every other axis."""
     others = itertools.product(*(range(n) for n in per_shard[1:]))
     return [(local, *rest) for rest in list(others) for local in sorted(locals_)]

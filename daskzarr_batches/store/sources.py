@@ -42,10 +42,6 @@ Chunks = tuple[tuple[int, ...], ...]
 
 
 # --------------------------------------------------------------------------
-# Codec pipelines: zarr-python's own, or the Rust one of the zarrs package
-
-
-# --------------------------------------------------------------------------
 # Sources used by the read layer
 
 
@@ -111,34 +107,6 @@ class SliceSource(Source):
     def stored(self) -> bool:
         """Whether the array is read from a Zarr store (not a numpy array)."""
         return isinstance(self.array, zarr.Array)
-
-    @property
-    def shard_rows(self) -> int | None:
-        """Samples (axis-0 rows) per shard; ``None`` for unsharded or non-Zarr arrays."""
-        return None if self.shards is None else self.shards[0]
-
-    @property
-    def chunk_keys_per_row(self) -> int:
-        """Stored objects (chunks or shards) per axis-0 chunk or shard row.
-
-        1 unless the array is also split along other axes.
-        """
-        grid = self.shards or tuple(sizes[0] if sizes else 0 for sizes in self.chunks)
-        return math.prod(
-            -(-size // step) if step else 1
-            for size, step in zip(self.shape[1:], grid[1:], strict=True)
-        )
-
-    @property
-    def inner_per_key(self) -> int:
-        """Chunks along the other axes inside one shard (1 when unsharded)."""
-        if self.shards is None:
-            return 1
-        inner = [sizes[0] for sizes in self.chunks[1:]]
-        return math.prod(
-            max(1, shard // chunk) if chunk else 1
-            for shard, chunk in zip(self.shards[1:], inner, strict=True)
-        )
 
     @property
     def carries_data(self) -> bool:

@@ -20,10 +20,10 @@ from ..errors import (
 from ..execute.runners import make_runner, resolve_client
 from ..read.graphs import (
     block_graph,
-    blocks_by_shard,
     shard_graph,
 )
 from ..read.tasks import ShardItem
+from ..store.layout import blocks_by_shard
 from ..store.policy import (
     DEFAULT_POLICY,
     ReadPolicy,

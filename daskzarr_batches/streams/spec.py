@@ -28,10 +28,10 @@ from ..errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
 from ..execute.runners import resolve_client
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
-from ..plan.shards import ShardLayout
 from ..plan.windows import ShuffleMode, chunk_offsets
+from ..store.layout import shard_layout
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
-from ..store.sources import SliceSource, Source, as_source
+from ..store.sources import Source, as_source
 
 __all__ = [
     "DEFAULT_IO_CONCURRENCY",
@@ -343,17 +343,6 @@ class StreamSpec:
     def with_epoch(self, epoch: int) -> StreamSpec:
         """The same spec for another epoch (same seed: a new order)."""
         return dataclasses.replace(self, epoch=epoch)
-
-
-def shard_layout(source: Source) -> ShardLayout | None:
-    """How a source's chunks are stored, for the plan (``None``: not a Zarr array)."""
-    if not isinstance(source, SliceSource) or not source.stored:
-        return None
-    keys = source.chunk_keys_per_row
-    if source.shard_rows is None:
-        return ShardLayout(1, keys, 1)
-    chunk_rows = source.chunks[0][0] if source.chunks[0] else 1
-    return ShardLayout(max(1, source.shard_rows // max(chunk_rows, 1)), keys, source.inner_per_key)
 
 
 def _default_roles(count: int) -> tuple[str, ...]:

@@ -1,12 +1,12 @@
 """``daskzarr-batches info``: what a Zarr store holds, and whether every chunk reads.
 
-A command-line adapter like ``tools.cli``: of this package it uses only the public
+A command-line adapter like ``tools.cli``: of this package it uses the public
 API (``open_array`` and the error classes, to explain a store that cannot be
-opened).  Everything else is Zarr's own API: the store's listing
-(``list_dir``/``list_prefix``/``getsize`` through ``zarr.core.sync.sync``),
-each array's metadata (``shards``, ``filters``, ``serializer``,
-``compressors``, ``metadata.encode_chunk_key``) and plain slicing to read a
-chunk.
+opened) and the store layout (``store.layout``: metadata document names, the
+key and grid of every stored object).  Everything else is Zarr's own API: the
+store's listing (``list_dir``/``list_prefix``/``getsize`` through
+``zarr.core.sync.sync``), each array's metadata (``shards``, ``filters``,
+``serializer``, ``compressors``) and plain slicing to read a chunk.
 
 Counting is by stored object: a chunk of an unsharded array, a shard of a
 sharded one (Zarr v3 ``sharding_indexed``).  The expected objects are every
@@ -22,27 +22,32 @@ not reported as corrupt: Zarr returns the fill value for them.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
 import os
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
 import zarr
 import zarr.abc.store
-from tqdm import tqdm
 
 from .. import ArgumentValueError, ArrayNotFoundError, DaskZarrBatchesError, InvalidMetadataError
 from .. import open_array as _open_array
+from ..store.layout import (
+    METADATA_NAMES,
+    V2_ARRAY_METADATA,
+    V2_GROUP_METADATA,
+    V3_METADATA,
+    chunks_per_shard,
+    object_keys,
+)
+from .check import check_arrays, progress_bar
 
 __all__ = [
     "ArrayReport",
-    "check_arrays",
     "describe_array",
     "find_arrays",
     "format_bytes",
@@ -52,16 +57,8 @@ __all__ = [
     "run_info",
 ]
 
-#: Metadata documents of a node (Zarr format 3, then format 2, then consolidated).
-METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
 #: Stored objects whose size is asked for at once (``getsize`` calls in flight).
 SIZE_CONCURRENCY = 64
-#: Blocks of chunks (or shards) read at once by ``--check``.
-CHECK_THREADS = 4
-#: Decoded bytes ``--check`` reads in one call (a block of neighbouring chunks).
-CHECK_BYTES = 16 * 2**20
-#: Objects ``--check`` reads in one call at most, so that tiny chunks still spread over threads.
-CHECK_OBJECTS = 1024
 
 
 @dataclass
@@ -193,7 +190,9 @@ def run_info(
     try:
         arrays = find_arrays(store, source, storage_options)
         reports = []
-        with _bar(progress, total=len(arrays), desc="listing", unit="array", leave=False) as bar:
+        with progress_bar(
+            progress, total=len(arrays), desc="listing", unit="array", leave=False
+        ) as bar:
             for path, array in arrays:
                 reports.append(describe_array(array, path, store))
                 bar.update(1)
@@ -310,7 +309,7 @@ def find_arrays(
     async def children(path: str) -> list[str]:
         prefix = f"{path}/" if path else ""
         names = [name async for name in store.list_dir(prefix)]
-        return sorted(f"{prefix}{name}" for name in names if name not in METADATA_KEYS)
+        return sorted(f"{prefix}{name}" for name in names if name not in METADATA_NAMES)
 
     found: list[tuple[str, zarr.Array]] = []
     pending = [""]
@@ -334,16 +333,16 @@ async def _node_kind(store: zarr.abc.store.Store, path: str) -> str | None:
     """``"array"``, ``"group"``, ``"broken"`` (a document Zarr cannot read) or None."""
     from zarr.core.buffer import default_buffer_prototype
 
-    document = await store.get(f"{path}/zarr.json", prototype=default_buffer_prototype())
+    document = await store.get(f"{path}/{V3_METADATA}", prototype=default_buffer_prototype())
     if document is not None:
         try:
             node_type = json.loads(document.to_bytes())["node_type"]
         except Exception:
             return "broken"
         return node_type if node_type in ("array", "group") else "broken"
-    if await store.exists(f"{path}/.zarray"):
+    if await store.exists(f"{path}/{V2_ARRAY_METADATA}"):
         return "array"
-    if await store.exists(f"{path}/.zgroup"):
+    if await store.exists(f"{path}/{V2_GROUP_METADATA}"):
         return "group"
     return None
 
@@ -358,10 +357,8 @@ def describe_array(array: zarr.Array, path: str, store: zarr.abc.store.Store) ->
     shape = tuple(int(n) for n in array.shape)
     chunks = tuple(int(n) for n in array.chunks)
     shards = None if array.shards is None else tuple(int(n) for n in array.shards)
-    per_shard = (
-        None if shards is None else math.prod(s // c for s, c in zip(shards, chunks, strict=True))
-    )
-    expected = _object_keys(array)
+    per_shard = None if shards is None else math.prod(chunks_per_shard(array))
+    expected = object_keys(array)
     prefix = f"{path}/" if path else ""
     try:
         sizes = sync(_listing(store, prefix))
@@ -401,30 +398,6 @@ async def _listing(store: zarr.abc.store.Store, prefix: str) -> dict[str, int]:
     return dict(zip(keys, await asyncio.gather(*(size(key) for key in keys)), strict=True))
 
 
-def _object_grid(array: zarr.Array) -> tuple[int, ...]:
-    """Objects (shards, else chunks) along each axis."""
-    outer = array.shards if array.shards is not None else array.chunks
-    return tuple(math.ceil(n / c) for n, c in zip(array.shape, outer, strict=True))
-
-
-def _object_coords(array: zarr.Array) -> Iterable[tuple[int, ...]]:
-    return itertools.product(*(range(n) for n in _object_grid(array)))
-
-
-def _object_keys(array: zarr.Array) -> dict[str, tuple[int, ...]]:
-    """``{key relative to the array: grid coordinates}`` of every expected object."""
-    encode = array.metadata.encode_chunk_key
-    return {encode(coords): coords for coords in _object_coords(array)}
-
-
-def _object_region(array: zarr.Array, coords: Sequence[int]) -> tuple[slice, ...]:
-    outer = array.shards if array.shards is not None else array.chunks
-    return tuple(
-        slice(i * c, min((i + 1) * c, n))
-        for i, c, n in zip(coords, outer, array.shape, strict=True)
-    )
-
-
 def codec_names(array: zarr.Array) -> list[str]:
     """Names of the codecs a chunk goes through, in encoding order.
 
@@ -447,102 +420,6 @@ def _codec_name(codec: Any) -> str:
     except Exception:
         return type(codec).__name__
     return str(name)
-
-
-def check_arrays(
-    arrays: Sequence[tuple[str, zarr.Array]],
-    reports: Sequence[ArrayReport],
-    progress: Callable[..., Any] | None = None,
-    threads: int = CHECK_THREADS,
-    block_bytes: int = CHECK_BYTES,
-) -> None:
-    """Read every stored chunk (or shard) of each array; record those that raise.
-
-    Objects are read a block at a time: the region of a rectangle of
-    neighbouring objects of about ``block_bytes`` decoded bytes (at most
-    ``CHECK_OBJECTS`` objects), in one ``array[region]`` call, so Zarr
-    decodes them concurrently and the overhead of a call (about a millisecond)
-    is paid per block, not per object.  Only when a block's read
-    raises is each of its stored objects read alone, to name the ones that
-    fail.  Missing objects inside a block read as the fill value and raise
-    nothing.  ``threads`` blocks are read at once.
-
-    Fills ``report.corrupt`` (sorted by key) and sets ``report.checked``.
-    """
-    jobs = []
-    for (_, array), report in zip(arrays, reports, strict=True):
-        missing = set(report.missing)
-        for region, objects in _object_blocks(array, block_bytes):
-            stored = [(key, coords) for key, coords in objects if key not in missing]
-            if stored:
-                jobs.append((report, array, region, stored))
-        report.checked = True
-
-    def read(array: zarr.Array, region: tuple[slice, ...]) -> str | None:
-        try:
-            array[region]
-        except Exception as exc:
-            return _one_line(f"{type(exc).__name__}: {exc}")
-        return None
-
-    def check(
-        report: ArrayReport,
-        array: zarr.Array,
-        region: tuple[slice, ...],
-        stored: list[tuple[str, tuple[int, ...]]],
-    ) -> int:
-        if read(array, region) is not None:  # find the objects that fail
-            for key, coords in stored:
-                error = read(array, _object_region(array, coords))
-                if error is not None:
-                    report.corrupt.append((key, error))  # list.append is atomic
-        return len(stored)
-
-    total = sum(len(stored) for *_, stored in jobs)
-    with (
-        _bar(progress, total=total, desc="checking", unit="chunk") as bar,
-        ThreadPoolExecutor(max_workers=max(1, threads)) as pool,
-    ):
-        # Two blocks per thread in flight: memory stays bounded, whatever the store.
-        pending: set[Future[int]] = set()
-        for job in jobs:
-            pending.add(pool.submit(check, *job))
-            if len(pending) >= 2 * threads:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    bar.update(future.result())
-        for future in as_completed(pending):
-            bar.update(future.result())
-    for report in reports:
-        report.corrupt.sort()
-
-
-def _object_blocks(
-    array: zarr.Array, block_bytes: int
-) -> Iterator[tuple[tuple[slice, ...], list[tuple[str, tuple[int, ...]]]]]:
-    """Rectangles of neighbouring objects of about ``block_bytes``: (region, [(key, coords)]).
-
-    The rectangle spans whole trailing axes of the object grid while it fits
-    (C order), so a region is contiguous in the grid and, for the common
-    layout chunked along axis 0 only, a run of consecutive chunks.
-    """
-    grid = _object_grid(array)
-    outer = array.shards if array.shards is not None else array.chunks
-    object_bytes = math.prod(outer) * max(1, np.dtype(array.dtype).itemsize)
-    room = max(1, min(CHECK_OBJECTS, block_bytes // max(1, object_bytes)))
-    block: list[int] = []
-    for size in reversed(grid):
-        take = max(1, min(size, room))
-        block.insert(0, take)
-        room = room // take if take == size else 1
-    encode = array.metadata.encode_chunk_key
-    for first in itertools.product(*(range(0, g, b) for g, b in zip(grid, block, strict=True))):
-        ranges = [range(f, min(f + b, g)) for f, b, g in zip(first, block, grid, strict=True)]
-        region = tuple(
-            slice(r.start * o, min(r.stop * o, n))
-            for r, o, n in zip(ranges, outer, array.shape, strict=True)
-        )
-        yield region, [(encode(coords), coords) for coords in itertools.product(*ranges)]
 
 
 def format_bytes(n: int) -> str:
@@ -638,12 +515,3 @@ def format_check(reports: Sequence[ArrayReport]) -> str:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
-
-
-def _bar(progress: Callable[..., Any] | None, **kwargs: Any) -> Any:
-    """A progress bar from ``progress``, or a disabled ``tqdm`` bar without one."""
-    return tqdm(disable=True) if progress is None else progress(**kwargs)

@@ -1,0 +1,100 @@
+"""Naming a failed read: the one fallback routine of every read task.
+
+A read task reads several chunks at once (a window's runs, a shard's inner
+blocks); when that read fails, the error says nothing of which chunk failed.
+Every task then does the same: :func:`raise_failed_read` raises at once if the
+store is gone or a key's retries are spent (naming the chunk that key holds;
+that key is not read again), else the task reads its pieces again one by one
+through :func:`read_named`, whose error names the chunk (array, chunk, keys,
+samples) and says what failed: :class:`ChunkReadError` (the store),
+:class:`CorruptChunkError` (the bytes did not decode), or passes
+:class:`MissingChunkError`, :class:`StoreGoneError` and the cancellation on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import zarr
+
+from ..errors import (
+    ChunkReadError,
+    CorruptChunkError,
+    MissingChunkError,
+    ReadCancelledError,
+    StoreGoneError,
+)
+from ..plan.windows import ChunkPiece
+from ..store.layout import storage_keys
+from ..store.policy import Ledger, is_transient
+
+__all__ = ["chunk_error", "raise_failed_read", "read_named"]
+
+T = TypeVar("T")
+
+
+def chunk_error(
+    array: Any,
+    name: str,
+    what: str,
+    piece: ChunkPiece | None,
+    ledger: Ledger,
+    exc: Exception,
+    keys: list[str] | None = None,
+) -> ChunkReadError:
+    """The library error for a chunk whose read raised ``exc``.
+
+    ``keys``: the chunk's store keys, if known (default: every key of its
+    axis-0 chunk row).
+    """
+    if keys is None:
+        keys = storage_keys(array, piece.start, piece.stop) if piece is not None else []
+    where = what
+    if piece is not None:
+        shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
+        where += f" (samples {piece.start}:{piece.stop}" + (f", key {shown})" if keys else ")")
+    where += f" of array {name}"
+    failed = [key for key in ledger.failed if not keys or key in keys]
+    if failed or is_transient(exc) or not isinstance(array, zarr.Array):
+        retried = f" after {ledger.retries} retries" if ledger.retries else ""
+        return ChunkReadError(f"could not read {where}{retried}: {type(exc).__name__}: {exc}")
+    return CorruptChunkError(f"{where} does not decode: {type(exc).__name__}: {exc}")
+
+
+def read_named(
+    read: Callable[[], T],
+    array: Any,
+    name: str,
+    what: str,
+    piece: ChunkPiece,
+    ledger: Ledger,
+    keys: list[str] | None = None,
+) -> T:
+    """``read()``, its failure raised as :func:`chunk_error` naming chunk ``what``."""
+    try:
+        return read()
+    except (MissingChunkError, StoreGoneError, ReadCancelledError):
+        raise
+    except Exception as exc:
+        raise chunk_error(array, name, what, piece, ledger, exc, keys) from exc
+
+
+def raise_failed_read(
+    array: Any, name: str, named: Sequence[tuple[str, ChunkPiece]], ledger: Ledger
+) -> None:
+    """Raise the error of a key whose read failed for good, naming its chunk.
+
+    ``named``: the task's pieces, each with how errors call it.  First
+    :class:`StoreGoneError` if the array turned out to be gone: its chunks
+    are not read again one by one.
+    """
+    ledger.check_gone()
+    for key, exc in ledger.failed.items():
+        for what, piece in named:
+            if key in storage_keys(array, piece.start, piece.stop):
+                raise chunk_error(array, name, what, piece, ledger, exc) from exc
+        raise ChunkReadError(
+            f"could not read {key!r} of array {name} after {ledger.retries} retries: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
