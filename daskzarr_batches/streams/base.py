@@ -27,9 +27,7 @@ from ..errors import (
 )
 from ..execute.runners import Runner
 from ..plan.summary import read_amplification
-from ..store.policy import (
-    ReadReport,
-)
+from ..store.policy import ReadPolicy, ReadReport
 from ..store.sources import Source
 
 __all__ = ["SkippedChunk", "Stream", "StreamStats", "T"]
@@ -142,7 +140,7 @@ class Stream(Generic[T]):
     """
 
     def __init__(
-        self, length: int, runner: Runner, timeout: float | None, missing: str = "warn"
+        self, length: int, runner: Runner, timeout: float | None, policy: ReadPolicy
     ) -> None:
         self._created = time.perf_counter()
         self.stats = StreamStats()
@@ -154,7 +152,8 @@ class Stream(Generic[T]):
         self._closed = False
         self._failure: BaseException | None = None  # the error that stopped the stream
         self._lock = threading.Lock()
-        self._missing = missing
+        #: how the stream's reads treat faults; it alone says whether missing chunks warn
+        self.policy = policy
         self._missing_seen: set[tuple[str, object]] = set()  # (array, chunk), each counted once
         self._warned = False
 
@@ -253,7 +252,7 @@ class Stream(Generic[T]):
         Attributed to the caller's line (the first frame outside the package),
         from the ``next()`` that hands out the first item holding the chunk.
         """
-        if self._warned or self._missing != "warn":
+        if self._warned or self.policy.missing != "warn":
             return
         self._warned = True
         count = self.stats.chunks_missing

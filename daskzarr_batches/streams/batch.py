@@ -118,11 +118,12 @@ class BatchStream(Stream[Any]):
             spec.client,
             in_flight=spec.prefetch + 1 + RAMP_WINDOWS,
             read_workers=read_threads(spec.sources),
-            requests=spec.io_concurrency,
         )
         planned = max(self._total - start, 0) if quota is None else quota
         length = _count(planned, spec.batch_size, self._drop)
-        super().__init__(length, runner, spec.timeout, spec.missing)
+        # one request limit for all of this stream's reads (io_concurrency)
+        policy = spec.read.policy.limited(spec.io_concurrency)
+        super().__init__(length, runner, spec.timeout, policy)
         self._created = created
         # offsets (from ``start``) of the samples left out as undecodable, ascending
         self._skipped: list[np.ndarray] = []
@@ -153,7 +154,7 @@ class BatchStream(Stream[Any]):
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
         sources: list[Source] = []
         deliver = _Delivery(self.stats, spec.paired, self._created)
-        policy = spec.policy
+        policy = self.policy
         plan_order = self._runner.plan_order  # results arrive in plan order: cut by slicing
         quota = self._quota
         fed = 0  # samples handed to the batcher

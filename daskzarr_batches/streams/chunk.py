@@ -11,13 +11,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import (
-    ArgumentValueError,
     SkippedChunksWarning,
     WindowError,
     WindowTimeoutError,
     warn_caller,
 )
-from ..execute.runners import make_runner, resolve_client
+from ..execute.runners import make_runner
 from ..read.graphs import (
     block_graph,
     blocks_by_shard,
@@ -28,62 +27,38 @@ from ..store.policy import (
     DEFAULT_POLICY,
     ReadPolicy,
 )
-from ..store.sources import SliceSource, Source, as_source
+from ..store.sources import SliceSource, Source
 from .base import SkippedChunk, Stream, _aligned
-from .spec import (
-    DEFAULT_IO_BYTES,
-    DEFAULT_IO_CONCURRENCY,
-    flag,
-    io_concurrency,
-    positive_int,
-    timeout_seconds,
-)
+from .spec import DEFAULT_IO_BYTES, DEFAULT_IO_CONCURRENCY, ChunkSpec
 
 __all__ = ["ChunkStream", "build_chunk_stream"]
 
 
 def build_chunk_stream(
-    array: Any,
-    *,
-    concurrency: object,
-    ordered: object,
-    with_index: object,
-    client: Any,
-    timeout: object,
-    policy: ReadPolicy,
-    transform: Callable[[np.ndarray], Any] | None = None,
-    io_concurrency: object = None,
+    spec: ChunkSpec, transform: Callable[[np.ndarray], Any] | None = None
 ) -> ChunkStream:
-    """Validate and build a :class:`ChunkStream` (shared with ``map_chunks``)."""
-    source = as_source(array)
-    client = resolve_client(client)
-    requests = _io_concurrency(concurrency, io_concurrency)
+    """A :class:`ChunkStream` of a validated spec (shared with ``map_chunks``).
+
+    ``io_concurrency=None`` becomes the default for the array's store
+    (:func:`_default_io_concurrency`).
+    """
+    source = spec.source
+    read = spec.read
     units = blocks_by_shard(source)
+    requests = read.io_concurrency
     if requests is None:
-        requests = _default_io_concurrency(client, source, units)
+        requests = _default_io_concurrency(read.client, source, units)
     return ChunkStream(
         source,
         concurrency=requests,
         units=units,
-        ordered=flag("ordered", ordered),
-        with_index=flag("with_index", with_index),
-        client=client,
-        timeout=timeout_seconds(timeout),
-        policy=policy,
+        ordered=spec.ordered,
+        with_index=spec.with_index,
+        client=read.client,
+        timeout=read.timeout,
+        policy=read.policy,
         transform=transform,
     )
-
-
-def _io_concurrency(concurrency: object, io: object) -> int | None:
-    """``io_concurrency``, or its former name ``concurrency``; both must agree."""
-    old = None if concurrency is None else positive_int("concurrency", concurrency)
-    new = io_concurrency(io)
-    if old is not None and new is not None and old != new:
-        raise ArgumentValueError(
-            f"concurrency={old} and io_concurrency={new} disagree; concurrency is the "
-            "former name of io_concurrency: pass io_concurrency only"
-        )
-    return new if new is not None else old
 
 
 def _default_io_concurrency(
@@ -152,7 +127,6 @@ class ChunkStream(Stream[Any]):
     ) -> None:
         created = time.perf_counter()
         self.source = source
-        self.policy = policy
         self._blocks = list(source.blocks())
         self._sharded = units is not None
         self._units = (
@@ -161,15 +135,16 @@ class ChunkStream(Stream[Any]):
         # reads wait on the store in their threads, so a Zarr or numpy source gets one
         # thread per read in flight; a dask array computes its graph on one per CPU
         threads = concurrency if isinstance(source, SliceSource) else os.cpu_count() or 1
-        runner = make_runner(
-            client, in_flight=concurrency, read_workers=threads, requests=concurrency
-        )
-        super().__init__(len(self._blocks), runner, timeout, policy.missing)
+        runner = make_runner(client, in_flight=concurrency, read_workers=threads)
+        # reads in flight and store requests share the one number (io_concurrency)
+        super().__init__(len(self._blocks), runner, timeout, policy.limited(concurrency))
         self._created = created
         self._concurrency = concurrency
         self._ordered = ordered
         self._with_index = with_index
         self._transform = transform
+        # what read tasks call: locally one transform per CPU at once
+        self._task_transform = None if transform is None else runner.cpu_bound(transform)
 
     def _produce(self) -> Iterator[Any]:
         units = self._units
@@ -183,12 +158,17 @@ class ChunkStream(Stream[Any]):
             unit = units[submitted]
             if not self._sharded:
                 dsk, key = block_graph(
-                    source, unit[0], self._token, self._transform, self.policy, self._runner.scope
+                    source,
+                    unit[0],
+                    self._token,
+                    self._task_transform,
+                    self.policy,
+                    self._runner.scope,
                 )
             else:
                 assert isinstance(source, SliceSource)
                 dsk, key = shard_graph(
-                    source, unit, self._token, self._transform, self.policy, self._runner.scope
+                    source, unit, self._token, self._task_transform, self.policy, self._runner.scope
                 )
             future = self._submit(dsk, key, -submitted, lambda u=unit: self._where_unit(u))
             in_flight[future] = submitted

@@ -17,12 +17,7 @@ from typing import Any
 
 from ..plan.batching import count_batches as _count
 from ..plan.summary import PlanSummary
-from ..store.policy import (
-    DEFAULT_RETRIES,
-    MissingMode,
-    OnError,
-    ReadPolicy,
-)
+from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import as_source
 from .batch import BatchStream, _summary
 from .chunk import ChunkStream, build_chunk_stream
@@ -31,8 +26,12 @@ from .spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PREFETCH,
     DEFAULT_WINDOW_BYTES,
+    ChunkSpec,
+    ReadOptions,
     StreamSpec,
+    as_array,
     flag,
+    merged_io_concurrency,
     positive_int,
     shuffle_mode,
 )
@@ -61,7 +60,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1).
@@ -76,7 +75,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
     """
     size = positive_int("batch_size", batch_size)
     drop = flag("drop_remainder", drop_remainder)
-    return _count(as_source(array).n_samples, size, drop)
+    return _count(as_source(as_array(array)).n_samples, size, drop)
 
 
 def chunk_stream(
@@ -96,7 +95,7 @@ def chunk_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Any number of dimensions >= 1.  Numpy arrays are split along axis 0
         into blocks of dask's default chunk size.
     concurrency : int, optional
@@ -135,16 +134,11 @@ def chunk_stream(
         ``close()``, context-manager use and ``.stats``.  Edge chunks are
         cropped to the array; every chunk is an array the caller owns.
     """
-    return build_chunk_stream(
-        array,
-        concurrency=concurrency,
-        io_concurrency=io_concurrency,
-        ordered=ordered,
-        with_index=with_index,
-        client=client,
-        timeout=timeout,
-        policy=ReadPolicy(missing, on_error, retries),
-    )
+    read = ReadOptions(
+        client, timeout, missing, on_error, retries,
+        merged_io_concurrency(concurrency, io_concurrency),
+    )  # fmt: skip
+    return build_chunk_stream(ChunkSpec(array, ordered, with_index, read))
 
 
 def batch_stream(
@@ -169,7 +163,7 @@ def batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1; numpy integers accepted).
@@ -265,7 +259,7 @@ def shuffled_batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0.
     batch_size : int
         Samples per batch.
@@ -433,7 +427,7 @@ def plan_epoch(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0 (the features of a paired stream).
     batch_size : int
         Samples per batch.
