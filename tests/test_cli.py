@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daskzarr_batches import _cli
+from daskzarr_batches.tools import cli as _cli
 from daskzarr_batches.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
