@@ -201,14 +201,15 @@ def batch_stream(
         timeouts, HTTP 5xx / 429 / throttling), with exponential backoff and
         jitter; not-found, permission and decoding errors are never retried.
     io_concurrency : int, optional
-        Store requests the stream's local reads keep in flight at most;
-        ``None`` (default): no limit beyond the stream's own, the windows in
-        flight (``prefetch + 1`` windows' worth of samples) read at once, each
-        requesting its chunks concurrently (measured to keep up with Zarr's
-        ``x[:]`` at 20-100 ms per request).  Decoding
-        runs on Zarr's executor whatever the value.  On a cluster, each
-        worker's reads are bounded by its threads and Zarr's
-        ``async.concurrency``.
+        Store requests the stream's reads keep in flight at most; ``None``
+        (default): no limit beyond the stream's own, the windows in flight
+        (``prefetch + 1`` windows' worth of samples) read at once, each
+        requesting its chunks concurrently (how that compares with Zarr's
+        ``x[:]`` on slow stores: ``docs/benchmarks.md``, "Latency hiding").
+        Decoding runs on Zarr's executor whatever the value.  On a cluster
+        the limit holds within each read task on its worker (a worker's
+        tasks together are also bounded by its threads and Zarr's
+        ``async.concurrency``).
 
     Returns
     -------
@@ -289,8 +290,9 @@ def shuffled_batch_stream(
         data is decoded about ``dataset bytes / window bytes`` times per
         epoch (``stream.summary().read_amplification`` tells before reading;
         ``prefetch=0``, the exact shuffle's default, gives the fewest reads).
-        Decoding adds about 1/16 of a window; the allocator may keep more
-        (``docs/benchmarks.md``).
+        The decoded chunks in flight are counted in it (1/32 of a window's
+        share, ``plan.budget.DECODE_SHARE``, at least one chunk); the
+        allocator may keep more (``docs/benchmarks.md``).
     prefetch : int, optional
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would

@@ -288,12 +288,12 @@ class StreamSpec:
     retries : int, default 3
         Retries of one read after a transient fault (backoff with jitter).
     io_concurrency : int, optional
-        Store requests the stream's local reads keep in flight at most;
+        Store requests the stream's reads keep in flight at most;
         ``None``: no limit beyond the stream's own (the windows in flight,
         ``prefetch + 1`` windows' worth of samples, read at once, each
         requesting its chunks concurrently).  Decoding is bounded
-        separately, by Zarr's executor.  On a cluster, each worker's reads
-        are bounded by its threads and Zarr's ``async.concurrency``.
+        separately, by Zarr's executor.  On a cluster the limit holds
+        within each read task on its worker.
     ramp : bool, default True
         Fast start: the first sequential or buffered window is read as
         windows of 1, 1, 2, 4, ... units (``EpochPlan.ramp``).  ``False``
