@@ -125,7 +125,10 @@ class ChunkStream(Stream[Any]):
         (source,) = self._place([self.source])  # nothing in flight yet if this fails
         reads = _UnitReads(self._units, self._concurrency, self._unit_submitter(source))
         try:
-            yield from self._in_order(reads) if self._ordered else self._as_completed(reads)
+            # unbound, with ``self`` (the generator's weak proxy): a bound method would hold
+            # the stream itself in the inner generator, a cycle through ``stream._items``
+            loop = ChunkStream._in_order if self._ordered else ChunkStream._as_completed
+            yield from loop(self, reads)
         finally:
             for future in reads.in_flight:
                 self._runner.release(future)
@@ -164,7 +167,12 @@ class ChunkStream(Stream[Any]):
             return [(unit[0], _aligned(item), report, None)]
         return [(block, _aligned(item), report, error) for block, item, report, error in result]
 
-    def _hand_out(self, entry: ShardItem) -> Iterator[Any]:
+    def _hand_out(self, entry: ShardItem) -> list[Any]:
+        """The items ``entry`` gives the caller: its block, or none if it was skipped.
+
+        A list, not a generator: a suspended generator of a bound method would
+        hold the stream itself (see :meth:`_produce`).
+        """
         block, item, report, error = entry
         self._note(self.source.name, report, [block] if report.missing_chunks else ())
         if error is not None:
@@ -173,8 +181,8 @@ class ChunkStream(Stream[Any]):
             ) from error
         if report.skipped:
             self._skip(block)
-            return
-        yield self._deliver(block, item, missing=bool(report.missing_chunks))
+            return []
+        return [self._deliver(block, item, missing=bool(report.missing_chunks))]
 
     def _in_order(self, reads: _UnitReads) -> Iterator[Any]:
         """Blocks in the C order of the chunk grid, waiting for the unit holding the next."""
