@@ -15,7 +15,7 @@ import pytest
 import zarr
 
 import daskzarr_batches as dzb
-from daskzarr_batches import _cli
+from daskzarr_batches.tools import cli as _cli
 from daskzarr_batches.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -484,7 +484,7 @@ def test_options_reach_fsspec(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("block_bytes", [1, 100, 2**20])
 def test_check_by_blocks_names_the_same_chunks(tmp_path: Path, block_bytes: int) -> None:
-    from daskzarr_batches import _info
+    from daskzarr_batches.tools import info as _info
 
     store_path = make_group(tmp_path / "g.zarr")
     (store_path / "v2" / "2").write_bytes(b"\x00" * 7)
@@ -503,7 +503,7 @@ def test_check_by_blocks_names_the_same_chunks(tmp_path: Path, block_bytes: int)
 
 
 def test_blocks_tile_the_object_grid() -> None:
-    from daskzarr_batches import _info
+    from daskzarr_batches.tools import info as _info
 
     array = zarr.create_array(zarr.storage.MemoryStore(), shape=(10, 6), chunks=(2, 3), dtype="f4")
     # 5 x 2 chunks of 24 bytes
