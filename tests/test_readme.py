@@ -1,40 +1,55 @@
-"""README.md, docs/api.md and docs/cluster.md stay true: commands, snippets, API lists.
+"""README.md and the guides in docs/ stay true: commands, snippets, the list of public names.
 
-Snippets: every ```python block of those files runs, in the order of the file,
+Snippets: every ```python block of README.md and of every page under docs/ runs, in the
+order of the file,
 each in a fresh namespace named ``__main__`` (so a block is complete on its own, as a reader
 copies it, and an ``if __name__ == "__main__":`` guard runs its body).  A ```text block
 that directly follows a ```python block is that block's exact output.  A block that cannot
-run offline (a scheduler address, an object-store URL) is fenced ```python no-run, and must
-show why: it has to contain such an address or cluster, so a block that could run is never
-skipped.
+run offline (a scheduler address, an object-store URL) is fenced ```python {.no-run} (the
+spelling MkDocs renders as a code block, as GitHub does), and must show why: it has to
+contain such an address or cluster, so a block that could run is never skipped.
 
-API lists: like httpx's ``tests/test_exported_members.py``, the public names are pinned:
-``__all__`` is the package's public namespace, the README's API table names exactly the
-names of ``__all__`` (but ``__version__``), docs/api.md mentions every one of them and
-shows every public function with its parameters.
+Public names: like httpx's ``tests/test_exported_members.py``, they are pinned: ``__all__``
+is the package's public namespace, the table of docs/index.md names exactly the names of
+``__all__`` (but ``__version__``), and the API reference pages (generated from the
+docstrings by mkdocstrings, built by tests/test_docs.py) document each of them by its
+public path.
+
+Commands: the README gives exactly two commands for a fresh machine, ``.ci/run`` runs the
+second one, and its install uses ``constraints.txt``, whose pins satisfy the test extra.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 import daskzarr_batches as dzb
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-API_MD = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
-CLUSTER_MD = (ROOT / "docs" / "cluster.md").read_text(encoding="utf-8")
-DOCS = {"README.md": README, "docs/api.md": API_MD, "docs/cluster.md": CLUSTER_MD}
+INDEX = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+DOCS = {"README.md": README} | {
+    path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
+    for path in sorted((ROOT / "docs").rglob("*.md"))
+}
+REFERENCE = {name: text for name, text in DOCS.items() if name.startswith("docs/reference/")}
+#: The README is the first ten minutes of a newcomer, not the manual.
+README_MAX_BYTES = 15_000
 
-#: What a ```python no-run block must contain: something no test machine can reach.
+#: What a ```python {.no-run} block must contain: something no test machine can reach.
 NEEDS_THE_OUTSIDE = re.compile(r"tcp://|s3://|gs://|SLURMCluster\(|KubeCluster\(")
 #: Words allowed after ``python`` in a fence's info string.
-FLAGS = {"no-run"}
+NO_RUN = "{.no-run}"
+FLAGS = {NO_RUN}
 
 PUBLIC = sorted(set(dzb.__all__) - {"__version__"})
 
@@ -74,20 +89,25 @@ def _blocks(file: str, text: str) -> list[Block]:
 
 BLOCKS = [block for file, text in DOCS.items() for block in _blocks(file, text)]
 PYTHON = [block for block in BLOCKS if block.language == "python"]
-RUN = [block for block in PYTHON if "no-run" not in block.flags]
+RUN = [block for block in PYTHON if NO_RUN not in block.flags]
 
 
-def _section(title: str) -> str:
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.M | re.S)
-    assert match, f"README has no section {title!r}"
+def _section(title: str, text: str = README) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, f"no section {title!r}"
     return match.group(1)
 
 
-def test_a_newcomer_meets_the_quick_start_and_the_two_commands_first() -> None:
+def test_a_newcomer_meets_install_quick_start_and_the_two_commands_first() -> None:
     sections = re.findall(r"^## (.+)$", README, re.M)
-    assert sections[:2] == ["Quick start", "Two commands for a fresh machine"]
+    assert sections[:3] == ["Install", "Quick start", "Two commands for a fresh machine"]
     assert any(block.file == "README.md" for block in RUN)
     assert "```python\n" in _section("Quick start")
+
+
+def test_readme_stays_short() -> None:
+    size = len(README.encode("utf-8"))
+    assert size < README_MAX_BYTES, f"README.md is {size} bytes; move details into docs/"
 
 
 def test_exactly_two_commands_for_a_fresh_machine() -> None:
@@ -99,6 +119,7 @@ def test_exactly_two_commands_for_a_fresh_machine() -> None:
     demo, tests = commands
     assert demo.endswith("daskzarr-batches demo")
     assert "pytest" in tests
+    assert "pip install -c constraints.txt -e '.[test]'" in tests
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -128,20 +149,20 @@ def test_snippet_runs_as_written(
 def test_only_snippets_that_need_the_outside_world_are_not_run() -> None:
     assert PYTHON, "no python blocks found"
     unknown = [(block.name, block.flags) for block in PYTHON if set(block.flags) - FLAGS]
-    assert not unknown, f"unknown flags after ```python: {unknown}"
+    assert not unknown, f"unknown flags after ```python (the one flag is {NO_RUN}): {unknown}"
     could_run = [
         block.name
         for block in PYTHON
-        if "no-run" in block.flags and not NEEDS_THE_OUTSIDE.search(block.code)
+        if NO_RUN in block.flags and not NEEDS_THE_OUTSIDE.search(block.code)
     ]
     assert not could_run, f"no-run blocks that need nothing offline (run them): {could_run}"
     languages = {block.language for block in BLOCKS}
     assert languages <= {"python", "text", "bash", "console"}, languages
 
 
-def _api_table_names() -> list[str]:
+def _public_names_table() -> list[str]:
     names = []
-    for line in _section("API").splitlines():
+    for line in _section("Public names", INDEX).splitlines():
         if line.startswith("|"):
             names += re.findall(r"`([A-Za-z_]\w*)`", line.split("|")[1])
     return names
@@ -157,36 +178,57 @@ def test_all_is_the_public_namespace() -> None:
     assert len(dzb.__all__) == len(set(dzb.__all__))
 
 
-def test_readme_api_table_names_exactly_all() -> None:
-    names = _api_table_names()
-    assert len(names) == len(set(names)), "a name appears twice in the README's API table"
+def test_public_names_table_names_exactly_all() -> None:
+    names = _public_names_table()
+    assert len(names) == len(set(names)), "a name appears twice in docs/index.md's table"
     missing = sorted(set(PUBLIC) - set(names))
     extra = sorted(set(names) - set(PUBLIC))
-    assert not missing, f"in __all__ but not in the README's API table: {missing}"
-    assert not extra, f"in the README's API table but not in __all__: {extra}"
+    assert not missing, f"in __all__ but not in docs/index.md's table: {missing}"
+    assert not extra, f"in docs/index.md's table but not in __all__: {extra}"
 
 
-def test_api_reference_names_every_public_name() -> None:
-    # In backticks in the text, or in a code block (the errors tree is one).
-    code = "\n".join(block.code for block in BLOCKS if block.file == "docs/api.md")
-    missing = [
-        name
-        for name in PUBLIC
-        if not re.search(rf"`{name}\b", API_MD) and not re.search(rf"\b{name}\b", code)
+def test_api_reference_documents_every_public_name_by_its_public_path() -> None:
+    # mkdocstrings directives, one per object: ``::: daskzarr_batches.Loader``.  Private
+    # module paths (``daskzarr_batches._loader.Loader``) move when modules do.
+    documented = [
+        name for text in REFERENCE.values() for name in re.findall(r"^::: (\S+)$", text, re.M)
     ]
-    assert not missing, f"docs/api.md does not mention {missing}"
+    assert len(documented) == len(set(documented)), "an object is documented twice"
+    private = [name for name in documented if "._" in name]
+    assert not private, f"reference by public path, not {private}"
+    expected = {f"daskzarr_batches.{name}" for name in PUBLIC}
+    expected.add("daskzarr_batches.torch.ZarrIterableDataset")
+    assert set(documented) == expected, (
+        f"missing: {sorted(expected - set(documented))}, "
+        f"not public: {sorted(set(documented) - expected)}"
+    )
 
 
-def test_api_reference_shows_every_function_with_its_parameters() -> None:
-    functions = [name for name in PUBLIC if inspect.isfunction(getattr(dzb, name))]
-    assert functions
-    for name in functions:
-        match = re.search(rf"`{name}\(([^`]*)\)`", API_MD)
-        assert match, f"docs/api.md does not show the signature of {name}"
-        shown = [
-            part.split("=")[0].strip()
-            for part in match.group(1).split(",")
-            if part.strip() not in {"*", ""}
-        ]
-        actual = list(inspect.signature(getattr(dzb, name)).parameters)
-        assert shown == actual, f"docs/api.md shows {name}({shown}), the code has {actual}"
+def _pins() -> dict[str, Version]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            requirement = Requirement(line)
+            (specifier,) = requirement.specifier
+            assert specifier.operator == "==", f"constraints.txt pins exactly: {line}"
+            pins[canonicalize_name(requirement.name)] = Version(specifier.version)
+    return pins
+
+
+def test_constraints_pin_every_test_requirement_within_its_range() -> None:
+    # An extra's floor raised past its pin would make the README's test command fail to
+    # resolve; a requirement without a pin would let the resolver wander again.
+    pins = _pins()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = [*extras["dependencies"], *extras["optional-dependencies"]["test"]]
+    wanted += extras["optional-dependencies"]["docs"]
+    for line in wanted:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        if name == "daskzarr-batches":
+            continue
+        assert name in pins, f"constraints.txt does not pin {name}"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"constraints.txt pins {name}=={pins[name]}, outside {requirement.specifier}"
+        )
