@@ -6,6 +6,7 @@ and garbage collection."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import threading
 import time
@@ -119,7 +120,7 @@ class StreamStats:
         return read_amplification(self.bytes_read, self.bytes_yielded)
 
 
-class Stream(Generic[T]):
+class Stream(abc.ABC, Generic[T]):
     """An iterator with ``len()``, ``close()``, context-manager use and stats.
 
     One pass: once exhausted (or closed) it stays exhausted, as Python's
@@ -157,8 +158,9 @@ class Stream(Generic[T]):
         self._missing_seen: set[tuple[str, object]] = set()  # (array, chunk), each counted once
         self._warned = False
 
+    @abc.abstractmethod
     def _produce(self) -> Iterator[T]:
-        raise NotImplementedError
+        """The stream's items, one pass (run through a weak proxy of the stream)."""
 
     def __len__(self) -> int:
         return self._length
@@ -282,8 +284,9 @@ class Stream(Generic[T]):
         state = "closed" if self._closed else "open"
         return f"<{type(self).__name__} {self._describe_self()}, {state}>"
 
+    @abc.abstractmethod
     def _describe_self(self) -> str:
-        raise NotImplementedError
+        """What ``repr`` shows between the class name and the open/closed state."""
 
     def _place(self, sources: Sequence[Source]) -> list[Source]:
         """Sources as the runner wants them in graphs (sent to a cluster once)."""
