@@ -1,8 +1,9 @@
 """Streams: the public constructors and the iterators they return.
 
-A constructor validates its arguments into a :class:`StreamSpec` (``streams.spec``)
-and hands it to a stream.  A :class:`BatchStream` plans the epoch from the
-spec (``plan``), turns each window into a dask graph (``read``), keeps a
+A constructor validates its arguments into a :class:`StreamSpec` (batch streams) or a
+:class:`ChunkSpec` (chunk streams), both in ``streams.spec`` with their read options
+as one :class:`ReadOptions`, and hands it to a stream.  A :class:`BatchStream` plans
+the epoch from the spec (``plan``), turns each window into a dask graph (``read``), keeps a
 bounded number of graphs in flight on a runner (``execute.runners``), consumes the
 results in plan order and cuts them into batches (``plan.batching``).  A
 :class:`ChunkStream` does the same with one graph per stored block, in order

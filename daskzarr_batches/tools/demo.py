@@ -113,8 +113,10 @@ def _rows_of(batch: np.ndarray) -> list[int]:
 
 def _show_chunks(say: Callable[..., None], features: Any, streams: dict[str, Any]) -> None:
     chunk_rows = features.chunks[0]
-    say("1. One array per stored chunk  (chunk_stream, concurrency=2, ordered=True)")
-    with chunk_stream(features, concurrency=2, ordered=True, with_index=True, **streams) as chunks:
+    say("1. One array per stored chunk  (chunk_stream, io_concurrency=2, ordered=True)")
+    with chunk_stream(
+        features, io_concurrency=2, ordered=True, with_index=True, **streams
+    ) as chunks:
         for block, chunk in chunks:
             rows = _rows_of(chunk)
             edge = "  (edge chunk, cropped to the array)" if len(chunk) < chunk_rows else ""
