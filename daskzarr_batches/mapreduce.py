@@ -34,8 +34,9 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
-from .store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
+from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
+from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
 
@@ -76,7 +77,7 @@ def map_chunks(
         array the function may modify.  Edge chunks are cropped to the array.
         On a cluster it must be picklable (module-level functions, lambdas and
         ``functools.partial`` objects are, through cloudpickle).
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Any number of dimensions >= 1.
     client : distributed.Client, optional
         Run on this cluster.  Default: the active client if dask's
@@ -123,17 +124,11 @@ def map_chunks(
     """
     if not callable(func):
         raise ArgumentTypeError(f"func must be callable, got {func!r}")
-    return build_chunk_stream(
-        array,
-        concurrency=concurrency,
-        io_concurrency=io_concurrency,
-        ordered=ordered,
-        with_index=with_index,
-        client=client,
-        timeout=timeout,
-        policy=ReadPolicy(missing, on_error, retries),
-        transform=func,
-    )
+    read = ReadOptions(
+        client, timeout, missing, on_error, retries,
+        merged_io_concurrency(concurrency, io_concurrency),
+    )  # fmt: skip
+    return build_chunk_stream(ChunkSpec(array, ordered, with_index, read), transform=func)
 
 
 def reduce_chunks(
@@ -165,7 +160,7 @@ def reduce_chunks(
     combine : callable
         ``combine(left, right) -> partial result``, where ``left`` covers the
         chunks before ``right``'s.
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
     initial : optional
         Placed before the first result, as in :func:`functools.reduce`; it is
         also the result for an array without chunks.
@@ -350,7 +345,7 @@ def feature_moments(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0, features along the other axes.
     client, concurrency, io_concurrency, timeout, missing, on_error, retries
         As for :func:`map_chunks`.

@@ -200,3 +200,28 @@ def test_unordered_yields_as_reads_complete() -> None:
     assert [index for index, _ in unordered][-1] == (0, 0)
     ordered = consume(dzb.chunk_stream(array, concurrency=4, with_index=True))
     assert [index for index, _ in ordered] == [(0, 0), (1, 0), (2, 0), (3, 0)]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("transform", [None, np.sum])
+def test_a_chunk_stream_dropped_mid_way_is_finalised_by_reference_counting(
+    ordered: bool, transform: Any
+) -> None:
+    import gc
+    import weakref
+
+    data = np.arange(2000.0).reshape(1000, 2)
+    array = zarr.create_array({}, shape=data.shape, chunks=(100, 2), dtype=data.dtype)
+    array[:] = data
+    gc.disable()  # no cycle may hold the stream: reference counting alone must free it
+    try:
+        if transform is None:
+            stream = dzb.chunk_stream(array, io_concurrency=3, ordered=ordered)
+        else:
+            stream = dzb.map_chunks(transform, array, io_concurrency=3, ordered=ordered)
+        next(stream)
+        alive = weakref.ref(stream)
+        del stream
+        assert alive() is None
+    finally:
+        gc.enable()

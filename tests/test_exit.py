@@ -62,7 +62,8 @@ try:
             stream.close()
             stopped("close")
         threading.Timer(1, close).start()
-        print("batches", len(list(stream)), flush=True)
+        count = len(list(stream))
+        print(f"batches {count}", flush=True)  # one write: the timer thread prints too
     elif action == "capacity":  # more stuck reads than Zarr has I/O threads, then a clean read
         for _ in range(min(32, (os.cpu_count() or 1) + 4) + 2):
             try:

@@ -237,3 +237,38 @@ def test_a_sharded_chunk_stream_on_a_cluster(client: Any, tmp_path: Path) -> Non
         blocks = consume(dzb.chunk_stream(x, client=client, ordered=ordered, with_index=True))
         assert sorted(b for b, _ in blocks) == [(i, 0) for i in range(13)]
         assert np.array_equal(np.concatenate([c for _, c in sorted(blocks)]), data)
+
+
+def test_a_request_limit_travels_as_its_number_and_bounds_a_policy_store() -> None:
+    import asyncio
+    import pickle
+
+    from daskzarr_batches.store.policy import Ledger, PolicyStore, ReadPolicy, RequestLimit
+
+    policy = ReadPolicy().limited(2)
+    assert policy == ReadPolicy() and isinstance(policy.requests, RequestLimit)
+    copied = pickle.loads(pickle.dumps(policy))
+    assert copied.requests is not None and copied.requests.n == 2
+    assert copied.requests is not policy.requests  # rebuilt empty where it is unpickled
+    x, slow = slow_array(40, 2, delay=0.02)
+    store = PolicyStore(x.store, policy, Ledger(), "x")
+    keys = [f"c/{i}/0" for i in range(20)]
+
+    async def get_all() -> None:
+        from zarr.core.buffer import default_buffer_prototype
+
+        await asyncio.gather(*(store.get(k, default_buffer_prototype()) for k in keys))
+
+    asyncio.run(get_all())
+    assert slow.peak == 2
+
+
+def test_a_cluster_honours_io_concurrency_in_each_read_task(client: Any) -> None:
+    """Two single-threaded workers run two read tasks at once, each held to one request."""
+    x, slow = slow_array(400, 10, delay=0.02)
+    plain = consume(dzb.batch_stream(x, 32, client=client))
+    assert slow.peak > 2  # a window requests its chunks concurrently
+    slow.state["peak"] = 0
+    capped = consume(dzb.batch_stream(x, 32, client=client, io_concurrency=1))
+    assert 1 <= slow.peak <= 2
+    assert all(np.array_equal(a, b) for a, b in zip(plain, capped, strict=True))

@@ -34,7 +34,7 @@ CASES = {
     "a read that fails as it is cancelled": """
         import asyncio, gc, threading, time
         from daskzarr_batches.errors import ReadCancelledError
-        from daskzarr_batches.store.policy import CancelScope
+        from daskzarr_batches.execute.cancel import Cancellation
 
         async def read():
             try:
@@ -42,7 +42,7 @@ CASES = {
             except asyncio.CancelledError:
                 raise PermissionError("failed while cancelled")
 
-        scope, seen = CancelScope(), []
+        scope, seen = Cancellation(), []
 
         def wait():
             try:

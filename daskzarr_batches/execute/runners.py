@@ -21,7 +21,8 @@ import concurrent.futures
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import dask.threaded
@@ -30,6 +31,7 @@ from ..errors import ArgumentTypeError
 from ..store.policy import CancelScope
 from ..store.sources import SliceSource, Source
 from ..store.threads import DaemonExecutor
+from .cancel import Cancellation
 
 __all__ = ["ClientRunner", "Fetched", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
 
@@ -68,6 +70,9 @@ class Runner(Protocol):
     def release(self, future: Any) -> None:
         """Let go of ``future``: its result was consumed or is no longer wanted."""
 
+    def cpu_bound(self, function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``function`` as tasks should call it: locally, one call per CPU at once."""
+
     def close(self) -> None:
         """Stop: cancel and release everything still held (idempotent)."""
 
@@ -77,18 +82,18 @@ class ThreadRunner:
 
     Each graph is driven by one thread of a small driver pool (one per graph
     in flight), whose tasks run on ``read_workers`` read threads.  The reads
-    run through :attr:`scope`, which keeps at most ``requests`` store requests
-    in flight (``None``: no limit beyond Zarr's own).
+    run through :attr:`scope`, which :meth:`close` cancels; chunk transforms
+    wrapped by :meth:`cpu_bound` run at most one per CPU at once.
     """
 
-    def __init__(
-        self, in_flight: int, read_workers: int | None = None, requests: int | None = None
-    ) -> None:
+    def __init__(self, in_flight: int, read_workers: int | None = None) -> None:
         workers = read_workers or max(os.cpu_count() or 1, in_flight)
         # daemon threads: one stuck in a read that never returns cannot block the exit
         self._pool = DaemonExecutor(workers, "dzb-read")
         self._drivers = DaemonExecutor(max(in_flight, 1), "dzb-window")
-        self.scope: CancelScope | None = CancelScope(requests)
+        self._cancellation = Cancellation()
+        self.scope: CancelScope | None = self._cancellation
+        self._cpu = threading.BoundedSemaphore(os.cpu_count() or 1)
         self.timeout_note = ""  # close() cancels the read, and its thread is let go
         self.plan_order = False  # the consumer gathers the plan order while cutting batches
 
@@ -107,10 +112,13 @@ class ThreadRunner:
     def release(self, future: Any) -> None:
         future.cancel()  # no-op once it runs or ran
 
+    def cpu_bound(self, function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``function`` run at most once per CPU at once, however many reads are in flight."""
+        return _Slotted(function, self._cpu)
+
     def close(self) -> None:
         """Cancel the reads in flight on Zarr's event loop and stop the threads."""
-        if self.scope is not None:
-            self.scope.cancel()
+        self._cancellation.cancel()
         self._drivers.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -188,6 +196,10 @@ class ClientRunner:
         self._live.pop(id(future), None)
         future.release()
 
+    def cpu_bound(self, function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``function`` as it is: each worker runs as many tasks as it has threads."""
+        return function
+
     def close(self) -> None:
         """Release every future still held (idempotent)."""
         leftovers = [*self._live.values(), *self._scattered.values()]
@@ -196,6 +208,20 @@ class ClientRunner:
         for future in leftovers:
             future.release()  # a fetch waiting for it ends (the future is cancelled)
         self._fetchers.shutdown(wait=False, cancel_futures=True)
+
+
+class _Slotted:
+    """``function`` called while holding one of a runner's CPU slots (local tasks only)."""
+
+    __slots__ = ("function", "slots")
+
+    def __init__(self, function: Callable[[Any], Any], slots: threading.BoundedSemaphore) -> None:
+        self.function = function
+        self.slots = slots
+
+    def __call__(self, value: Any) -> Any:
+        with self.slots:
+            return self.function(value)
 
 
 def _fetch(future: Any) -> Any:
@@ -276,19 +302,15 @@ def resolve_client(client: Any) -> Any | None:
 
 
 def make_runner(
-    client: Any | None,
-    in_flight: int,
-    read_workers: int | None = None,
-    requests: int | None = None,
+    client: Any | None, in_flight: int, read_workers: int | None = None
 ) -> ThreadRunner | ClientRunner:
     """A runner on ``client``, or on the local threaded scheduler if ``None``.
 
     ``in_flight``: graphs computed at once.  ``read_workers``: local threads
-    running read tasks (default: one per CPU, at least ``in_flight``).
-    ``requests``: store requests the local reads keep in flight at most (a
-    stream's ``io_concurrency``; on a cluster each worker's reads are bounded
-    by its threads and Zarr's own ``async.concurrency``).
+    running read tasks (default: one per CPU, at least ``in_flight``).  The
+    store-request limit (``io_concurrency``) is no runner's business: it
+    travels in the read tasks' :class:`~daskzarr_batches.store.policy.ReadPolicy`.
     """
     if client is None:
-        return ThreadRunner(in_flight, read_workers, requests)
+        return ThreadRunner(in_flight, read_workers)
     return ClientRunner(client, in_flight)

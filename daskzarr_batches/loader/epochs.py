@@ -48,6 +48,7 @@ from ..streams.spec import (
     flag,
     non_negative_int,
     positive_int,
+    shuffle_mode,
 )
 from .state import _size, _validated_states
 
@@ -62,8 +63,9 @@ class Loader:
     Parameters
     ----------
     arrays : array, tuple of arrays, dict of named arrays or xarray.Dataset
-        ``zarr.Array``, ``dask.array.Array``, ``numpy.ndarray`` or
-        ``xarray.DataArray`` (its data, samples along its first dimension),
+        ``zarr.Array``, ``dask.array.Array``, ``numpy.ndarray``,
+        ``xarray.DataArray`` (its data, samples along its first dimension) or
+        a path or URL (``str`` or ``os.PathLike``, opened with ``open_array``),
         all with the same length along axis 0 (else
         :class:`LengthMismatchError` naming each).  Batches come back in the
         same structure: an array, a tuple, or a dict with the same names.  An
@@ -139,12 +141,7 @@ timeout, missing, on_error, retries, io_concurrency
         io_concurrency: int | None = None,
     ) -> None:
         self._names, self._wrap, values = _structure(arrays)
-        shuffled = flag("shuffle", shuffle)
-        if not shuffled and shuffle_buffer_size is not None:
-            raise ArgumentValueError(
-                f"shuffle_buffer_size={shuffle_buffer_size!r} needs shuffle=True"
-            )
-        mode = "none" if not shuffled else "exact" if shuffle_buffer_size is None else "buffer"
+        mode = shuffle_mode(shuffle, shuffle_buffer_size)
         self.world_size = positive_int("world_size", world_size)
         self.rank = non_negative_int("rank", rank)
         if self.rank >= self.world_size:
@@ -158,8 +155,8 @@ timeout, missing, on_error, retries, io_concurrency
         self.spec = StreamSpec(
             values,
             batch_size,
-            shuffle=mode,  # type: ignore[arg-type]
-            seed=non_negative_int("seed", seed) if shuffled else None,
+            shuffle=mode,
+            seed=non_negative_int("seed", seed) if mode != "none" else None,
             shuffle_buffer_size=shuffle_buffer_size,
             memory_budget=memory_budget,
             window_bytes=window_bytes,

@@ -147,7 +147,7 @@ def block_graph(
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
-    dsk[mapped] = (apply_transform, transform, key, scope)
+    dsk[mapped] = (apply_transform, transform, key)
     return dsk, mapped
 
 

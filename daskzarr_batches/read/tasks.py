@@ -139,21 +139,16 @@ def read_block(
     )
 
 
-def apply_transform(
-    transform: Callable[[np.ndarray], Any],
-    read: tuple[Any, ReadReport],
-    scope: CancelScope | None = None,
-) -> Any:
+def apply_transform(transform: Callable[[np.ndarray], Any], read: tuple[Any, ReadReport]) -> Any:
     """``transform`` applied to a block read by :func:`read_block` (not to a skipped one).
 
-    Locally, at most one transform per CPU runs at once (``scope.cpu``),
-    however many reads the stream keeps in flight.
+    How many run at once is the runner's choice (``Runner.cpu_bound`` wraps
+    the transform before it reaches a graph).
     """
     block, report = read
     if block is None:
         return None, report
-    with contextlib.nullcontext() if scope is None else scope.cpu:
-        return transform(block), report
+    return transform(block), report
 
 
 #: One inner block of a shard read by :func:`read_shard`: its index, the block (or
@@ -210,7 +205,7 @@ def read_shard(
         error: BaseException | None = None
         if item is not None and transform is not None:
             try:
-                item, _ = apply_transform(transform, (item, report), scope)
+                item, _ = apply_transform(transform, (item, report))
             except Exception as exc:
                 item, error = None, exc
         items.append((block, item, report, error))

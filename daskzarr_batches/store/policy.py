@@ -18,17 +18,13 @@ error (``"error"``).
 from __future__ import annotations
 
 import asyncio
-import atexit
-import concurrent.futures
-import contextvars
+import dataclasses
 import errno
 import os
 import random
-import threading
-import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import zarr
 import zarr.storage
@@ -39,12 +35,11 @@ from ..errors import (
     ArgumentTypeError,
     ArgumentValueError,
     MissingChunkError,
-    ReadCancelledError,
     StoreGoneError,
 )
 from .layout import is_metadata_key, metadata_key
 from .pipelines import array_view, codec_pipeline_of, is_zarrs_pipeline, zarr_pipeline
-from .threads import drain, zarr_loop
+from .threads import zarr_loop
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -57,6 +52,7 @@ __all__ = [
     "PolicyStore",
     "ReadPolicy",
     "ReadReport",
+    "RequestLimit",
     "absent_keys",
     "is_transient",
     "native_view",
@@ -73,11 +69,52 @@ DEFAULT_RETRIES = 3
 RETRY_BASE_SECONDS = 0.05
 RETRY_MAX_SECONDS = 2.0
 
-#: The store requests in flight allowed to the read running in this context (set by
-#: :meth:`CancelScope.run` for the coroutines of one stream; ``None``: no stream-wide limit).
-_REQUESTS: contextvars.ContextVar[asyncio.Semaphore | None] = contextvars.ContextVar(
-    "dzb_requests", default=None
-)
+
+class RequestLimit:
+    """At most ``n`` store requests in flight among the reads that share this object.
+
+    A stream makes one and puts it in its :class:`ReadPolicy` (``requests``);
+    every :class:`PolicyStore` built with that policy waits on it around each
+    ``get`` (decoding is not counted: Zarr decodes on its own executor).
+    Locally the read tasks of a stream share the policy object, so the limit
+    is the stream's.  Pickled (to a cluster's workers) it travels as its
+    number and is rebuilt empty: there each read task has its own limit.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._semaphore: asyncio.Semaphore | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RequestLimit, (self.n,))
+
+    def __dask_tokenize__(self) -> object:
+        return ("RequestLimit", self.n)
+
+    def __repr__(self) -> str:
+        return f"RequestLimit({self.n})"
+
+    async def __aenter__(self) -> None:
+        if self._semaphore is None:  # made on Zarr's event loop, where every read waits
+            self._semaphore = asyncio.Semaphore(self.n)
+        await self._semaphore.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._semaphore is not None
+        self._semaphore.release()
+
+
+class CancelScope(Protocol):
+    """What a read needs from the cancellation scope it runs in.
+
+    Implemented by :class:`~daskzarr_batches.execute.cancel.Cancellation`;
+    defined here so that the store and read layers can take one without
+    importing the execution layer.
+    """
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on Zarr's event loop and wait for it, unless cancelled."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -101,11 +138,16 @@ class ReadPolicy:
         Retries of one read after a transient fault, with exponential backoff
         and jitter; not-found, permission and decoding errors are never
         retried.
+    requests : RequestLimit, optional
+        Store requests the reads sharing this policy keep in flight at most
+        (a stream's ``io_concurrency``, see :meth:`limited`); ``None``: no
+        limit beyond Zarr's own.
     """
 
     missing: MissingMode = "warn"
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
+    requests: RequestLimit | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.missing not in get_args(MissingMode):
@@ -123,6 +165,14 @@ class ReadPolicy:
             )
         if self.retries < 0:
             raise ArgumentValueError(f"retries must be >= 0, got {self.retries}")
+
+    def limited(self, requests: int | None) -> ReadPolicy:
+        """This policy with a fresh :class:`RequestLimit` of ``requests`` (``None``: none).
+
+        Called once per stream, so the stream's reads share one limit.
+        """
+        limit = None if requests is None else RequestLimit(requests)
+        return dataclasses.replace(self, requests=limit)
 
 
 DEFAULT_POLICY = ReadPolicy()
@@ -207,7 +257,7 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        limit = _REQUESTS.get()
+        limit = self.policy.requests
         if limit is None:
             result = await self._retrying(key, self._store.get, key, prototype, byte_range)
         else:
@@ -243,7 +293,7 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
     ) -> list[Buffer | None]:
         ranges = list(key_ranges)
         label = ranges[0][0] if ranges else "<no key>"
-        limit = _REQUESTS.get()
+        limit = self.policy.requests
         if limit is None:
             values: list[Buffer | None] = await self._retrying(
                 label, self._store.get_partial_values, prototype, ranges
@@ -270,105 +320,6 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
                 delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**attempt)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 attempt += 1
-
-
-class CancelScope:
-    """The reads in flight of one stream in this process, cancelled together.
-
-    Read tasks run their Zarr coroutines through :meth:`run` instead of
-    Zarr's blocking ``sync``; :meth:`cancel` (when the stream closes, times
-    out or is dropped) cancels every one of them on Zarr's event loop, so a
-    store that never answers holds no read thread, and every read asked for
-    afterwards fails at once instead of being issued.  A read blocked in the
-    operating system keeps the executor thread it runs on, a daemon that the
-    executor abandons (:mod:`.threads`): it holds neither the process at
-    exit nor later reads.
-
-    ``requests``: store requests (``get`` calls through a :class:`PolicyStore`)
-    the reads run through this scope keep in flight at most, together (the
-    stream's ``io_concurrency``); ``None``: no limit beyond Zarr's own.
-    Decoding is not counted: Zarr decodes on its own executor.  ``cpu``
-    bounds the chunk transforms (``map_chunks``) running at once to the CPU
-    count, however many reads are in flight.
-    """
-
-    def __init__(self, requests: int | None = None) -> None:
-        self._lock = threading.Lock()
-        self._futures: set[concurrent.futures.Future[Any]] = set()
-        self.cancelled = False
-        self.requests = requests
-        self._limit = None if requests is None else asyncio.Semaphore(requests)
-        self.cpu = threading.BoundedSemaphore(os.cpu_count() or 1)
-        _SCOPES.add(self)
-
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coro`` on Zarr's event loop and wait for it, unless cancelled."""
-        with self._lock:
-            if self.cancelled:
-                coro.close()
-                raise ReadCancelledError("the stream was closed; no read is issued any more")
-            future = asyncio.run_coroutine_threadsafe(self._limited(coro), zarr_loop())
-            self._futures.add(future)
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            raise ReadCancelledError(
-                "the stream was closed while this read was in flight"
-            ) from None
-        finally:
-            with self._lock:
-                self._futures.discard(future)
-
-    async def _limited(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coro`` with this scope's request limit (tasks it starts inherit it)."""
-        task = asyncio.current_task()
-        if task is not None:
-            task.add_done_callback(_retrieved)
-        _REQUESTS.set(self._limit)  # this task's own context: nothing to reset
-        return await coro
-
-    def cancel(self) -> None:
-        """Cancel every read in flight, and refuse the ones asked for later."""
-        with self._lock:
-            self.cancelled = True
-            futures = list(self._futures)
-        for future in futures:
-            future.cancel()
-
-
-def _retrieved(task: asyncio.Task[Any]) -> None:
-    """Mark a read's error as seen: :meth:`CancelScope.cancel` may have stopped the wait.
-
-    A read that fails as it is cancelled (a task group whose reads raised
-    while being cancelled ends with their errors, or one that failed just
-    before) has nobody left to take its error, and asyncio would print
-    "Task exception was never retrieved" with a traceback when it is freed.
-    """
-    if not task.cancelled():
-        task.exception()
-
-
-#: Every live scope, cancelled together when the interpreter exits.
-_SCOPES: weakref.WeakSet[CancelScope] = weakref.WeakSet()
-#: Seconds the exit waits for the calls still running on the library's threads.
-EXIT_DRAIN_SECONDS = 2.0
-
-
-def _stop_at_exit() -> None:
-    """At exit, cancel every stream's reads and let running calls end, before Zarr's loop closes.
-
-    Registered after Zarr's own ``cleanup_resources`` (Zarr is imported
-    first), so it runs before it: the cancellations reach a running loop
-    (nothing is left pending for a closed one), and no daemon thread is
-    still decoding when the interpreter is finalized.  A read blocked in the
-    operating system is abandoned by the cancellation, so it is not waited for.
-    """
-    for scope in list(_SCOPES):
-        scope.cancel()
-    drain(EXIT_DRAIN_SECONDS)
-
-
-atexit.register(_stop_at_exit)
 
 
 def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | None) -> Any:

@@ -29,6 +29,7 @@ import asyncio
 import concurrent.futures
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -42,6 +43,10 @@ __all__ = ["DEFAULT_IO_WORKERS", "DaemonExecutor", "drain", "io_executor", "zarr
 #: Threads of Zarr's loop executor when ``zarr.config`` sets no ``threading.max_workers``:
 #: asyncio's (and Zarr's) default.
 DEFAULT_IO_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+
+#: How long ``shutdown`` waits for its pool's lock before it shuts down without it: a
+#: daemon thread holding it may never run again (it is frozen at interpreter exit).
+SHUTDOWN_LOCK_SECONDS = 1.0
 
 _Item = tuple["_Work", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
@@ -180,7 +185,11 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         never returns must not hold its caller either.
         """
         unstarted: list[_Work] = []
-        with self._lock:
+        # A daemon thread can be frozen for good while it holds the lock: at interpreter
+        # exit it never gets the GIL back, and a finalizer that closes a stream lands here.
+        # Then shut down without the lock (the queue is thread-safe on its own).
+        locked = self._lock.acquire(timeout=0 if sys.is_finalizing() else SHUTDOWN_LOCK_SECONDS)
+        try:
             if self._shutdown:
                 return
             self._shutdown = True
@@ -195,6 +204,9 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
                 self._waiting = 0
             for _ in range(self._counted):
                 self._items.put(None)
+        finally:
+            if locked:
+                self._lock.release()
         for future in unstarted:  # outside the lock: cancelling runs the futures' callbacks
             future.cancel()
 

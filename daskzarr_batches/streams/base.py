@@ -6,6 +6,7 @@ and garbage collection."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import threading
 import time
@@ -27,9 +28,7 @@ from ..errors import (
 )
 from ..execute.runners import Runner
 from ..plan.summary import read_amplification
-from ..store.policy import (
-    ReadReport,
-)
+from ..store.policy import ReadPolicy, ReadReport
 from ..store.sources import Source
 
 __all__ = ["SkippedChunk", "Stream", "StreamStats", "T"]
@@ -121,7 +120,7 @@ class StreamStats:
         return read_amplification(self.bytes_read, self.bytes_yielded)
 
 
-class Stream(Generic[T]):
+class Stream(abc.ABC, Generic[T]):
     """An iterator with ``len()``, ``close()``, context-manager use and stats.
 
     One pass: once exhausted (or closed) it stays exhausted, as Python's
@@ -142,7 +141,7 @@ class Stream(Generic[T]):
     """
 
     def __init__(
-        self, length: int, runner: Runner, timeout: float | None, missing: str = "warn"
+        self, length: int, runner: Runner, timeout: float | None, policy: ReadPolicy
     ) -> None:
         self._created = time.perf_counter()
         self.stats = StreamStats()
@@ -154,12 +153,14 @@ class Stream(Generic[T]):
         self._closed = False
         self._failure: BaseException | None = None  # the error that stopped the stream
         self._lock = threading.Lock()
-        self._missing = missing
+        #: how the stream's reads treat faults; it alone says whether missing chunks warn
+        self.policy = policy
         self._missing_seen: set[tuple[str, object]] = set()  # (array, chunk), each counted once
         self._warned = False
 
+    @abc.abstractmethod
     def _produce(self) -> Iterator[T]:
-        raise NotImplementedError
+        """The stream's items, one pass (run through a weak proxy of the stream)."""
 
     def __len__(self) -> int:
         return self._length
@@ -253,7 +254,7 @@ class Stream(Generic[T]):
         Attributed to the caller's line (the first frame outside the package),
         from the ``next()`` that hands out the first item holding the chunk.
         """
-        if self._warned or self._missing != "warn":
+        if self._warned or self.policy.missing != "warn":
             return
         self._warned = True
         count = self.stats.chunks_missing
@@ -283,8 +284,9 @@ class Stream(Generic[T]):
         state = "closed" if self._closed else "open"
         return f"<{type(self).__name__} {self._describe_self()}, {state}>"
 
+    @abc.abstractmethod
     def _describe_self(self) -> str:
-        raise NotImplementedError
+        """What ``repr`` shows between the class name and the open/closed state."""
 
     def _place(self, sources: Sequence[Source]) -> list[Source]:
         """Sources as the runner wants them in graphs (sent to a cluster once)."""

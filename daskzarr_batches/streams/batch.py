@@ -7,8 +7,9 @@ rank's shortfall, and cuts owned batches (``plan.batching.Batcher``)."""
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from ..store.policy import (
     ReadReport,
 )
 from ..store.sources import Source
-from .base import SkippedChunk, Stream, StreamStats, _aligned
+from .base import SkippedChunk, Stream, StreamStats, T, _aligned
 from .spec import (
     StreamSpec,
 )
@@ -118,11 +119,12 @@ class BatchStream(Stream[Any]):
             spec.client,
             in_flight=spec.prefetch + 1 + RAMP_WINDOWS,
             read_workers=read_threads(spec.sources),
-            requests=spec.io_concurrency,
         )
         planned = max(self._total - start, 0) if quota is None else quota
         length = _count(planned, spec.batch_size, self._drop)
-        super().__init__(length, runner, spec.timeout, spec.missing)
+        # one request limit for all of this stream's reads (io_concurrency)
+        policy = spec.read.policy.limited(spec.io_concurrency)
+        super().__init__(length, runner, spec.timeout, policy)
         self._created = created
         # offsets (from ``start``) of the samples left out as undecodable, ascending
         self._skipped: list[np.ndarray] = []
@@ -147,121 +149,114 @@ class BatchStream(Stream[Any]):
 
     def _produce(self) -> Iterator[Any]:
         spec = self.spec
-        assert spec.prefetch is not None
-        windows = _WindowSource(self.plan, self.positions, self._start, self._fill)
-        in_flight: deque[tuple[Window, int, Any]] = deque()
+        prefetch = spec.prefetch
+        assert prefetch is not None
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
-        sources: list[Source] = []
         deliver = _Delivery(self.stats, spec.paired, self._created)
-        policy = spec.policy
-        plan_order = self._runner.plan_order  # results arrive in plan order: cut by slicing
+        progress = _Progress()
+        windows = _WindowSource(self.plan, self.positions, self._start, self._fill)
         quota = self._quota
-        fed = 0  # samples handed to the batcher
-        skipped = 0  # samples left out as undecodable, in windows read so far
-        filled_read = filled_kept = 0  # samples read, and kept, past the positions' end
 
-        # Windows in flight are counted by their share of a full window's samples, so
-        # the fast-start ramp's small windows (together one window) are read together:
-        # on a store with high latency each would otherwise cost a round trip.
-        full = max(spec.window_rows, 1)
-        pending: list[tuple[Window, int]] = []
-        held = 0.0
+        def short() -> int:  # past the positions' end: only what skipped samples left short
+            return 0 if quota is None else quota - (windows.planned - progress.skipped)
 
-        def weight(window: Window) -> float:
-            return min(1.0, window.size / full)
-
-        def top_up(limit: int, most: int | None = None) -> None:
-            nonlocal held
-            while most is None or len(in_flight) < most:
-                if not pending:
-                    # past the positions' end: only what the skipped samples left short
-                    short = 0 if quota is None else quota - (windows.planned - skipped)
-                    upcoming = windows.next(short)
-                    if upcoming is None:
-                        return
-                    pending.append(upcoming)
-                window, offset = pending[0]
-                if in_flight and held + weight(window) > limit + 1e-9:
-                    return
-                pending.pop()
-                held += weight(window)
-                dsk, key = window_graph(
-                    sources,
-                    window,
-                    f"{self._token}-{offset}",  # unique: a wrapped share meets a window again
-                    policy,
-                    self._runner.scope,
-                    plan_order,
-                    spec.decode_bytes,
-                )
-                future = self._submit(dsk, key, -window.index, lambda w=window: self._where(w))
-                in_flight.append((window, offset, future))
-
+        submit = self._window_submitter(self._place(spec.sources))
+        reads = _Reads(windows, spec.window_rows, short, submit)
         try:
-            sources = self._place(spec.sources)
             # Fast start: the first window is read alone (no read competes with it) and
             # its first batch is handed out before the next windows are planned and sent.
             first = True
-            top_up(1, most=1)
+            reads.top_up(1, most=1)
             while True:
                 if not first:
-                    top_up(spec.prefetch + 1)
-                if not in_flight:
+                    reads.top_up(prefetch + 1)
+                if not reads.queue:
                     break
-                window, offset, future = in_flight[0]  # stays in flight (released) if this fails
-                results = self._wait(future, lambda w=window: self._where(w))
-                in_flight.popleft()
-                held -= weight(window)
-                self._runner.release(future)  # a distributed result leaves the worker now
-                del future
-                order = None if plan_order else window.gather_index()
-                # slices copy fast from any address; np.take needs aligned rows
-                outputs = tuple(rows if order is None else _aligned(rows) for rows, _ in results)
-                reports = [report for _, report in results]
-                del results
-                self._count_reads(window, reports)
-                size = window.size
-                if any(report.skipped for report in reports):
-                    outputs, order, gone = self._skip(window, outputs, order, reports)
-                    self._skipped.append(offset + gone)
-                    skipped += len(gone)
-                    size -= len(gone)
-                if quota is not None and fed + size > quota:  # the quota's last window
-                    size = quota - fed
-                    outputs, order = _first_rows(outputs, order, size)
-                fed += size
-                if offset >= self._total - self._start:  # a window past the end: filling
-                    self.stats.samples_filled += size
-                    filled_read += window.size
-                    filled_kept += size
-                    if filled_read >= self._total and not filled_kept:
-                        raise ChunkReadError(
-                            f"cannot fill the {(quota or 0) - fed} samples still due to keep this "
-                            f"stream's {len(self)} steps: every sample of its positions was "
-                            "skipped as undecodable (on_error='skip')"
-                        )
-                if not first:
-                    top_up(spec.prefetch)
-                for batch in batcher.feed(outputs, order):
-                    yield deliver(batch)
-                    if first:
-                        top_up(spec.prefetch)
-                        first = False
-                if first:  # the window completed no batch
-                    top_up(spec.prefetch)
+                outputs, order = self._take(reads, progress)
+                if first:  # the next windows go out after the first batch (or window)
+                    batches = _after_first(
+                        batcher.feed(outputs, order), lambda: reads.top_up(prefetch)
+                    )
                     first = False
+                else:
+                    reads.top_up(prefetch)
+                    batches = batcher.feed(outputs, order)
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
+                for batch in batches:
+                    yield deliver(batch)
+                del batches
                 if spec.decode_bytes is not None:
                     release_free_memory()  # the window's memory, not kept by the C heap
-                if quota is not None and fed >= quota:
+                if quota is not None and progress.fed >= quota:
                     break
             rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
                 yield deliver(rest)
         finally:
-            for _, _, future in in_flight:
+            for _, _, future in reads.queue:
                 self._runner.release(future)
-            in_flight.clear()
+            reads.queue.clear()
+
+    def _window_submitter(self, sources: list[Source]) -> Any:
+        """``submit(window, offset)``: the window's graph sent to the runner; its future.
+
+        It holds the stream through a weak proxy, as the generator does: the
+        generator keeps it, and the stream must stay free of reference cycles.
+        """
+        spec, runner, policy, token = self.spec, self._runner, self.policy, self._token
+        stream = weakref.proxy(self)
+
+        def submit(window: Window, offset: int) -> Any:
+            dsk, key = window_graph(
+                sources,
+                window,
+                f"{token}-{offset}",  # unique: a wrapped share meets a window again
+                policy,
+                runner.scope,
+                runner.plan_order,
+                spec.decode_bytes,
+            )
+            return stream._submit(dsk, key, -window.index, lambda w=window: stream._where(w))
+
+        return submit
+
+    def _take(
+        self, reads: _Reads, progress: _Progress
+    ) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
+        """The oldest window's outputs and plan order, its skipped and surplus samples out."""
+        window, offset, future = reads.queue[0]  # stays in flight (released) if this fails
+        results = self._wait(future, lambda w=window: self._where(w))
+        reads.consumed(window)
+        self._runner.release(future)  # a distributed result leaves the worker now
+        del future
+        order = None if self._runner.plan_order else window.gather_index()
+        # slices copy fast from any address; np.take needs aligned rows
+        outputs = tuple(rows if order is None else _aligned(rows) for rows, _ in results)
+        reports = [report for _, report in results]
+        del results
+        self._count_reads(window, reports)
+        size = window.size
+        if any(report.skipped for report in reports):
+            outputs, order, gone = self._skip(window, outputs, order, reports)
+            self._skipped.append(offset + gone)
+            progress.skipped += len(gone)
+            size -= len(gone)
+        quota = self._quota
+        if quota is not None and progress.fed + size > quota:  # the quota's last window
+            size = quota - progress.fed
+            outputs, order = _first_rows(outputs, order, size)
+        progress.fed += size
+        if offset >= self._total - self._start:  # a window past the end: filling
+            self.stats.samples_filled += size
+            progress.filled_read += window.size
+            progress.filled_kept += size
+            if progress.filled_read >= self._total and not progress.filled_kept:
+                raise ChunkReadError(
+                    f"cannot fill the {(quota or 0) - progress.fed} samples still due to keep "
+                    f"this stream's {len(self)} steps: every sample of its positions was "
+                    "skipped as undecodable (on_error='skip')"
+                )
+        return outputs, order
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.
@@ -412,6 +407,78 @@ def _first_rows(
     if order is None:
         return tuple(rows[:size] for rows in outputs), None
     return outputs, order[:size]
+
+
+class _Progress:
+    """Samples of a batch stream so far: fed to the batcher, skipped, read and kept filling."""
+
+    __slots__ = ("fed", "filled_kept", "filled_read", "skipped")
+
+    def __init__(self) -> None:
+        self.fed = 0  # samples handed to the batcher
+        self.skipped = 0  # samples left out as undecodable, in windows read so far
+        self.filled_read = self.filled_kept = 0  # samples read, and kept, past the end
+
+
+class _Reads:
+    """The windows a batch stream has submitted and not consumed yet, in plan order.
+
+    Windows in flight are counted by their share of a full window's samples
+    (``full``), so the fast-start ramp's small windows (together one window)
+    are read together: on a store with high latency each would otherwise
+    cost a round trip.  ``submit(window, offset)`` sends one; ``short()`` is
+    how many samples past the end are still due.
+    """
+
+    def __init__(
+        self,
+        windows: _WindowSource,
+        full: int,
+        short: Callable[[], int],
+        submit: Callable[[Window, int], Any],
+    ) -> None:
+        self.windows = windows
+        self.full = max(full, 1)
+        self.short = short
+        self.submit = submit
+        self.queue: deque[tuple[Window, int, Any]] = deque()
+        self.pending: list[tuple[Window, int]] = []
+        self.held = 0.0
+
+    def weight(self, window: Window) -> float:
+        return min(1.0, window.size / self.full)
+
+    def top_up(self, limit: int, most: int | None = None) -> None:
+        """Submit windows while they fit ``limit`` full windows (and ``most`` in flight)."""
+        while most is None or len(self.queue) < most:
+            if not self.pending:
+                upcoming = self.windows.next(self.short())
+                if upcoming is None:
+                    return
+                self.pending.append(upcoming)
+            window, offset = self.pending[0]
+            if self.queue and self.held + self.weight(window) > limit + 1e-9:
+                return
+            self.pending.pop()
+            self.held += self.weight(window)
+            self.queue.append((window, offset, self.submit(window, offset)))
+
+    def consumed(self, window: Window) -> None:
+        """The oldest window's result is taken: it no longer counts as in flight."""
+        self.queue.popleft()
+        self.held -= self.weight(window)
+
+
+def _after_first(items: Iterator[T], then: Callable[[], None]) -> Iterator[T]:
+    """``items``, calling ``then()`` after the first one is consumed (or at once if none)."""
+    called = False
+    for item in items:
+        yield item
+        if not called:
+            then()
+            called = True
+    if not called:
+        then()
 
 
 #: Windows beyond ``prefetch + 1`` a stream may have in flight: the fast-start ramp's

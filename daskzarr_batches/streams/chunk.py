@@ -5,85 +5,37 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import (
-    ArgumentValueError,
     SkippedChunksWarning,
     WindowError,
     WindowTimeoutError,
     warn_caller,
 )
-from ..execute.runners import make_runner, resolve_client
+from ..execute.runners import make_runner
 from ..read.graphs import (
     block_graph,
     shard_graph,
 )
 from ..read.tasks import ShardItem
 from ..store.layout import blocks_by_shard
-from ..store.policy import (
-    DEFAULT_POLICY,
-    ReadPolicy,
-)
-from ..store.sources import SliceSource, Source, as_source
+from ..store.sources import SliceSource, Source
 from .base import SkippedChunk, Stream, _aligned
-from .spec import (
-    DEFAULT_IO_BYTES,
-    DEFAULT_IO_CONCURRENCY,
-    flag,
-    io_concurrency,
-    positive_int,
-    timeout_seconds,
-)
+from .spec import DEFAULT_IO_BYTES, DEFAULT_IO_CONCURRENCY, ChunkSpec
 
 __all__ = ["ChunkStream", "build_chunk_stream"]
 
 
 def build_chunk_stream(
-    array: Any,
-    *,
-    concurrency: object,
-    ordered: object,
-    with_index: object,
-    client: Any,
-    timeout: object,
-    policy: ReadPolicy,
-    transform: Callable[[np.ndarray], Any] | None = None,
-    io_concurrency: object = None,
+    spec: ChunkSpec, transform: Callable[[np.ndarray], Any] | None = None
 ) -> ChunkStream:
-    """Validate and build a :class:`ChunkStream` (shared with ``map_chunks``)."""
-    source = as_source(array)
-    client = resolve_client(client)
-    requests = _io_concurrency(concurrency, io_concurrency)
-    units = blocks_by_shard(source)
-    if requests is None:
-        requests = _default_io_concurrency(client, source, units)
-    return ChunkStream(
-        source,
-        concurrency=requests,
-        units=units,
-        ordered=flag("ordered", ordered),
-        with_index=flag("with_index", with_index),
-        client=client,
-        timeout=timeout_seconds(timeout),
-        policy=policy,
-        transform=transform,
-    )
-
-
-def _io_concurrency(concurrency: object, io: object) -> int | None:
-    """``io_concurrency``, or its former name ``concurrency``; both must agree."""
-    old = None if concurrency is None else positive_int("concurrency", concurrency)
-    new = io_concurrency(io)
-    if old is not None and new is not None and old != new:
-        raise ArgumentValueError(
-            f"concurrency={old} and io_concurrency={new} disagree; concurrency is the "
-            "former name of io_concurrency: pass io_concurrency only"
-        )
-    return new if new is not None else old
+    """A :class:`ChunkStream` of a validated spec (shared with ``map_chunks``)."""
+    return ChunkStream(spec, transform)
 
 
 def _default_io_concurrency(
@@ -132,27 +84,24 @@ class ChunkStream(Stream[Any]):
     worker, with a client), so only the result travels to the consumer.
 
     Each read task reads one *unit*: one stored block, or, for a sharded Zarr
-    array, every inner block of one shard with one read (``units``), whose
-    blocks are then handed out one by one.  At most ``concurrency`` units are
-    in flight or held.
+    array, every inner block of one shard with one read, whose blocks are
+    then handed out one by one.  At most ``io_concurrency`` units are in
+    flight or held (``io_concurrency=None``: :func:`_default_io_concurrency`
+    for the array's store); the stream's store requests are capped at the
+    same number.
     """
 
     def __init__(
-        self,
-        source: Source,
-        *,
-        concurrency: int,
-        ordered: bool,
-        with_index: bool,
-        client: Any,
-        timeout: float | None,
-        policy: ReadPolicy = DEFAULT_POLICY,
-        transform: Callable[[np.ndarray], Any] | None = None,
-        units: Sequence[tuple[tuple[int, ...], ...]] | None = None,
+        self, spec: ChunkSpec, transform: Callable[[np.ndarray], Any] | None = None
     ) -> None:
         created = time.perf_counter()
-        self.source = source
-        self.policy = policy
+        self.spec = spec
+        self.source = source = spec.source
+        read = spec.read
+        units = blocks_by_shard(source)
+        concurrency = read.io_concurrency
+        if concurrency is None:
+            concurrency = _default_io_concurrency(read.client, source, units)
         self._blocks = list(source.blocks())
         self._sharded = units is not None
         self._units = (
@@ -161,108 +110,119 @@ class ChunkStream(Stream[Any]):
         # reads wait on the store in their threads, so a Zarr or numpy source gets one
         # thread per read in flight; a dask array computes its graph on one per CPU
         threads = concurrency if isinstance(source, SliceSource) else os.cpu_count() or 1
-        runner = make_runner(
-            client, in_flight=concurrency, read_workers=threads, requests=concurrency
-        )
-        super().__init__(len(self._blocks), runner, timeout, policy.missing)
+        runner = make_runner(read.client, in_flight=concurrency, read_workers=threads)
+        # reads in flight and store requests share the one number (io_concurrency)
+        super().__init__(len(self._blocks), runner, read.timeout, read.policy.limited(concurrency))
         self._created = created
         self._concurrency = concurrency
-        self._ordered = ordered
-        self._with_index = with_index
+        self._ordered = spec.ordered
+        self._with_index = spec.with_index
         self._transform = transform
+        # what read tasks call: locally one transform per CPU at once
+        self._task_transform = None if transform is None else runner.cpu_bound(transform)
 
     def _produce(self) -> Iterator[Any]:
-        units = self._units
-        in_flight: dict[Any, int] = {}  # future -> unit number; insertion order = unit order
-        held: dict[int, dict[tuple[int, ...], ShardItem]] = {}  # read units not yet handed out
-        source = self.source
-        submitted = 0
+        (source,) = self._place([self.source])  # nothing in flight yet if this fails
+        reads = _UnitReads(self._units, self._concurrency, self._unit_submitter(source))
+        try:
+            # unbound, with ``self`` (the generator's weak proxy): a bound method would hold
+            # the stream itself in the inner generator, a cycle through ``stream._items``
+            loop = ChunkStream._in_order if self._ordered else ChunkStream._as_completed
+            yield from loop(self, reads)
+        finally:
+            for future in reads.in_flight:
+                self._runner.release(future)
+            reads.in_flight.clear()
+            reads.held.clear()
 
-        def submit_next() -> None:
-            nonlocal submitted
-            unit = units[submitted]
-            if not self._sharded:
-                dsk, key = block_graph(
-                    source, unit[0], self._token, self._transform, self.policy, self._runner.scope
-                )
+    def _unit_submitter(self, source: Source) -> Callable[[int], Any]:
+        """``submit(number)``: unit ``number``'s graph sent to the runner; its future.
+
+        It holds the stream through a weak proxy, as the generator does (no
+        reference cycle through the generator).
+        """
+        units, transform, scope = self._units, self._task_transform, self._runner.scope
+        policy, token, sharded = self.policy, self._token, self._sharded
+        stream = weakref.proxy(self)
+
+        def submit(number: int) -> Any:
+            unit = units[number]
+            if not sharded:
+                dsk, key = block_graph(source, unit[0], token, transform, policy, scope)
             else:
                 assert isinstance(source, SliceSource)
-                dsk, key = shard_graph(
-                    source, unit, self._token, self._transform, self.policy, self._runner.scope
+                dsk, key = shard_graph(source, unit, token, transform, policy, scope)
+            return stream._submit(dsk, key, -number, lambda u=unit: stream._where_unit(u))
+
+        return submit
+
+    def _collect(self, reads: _UnitReads, future: Any) -> list[ShardItem]:
+        """The blocks of a finished unit read, each aligned; its future released."""
+        unit = self._units[reads.in_flight[future]]
+        result = self._wait(future, lambda u=unit: self._where_unit(u))
+        del reads.in_flight[future]
+        self._runner.release(future)
+        if not self._sharded:
+            item, report = result
+            return [(unit[0], _aligned(item), report, None)]
+        return [(block, _aligned(item), report, error) for block, item, report, error in result]
+
+    def _hand_out(self, entry: ShardItem) -> list[Any]:
+        """The items ``entry`` gives the caller: its block, or none if it was skipped.
+
+        A list, not a generator: a suspended generator of a bound method would
+        hold the stream itself (see :meth:`_produce`).
+        """
+        block, item, report, error = entry
+        self._note(self.source.name, report, [block] if report.missing_chunks else ())
+        if error is not None:
+            raise WindowError(
+                f"{self._where(block)} failed: {type(error).__name__}: {error}"
+            ) from error
+        if report.skipped:
+            self._skip(block)
+            return []
+        return [self._deliver(block, item, missing=bool(report.missing_chunks))]
+
+    def _in_order(self, reads: _UnitReads) -> Iterator[Any]:
+        """Blocks in the C order of the chunk grid, waiting for the unit holding the next."""
+        held = reads.held
+        unit_of = {block: number for number, unit in enumerate(self._units) for block in unit}
+        for block in self._blocks:
+            number = unit_of[block]
+            while number not in held:
+                reads.top_up()
+                while reads.submitted <= number:  # held units fill the limit: read it anyway
+                    reads.submit_next()
+                future = next(f for f, n in reads.in_flight.items() if n == number)
+                held[number] = {entry[0]: entry for entry in self._collect(reads, future)}
+            entries = held[number]
+            entry = entries.pop(block)
+            if not entries:
+                del held[number]
+            reads.top_up()
+            yield from self._hand_out(entry)
+
+    def _as_completed(self, reads: _UnitReads) -> Iterator[Any]:
+        """Blocks of whichever unit read finished first."""
+        while True:
+            reads.top_up()
+            if not reads.in_flight:
+                return
+            ready = self._first_done(list(reads.in_flight))
+            if not ready:  # nothing finished within timeout: name the oldest
+                oldest = self._where_unit(self._units[next(iter(reads.in_flight.values()))])
+                raise WindowTimeoutError(
+                    f"{oldest} was not ready after timeout={self._timeout} s "
+                    f"(nor any of the {len(reads.in_flight)} reads in flight)"
+                    f"{self._runner.timeout_note}"
                 )
-            future = self._submit(dsk, key, -submitted, lambda u=unit: self._where_unit(u))
-            in_flight[future] = submitted
-            submitted += 1
-
-        def top_up() -> None:
-            while len(in_flight) + len(held) < self._concurrency and submitted < len(units):
-                submit_next()
-
-        def collect(future: Any) -> list[ShardItem]:
-            number = in_flight[future]
-            unit = units[number]
-            result = self._wait(future, lambda u=unit: self._where_unit(u))
-            del in_flight[future]
-            self._runner.release(future)
-            if not self._sharded:
-                item, report = result
-                return [(unit[0], _aligned(item), report, None)]
-            return [(block, _aligned(item), report, error) for block, item, report, error in result]
-
-        def hand_out(entry: ShardItem) -> Iterator[Any]:
-            block, item, report, error = entry
-            self._note(self.source.name, report, [block] if report.missing_chunks else ())
-            if error is not None:
-                raise WindowError(
-                    f"{self._where(block)} failed: {type(error).__name__}: {error}"
-                ) from error
-            if report.skipped:
-                self._skip(block)
-                return
-            yield self._deliver(block, item, missing=bool(report.missing_chunks))
-
-        try:
-            (source,) = self._place([self.source])
-            if self._ordered:
-                unit_of = {block: number for number, unit in enumerate(units) for block in unit}
-                for block in self._blocks:  # C order of the chunk grid
-                    number = unit_of[block]
-                    while number not in held:
-                        top_up()
-                        while submitted <= number:  # held units fill the limit: read it anyway
-                            submit_next()
-                        future = next(f for f, n in in_flight.items() if n == number)
-                        held[number] = {entry[0]: entry for entry in collect(future)}
-                    entries = held[number]
-                    entry = entries.pop(block)
-                    if not entries:
-                        del held[number]
-                    top_up()
-                    yield from hand_out(entry)
-                return
-            while True:
-                top_up()
-                if not in_flight:
-                    break
-                ready = self._first_done(list(in_flight))
-                if not ready:  # nothing finished within timeout: name the oldest
-                    oldest = self._where_unit(units[next(iter(in_flight.values()))])
-                    raise WindowTimeoutError(
-                        f"{oldest} was not ready after timeout={self._timeout} s "
-                        f"(nor any of the {len(in_flight)} reads in flight)"
-                        f"{self._runner.timeout_note}"
-                    )
-                for future in ready:
-                    arrived = collect(future)
-                    del future
-                    top_up()
-                    for one in arrived:
-                        yield from hand_out(one)
-        finally:
-            for future in in_flight:
-                self._runner.release(future)
-            in_flight.clear()
-            held.clear()
+            for future in ready:
+                arrived = self._collect(reads, future)
+                del future
+                reads.top_up()
+                for one in arrived:
+                    yield from self._hand_out(one)
 
     def _where_unit(self, unit: tuple[tuple[int, ...], ...]) -> str:
         if not self._sharded:
@@ -313,6 +273,34 @@ class ChunkStream(Stream[Any]):
         stats.items_yielded += 1
         stats.samples_yielded += sizes[0]
         return (block, item) if self._with_index else item
+
+
+class _UnitReads:
+    """A chunk stream's unit reads: in flight (future -> unit number, in unit order) and
+    read but not all handed out (``held``); at most ``concurrency`` of both together."""
+
+    def __init__(
+        self,
+        units: Sequence[tuple[tuple[int, ...], ...]],
+        concurrency: int,
+        submit: Callable[[int], Any],
+    ) -> None:
+        self.count = len(units)
+        self.concurrency = concurrency
+        self.submit = submit
+        self.in_flight: dict[Any, int] = {}
+        self.held: dict[int, dict[tuple[int, ...], ShardItem]] = {}
+        self.submitted = 0
+
+    def submit_next(self) -> None:
+        self.in_flight[self.submit(self.submitted)] = self.submitted
+        self.submitted += 1
+
+    def top_up(self) -> None:
+        while len(self.in_flight) + len(self.held) < self.concurrency and (
+            self.submitted < self.count
+        ):
+            self.submit_next()
 
 
 def _name(function: Callable[..., Any]) -> str:

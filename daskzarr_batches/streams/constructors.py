@@ -1,8 +1,9 @@
 """Streams: the public constructors and the iterators they return.
 
-A constructor validates its arguments into a :class:`StreamSpec` (``streams.spec``)
-and hands it to a stream.  A :class:`BatchStream` plans the epoch from the
-spec (``plan``), turns each window into a dask graph (``read``), keeps a
+A constructor validates its arguments into a :class:`StreamSpec` (batch streams) or a
+:class:`ChunkSpec` (chunk streams), both in ``streams.spec`` with their read options
+as one :class:`ReadOptions`, and hands it to a stream.  A :class:`BatchStream` plans
+the epoch from the spec (``plan``), turns each window into a dask graph (``read``), keeps a
 bounded number of graphs in flight on a runner (``execute.runners``), consumes the
 results in plan order and cuts them into batches (``plan.batching``).  A
 :class:`ChunkStream` does the same with one graph per stored block, in order
@@ -17,12 +18,7 @@ from typing import Any
 
 from ..plan.batching import count_batches as _count
 from ..plan.summary import PlanSummary
-from ..store.policy import (
-    DEFAULT_RETRIES,
-    MissingMode,
-    OnError,
-    ReadPolicy,
-)
+from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import as_source
 from .batch import BatchStream, _summary
 from .chunk import ChunkStream, build_chunk_stream
@@ -31,8 +27,12 @@ from .spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PREFETCH,
     DEFAULT_WINDOW_BYTES,
+    ChunkSpec,
+    ReadOptions,
     StreamSpec,
+    as_array,
     flag,
+    merged_io_concurrency,
     positive_int,
     shuffle_mode,
 )
@@ -61,7 +61,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1).
@@ -76,7 +76,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
     """
     size = positive_int("batch_size", batch_size)
     drop = flag("drop_remainder", drop_remainder)
-    return _count(as_source(array).n_samples, size, drop)
+    return _count(as_source(as_array(array)).n_samples, size, drop)
 
 
 def chunk_stream(
@@ -96,7 +96,7 @@ def chunk_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Any number of dimensions >= 1.  Numpy arrays are split along axis 0
         into blocks of dask's default chunk size.
     concurrency : int, optional
@@ -135,16 +135,11 @@ def chunk_stream(
         ``close()``, context-manager use and ``.stats``.  Edge chunks are
         cropped to the array; every chunk is an array the caller owns.
     """
-    return build_chunk_stream(
-        array,
-        concurrency=concurrency,
-        io_concurrency=io_concurrency,
-        ordered=ordered,
-        with_index=with_index,
-        client=client,
-        timeout=timeout,
-        policy=ReadPolicy(missing, on_error, retries),
-    )
+    read = ReadOptions(
+        client, timeout, missing, on_error, retries,
+        merged_io_concurrency(concurrency, io_concurrency),
+    )  # fmt: skip
+    return build_chunk_stream(ChunkSpec(array, ordered, with_index, read))
 
 
 def batch_stream(
@@ -169,7 +164,7 @@ def batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1; numpy integers accepted).
@@ -207,14 +202,15 @@ def batch_stream(
         timeouts, HTTP 5xx / 429 / throttling), with exponential backoff and
         jitter; not-found, permission and decoding errors are never retried.
     io_concurrency : int, optional
-        Store requests the stream's local reads keep in flight at most;
-        ``None`` (default): no limit beyond the stream's own, the windows in
-        flight (``prefetch + 1`` windows' worth of samples) read at once, each
-        requesting its chunks concurrently (measured to keep up with Zarr's
-        ``x[:]`` at 20-100 ms per request).  Decoding
-        runs on Zarr's executor whatever the value.  On a cluster, each
-        worker's reads are bounded by its threads and Zarr's
-        ``async.concurrency``.
+        Store requests the stream's reads keep in flight at most; ``None``
+        (default): no limit beyond the stream's own, the windows in flight
+        (``prefetch + 1`` windows' worth of samples) read at once, each
+        requesting its chunks concurrently (how that compares with Zarr's
+        ``x[:]`` on slow stores: ``docs/benchmarks.md``, "Latency hiding").
+        Decoding runs on Zarr's executor whatever the value.  On a cluster
+        the limit holds within each read task on its worker (a worker's
+        tasks together are also bounded by its threads and Zarr's
+        ``async.concurrency``).
 
     Returns
     -------
@@ -265,7 +261,7 @@ def shuffled_batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0.
     batch_size : int
         Samples per batch.
@@ -295,8 +291,9 @@ def shuffled_batch_stream(
         data is decoded about ``dataset bytes / window bytes`` times per
         epoch (``stream.summary().read_amplification`` tells before reading;
         ``prefetch=0``, the exact shuffle's default, gives the fewest reads).
-        Decoding adds about 1/16 of a window; the allocator may keep more
-        (``docs/benchmarks.md``).
+        The decoded chunks in flight are counted in it (1/32 of a window's
+        share, ``plan.budget.DECODE_SHARE``, at least one chunk); the
+        allocator may keep more (``docs/benchmarks.md``).
     prefetch : int, optional
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would
@@ -433,7 +430,7 @@ def plan_epoch(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array or numpy.ndarray
+    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
         Samples along axis 0 (the features of a paired stream).
     batch_size : int
         Samples per batch.

@@ -1,11 +1,15 @@
 """Stream settings: every argument validated in one place, held in one value.
 
-:class:`StreamSpec` is one epoch of a batch stream as a frozen, validated
-value: the arrays and their roles, batch size, shuffle mode, seed and epoch,
-the sizes that shape windows, prefetch, client and timeout.  The public
-constructors build one; the plan (:meth:`StreamSpec.plan`), ``plan_epoch``,
-``stream.summary()`` and the streams all read that one object, so they
-cannot disagree about what an argument means or whether it is valid.
+:class:`ReadOptions` is how a stream reads, as a frozen, validated value:
+``client``, ``timeout``, the read policy (``missing``, ``on_error``,
+``retries``) and ``io_concurrency``, the keywords every public stream,
+map/reduce and loader signature takes.  :class:`StreamSpec` is one epoch of a
+batch stream (the arrays and their roles, batch size, shuffle mode, seed and
+epoch, the sizes that shape windows, prefetch, and its read options);
+:class:`ChunkSpec` one chunk stream.  The public constructors build one; the
+plan (:meth:`StreamSpec.plan`), ``plan_epoch``, ``stream.summary()`` and the
+streams all read that one object, so they cannot disagree about what an
+argument means or whether it is valid.
 
 The scalar checks below it return the normalised value or raise an error
 that names the parameter and shows the offending value.  Numpy integers are
@@ -16,8 +20,10 @@ accepted wherever an ``int`` is; ``bool`` is rejected even though it is an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, get_args
@@ -30,6 +36,7 @@ from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.windows import ShuffleMode, chunk_offsets
 from ..store.layout import shard_layout
+from ..store.open import open_array
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
 from ..store.sources import Source, as_source
 
@@ -38,11 +45,16 @@ __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_PREFETCH",
     "DEFAULT_WINDOW_BYTES",
+    "ChunkSpec",
+    "ReadOptions",
     "StreamSpec",
+    "as_array",
     "flag",
     "io_concurrency",
+    "merged_io_concurrency",
     "non_negative_int",
     "positive_int",
+    "shuffle_mode",
     "timeout_seconds",
 ]
 
@@ -121,10 +133,99 @@ def flag(name: str, value: object) -> bool:
 
 
 def shuffle_mode(shuffle: object, shuffle_buffer_size: object) -> ShuffleMode:
-    """The mode of the public ``shuffle`` flag: exact unless a buffer size is given."""
+    """The mode of the public ``shuffle`` flag: exact unless a buffer size is given.
+
+    The one place the flag becomes a mode (``plan_epoch``, ``Loader``, the
+    shuffled constructors and ``bench``).  A buffer size without a shuffle is
+    an error.
+    """
     if not flag("shuffle", shuffle):
+        if shuffle_buffer_size is not None:
+            raise ArgumentValueError(
+                f"shuffle_buffer_size={shuffle_buffer_size!r} needs shuffle=True"
+            )
         return "none"
     return "exact" if shuffle_buffer_size is None else "buffer"
+
+
+def as_array(value: object) -> object:
+    """``value``, or the array a path or URL names (:func:`open_array` semantics).
+
+    Every public entry point that takes an array passes it through here: a
+    ``str`` or ``os.PathLike`` is opened with :func:`open_array` (a
+    ``path=``-less store whose root is an array); anything else is returned
+    as is, for :func:`as_source` to describe or refuse.
+    """
+    if isinstance(value, str | os.PathLike):
+        return open_array(value)
+    return value
+
+
+def merged_io_concurrency(concurrency: object, io: object) -> int | None:
+    """``io_concurrency``, or its former name ``concurrency``; both must agree."""
+    old = None if concurrency is None else positive_int("concurrency", concurrency)
+    new = io_concurrency(io)
+    if old is not None and new is not None and old != new:
+        raise ArgumentValueError(
+            f"concurrency={old} and io_concurrency={new} disagree; concurrency is the "
+            "former name of io_concurrency: pass io_concurrency only"
+        )
+    return new if new is not None else old
+
+
+# --------------------------------------------------------------------------
+# Read options
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a stream reads: where, how long it waits, what it does about faults.
+
+    The six read keywords of every public stream constructor, ``map_chunks``,
+    ``reduce_chunks``, ``feature_moments`` and ``Loader``, validated once
+    (each check names the parameter and the value) and passed down as one
+    object.  Constructing one, also through ``dataclasses.replace``,
+    validates every field.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        Where reads run; ``None`` resolves to the client dask's configuration
+        points at, if any, else the local threads.
+    timeout : float, optional
+        Seconds to wait for one window or chunk; ``None``, ``inf`` or values
+        of ``threading.TIMEOUT_MAX`` or more wait forever (stored as ``None``).
+    missing : {"warn", "fill", "error"}, default "warn"
+        Chunks absent from the store (:class:`~daskzarr_batches.store.policy.ReadPolicy`).
+    on_error : {"raise", "skip"}, default "raise"
+        Chunks that do not decode.
+    retries : int, default 3
+        Retries of one read after a transient fault.
+    io_concurrency : int, optional
+        Store requests in flight at most: locally for the whole stream; on a
+        cluster within each read task (a chunk stream also keeps that many
+        reads in flight).  ``None``: the stream's default.
+    """
+
+    client: Any = field(default=None, compare=False)
+    timeout: float | None = None
+    missing: MissingMode = "warn"
+    on_error: OnError = "raise"
+    retries: int = DEFAULT_RETRIES
+    io_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        put = functools.partial(object.__setattr__, self)
+        put("timeout", timeout_seconds(self.timeout))
+        put("retries", non_negative_int("retries", self.retries))
+        put("io_concurrency", io_concurrency(self.io_concurrency))
+        ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
+        put("client", resolve_client(self.client))
+
+    @property
+    def policy(self) -> ReadPolicy:
+        """The read policy, without a request limit (a stream adds its own: ``limited``)."""
+        return ReadPolicy(self.missing, self.on_error, self.retries)
 
 
 # --------------------------------------------------------------------------
@@ -187,12 +288,12 @@ class StreamSpec:
     retries : int, default 3
         Retries of one read after a transient fault (backoff with jitter).
     io_concurrency : int, optional
-        Store requests the stream's local reads keep in flight at most;
+        Store requests the stream's reads keep in flight at most;
         ``None``: no limit beyond the stream's own (the windows in flight,
         ``prefetch + 1`` windows' worth of samples, read at once, each
         requesting its chunks concurrently).  Decoding is bounded
-        separately, by Zarr's executor.  On a cluster, each worker's reads
-        are bounded by its threads and Zarr's ``async.concurrency``.
+        separately, by Zarr's executor.  On a cluster the limit holds
+        within each read task on its worker.
     ramp : bool, default True
         Fast start: the first sequential or buffered window is read as
         windows of 1, 1, 2, 4, ... units (``EpochPlan.ramp``).  ``False``
@@ -234,7 +335,7 @@ class StreamSpec:
         roles = self.roles or _default_roles(len(arrays))
         if len(roles) != len(arrays):
             raise ArgumentValueError(f"roles {roles!r} do not match {len(arrays)} arrays")
-        sources = tuple(as_source(a, r) for a, r in zip(arrays, roles, strict=True))
+        sources = tuple(as_source(as_array(a), r) for a, r in zip(arrays, roles, strict=True))
         _check_lengths(sources, roles)
         put("sources", sources)
         put("roles", tuple(roles))
@@ -247,12 +348,13 @@ class StreamSpec:
         put("memory_budget", positive_int("memory_budget", self.memory_budget))
         put("window_bytes", positive_int("window_bytes", self.window_bytes))
         put("drop_remainder", flag("drop_remainder", self.drop_remainder))
-        put("timeout", timeout_seconds(self.timeout))
-        put("retries", non_negative_int("retries", self.retries))
-        put("io_concurrency", io_concurrency(self.io_concurrency))
         put("ramp", flag("ramp", self.ramp))
-        ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
-        put("client", resolve_client(self.client))
+        read = ReadOptions(
+            self.client, self.timeout, self.missing, self.on_error, self.retries,
+            self.io_concurrency,
+        )  # fmt: skip
+        for name in ("client", "timeout", "retries", "io_concurrency"):  # as normalised
+            put(name, getattr(read, name))
         buffer = self.shuffle_buffer_size
         seed = None if self.seed is None else non_negative_int("seed", self.seed)
         if self.shuffle == "none" and (buffer is not None or seed is not None):
@@ -276,9 +378,12 @@ class StreamSpec:
             put("prefetch", non_negative_int("prefetch", self.prefetch))
 
     @property
-    def policy(self) -> ReadPolicy:
-        """How reads treat missing chunks, undecodable chunks and transient faults."""
-        return ReadPolicy(self.missing, self.on_error, self.retries)
+    def read(self) -> ReadOptions:
+        """The spec's read options (``client`` ... ``io_concurrency``) as one value."""
+        return ReadOptions(
+            self.client, self.timeout, self.missing, self.on_error, self.retries,
+            self.io_concurrency,
+        )  # fmt: skip
 
     @property
     def paired(self) -> bool:
@@ -361,3 +466,41 @@ def _check_lengths(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
             for role, n, source in zip(roles, lengths, sources, strict=True)
         )
         raise LengthMismatchError(f"paired arrays must have the same length: {described}")
+
+
+# --------------------------------------------------------------------------
+# The chunk stream spec
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """One chunk stream, validated: its array, order, index and read options.
+
+    Made by :func:`chunk_stream`, :func:`map_chunks` (and the reductions on
+    it); the transform is the caller's (checked where it is given).
+
+    Parameters
+    ----------
+    source : array
+        A ``zarr.Array``, ``dask.array.Array`` or ``numpy.ndarray`` (stored as
+        its source).
+    ordered : bool, default True
+        C order of block index, or as reads complete.
+    with_index : bool, default False
+        Items are ``(block_index, item)`` tuples.
+    read : ReadOptions
+        How the stream reads.
+    """
+
+    source: Source
+    ordered: bool = True
+    with_index: bool = False
+    read: ReadOptions = field(default_factory=ReadOptions)
+
+    def __post_init__(self) -> None:
+        put = functools.partial(object.__setattr__, self)
+        put("source", as_source(as_array(self.source)))
+        put("ordered", flag("ordered", self.ordered))
+        put("with_index", flag("with_index", self.with_index))
+        if not isinstance(self.read, ReadOptions):
+            raise ArgumentTypeError(f"read must be ReadOptions, got {self.read!r}")

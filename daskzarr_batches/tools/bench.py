@@ -45,6 +45,7 @@ from .. import (
     paired_shuffled_batch_stream,
     shuffled_batch_stream,
 )
+from ..streams.spec import shuffle_mode
 
 __all__ = [
     "CHUNK_ROWS",
@@ -102,10 +103,9 @@ class BenchSettings:
 
     @property
     def shuffle(self) -> str:
-        """``"none"``, ``"buffer"`` or ``"exact"``."""
-        if self.shuffle_buffer_size is not None:
-            return "buffer"
-        return "exact" if self.exact else "none"
+        """``"none"``, ``"buffer"`` or ``"exact"`` (a buffer size implies a shuffle)."""
+        shuffled = self.exact or self.shuffle_buffer_size is not None
+        return shuffle_mode(shuffled, self.shuffle_buffer_size)
 
     def function_name(self, paired: bool) -> str:
         """Name of the stream constructor these settings call."""
