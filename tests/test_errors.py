@@ -142,10 +142,17 @@ def test_empty_array_yields_nothing_and_counts_zero(name: str, kind: str) -> Non
     assert list(result) == []
 
 
-@pytest.mark.parametrize("bad", ["abc", [1, 2, 3], {"a": 1}, 5])
+@pytest.mark.parametrize("bad", [[1, 2, 3], {"a": 1}, 5])
 def test_not_an_array(bad: Any) -> None:
     with pytest.raises(TypeError, match=type(bad).__name__) as info:
         dzb.batch_stream(bad, 2)
+    check_library_error(info.value)
+
+
+def test_a_string_is_a_path_and_a_missing_one_is_named() -> None:
+    """Every entry point takes a path or URL (open_array): a string is never "not an array"."""
+    with pytest.raises(dzb.ArrayNotFoundError, match="no Zarr array or group at 'abc'") as info:
+        dzb.batch_stream("abc", 2)
     check_library_error(info.value)
 
 

@@ -129,7 +129,7 @@ def test_plan_without_row_bytes_counts_no_bytes() -> None:
 
 
 def test_shuffle_arguments_need_shuffle_true(features: np.ndarray) -> None:
-    with pytest.raises(dzb.ArgumentValueError, match="shuffle=False"):
+    with pytest.raises(dzb.ArgumentValueError, match="shuffle_buffer_size=100 needs shuffle=True"):
         dzb.plan_epoch(features, 10, shuffle_buffer_size=100)
 
 
