@@ -59,6 +59,7 @@ from .streams.spec import (
     DEFAULT_WINDOW_BYTES,
     StreamSpec,
 )
+from .streams.timing import time_epoch
 
 __version__ = "0.1.0"
 
@@ -108,4 +109,5 @@ __all__ = [
     "plan_epoch",
     "reduce_chunks",
     "shuffled_batch_stream",
+    "time_epoch",
 ]

@@ -187,3 +187,20 @@ def test_unaligned_results_are_copied_to_aligned_memory() -> None:
     np.testing.assert_array_equal(fixed, raw)
     aligned = np.zeros((6, 2), dtype="f4")
     assert _aligned(aligned) is aligned and _aligned("not an array") == "not an array"
+
+
+def test_time_epoch_runs_one_epoch_from_before_the_stream_is_made() -> None:
+    made: list[Any] = []
+
+    def make() -> Any:
+        time.sleep(0.05)  # start-up counts in the epoch's time
+        made.append(dzb.batch_stream(X, 3))
+        return made[-1]
+
+    seen: list[int] = []
+    seconds, stats = dzb.time_epoch(make, on_item=lambda item, s, t: seen.append(len(item)))
+    assert seconds >= 0.05 and stats is made[0].stats and seen == [3, 3, 3, 1]
+    assert stats.samples_yielded == len(X) and repr(made[0]).endswith("closed>")
+    loader = dzb.Loader(X, 4)
+    _, stats = dzb.time_epoch(lambda: loader)  # a Loader: one epoch of it
+    assert stats.items_yielded == 3 and loader.epoch == 1

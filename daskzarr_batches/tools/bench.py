@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from .. import (
     shuffled_batch_stream,
 )
 from ..streams.spec import shuffle_mode
+from ..streams.timing import time_epoch
 
 __all__ = [
     "CHUNK_ROWS",
@@ -393,21 +393,20 @@ def _run_epoch(
     )
     live = not getattr(bar, "disable", False)
     paired = y is not None
-    start = time.perf_counter()
-    with bar, settings.make_stream(x, y, epoch) as stream:
-        shown = start
-        for item in stream:
-            if not live:
-                continue
-            bar.update(len(item[0]) if paired else len(item))
-            now = time.perf_counter()
-            if now - shown >= POSTFIX_INTERVAL:
-                shown = now
-                bar.set_postfix_str(_rates(stream.stats, now - start), refresh=False)
+    shown = [0.0]  # when the bar's rates were last updated, in seconds of the epoch
+
+    def on_item(item: Any, stream: Any, elapsed: float) -> None:
+        bar.update(len(item[0]) if paired else len(item))
+        if elapsed - shown[0] >= POSTFIX_INTERVAL:
+            shown[0] = elapsed
+            bar.set_postfix_str(_rates(stream.stats, elapsed), refresh=False)
+
+    with bar:
+        seconds, stats = time_epoch(
+            lambda: settings.make_stream(x, y, epoch), on_item=on_item if live else None
+        )
         if live:  # the final numbers, also for an epoch shorter than the bar's refresh
-            bar.set_postfix_str(_rates(stream.stats, time.perf_counter() - start))
-        seconds = time.perf_counter() - start
-        stats = stream.stats
+            bar.set_postfix_str(_rates(stats, seconds))
     return EpochResult(
         epoch=epoch,
         batches=stats.items_yielded,
