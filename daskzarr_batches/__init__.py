@@ -49,6 +49,7 @@ from .streams.constructors import (
     count_batches,
     paired_batch_stream,
     paired_shuffled_batch_stream,
+    patch_stream,
     plan_epoch,
     shuffled_batch_stream,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "open_array",
     "paired_batch_stream",
     "paired_shuffled_batch_stream",
+    "patch_stream",
     "plan_epoch",
     "reduce_chunks",
     "shuffled_batch_stream",

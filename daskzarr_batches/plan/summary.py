@@ -96,6 +96,11 @@ class PlanSummary:
         Bytes of all batches of the epoch.
     dataset_bytes : int
         Decoded bytes of the arrays.
+    bytes_distinct : int or None
+        Patch streams: decoded bytes of the distinct stored chunks the epoch
+        reads (each once), the base of their read amplification (patches may
+        overlap, so the bytes yielded are no measure of the data read);
+        ``None`` for row streams.
     """
 
     windows: tuple[WindowSummary, ...]
@@ -105,6 +110,7 @@ class PlanSummary:
     n_batches: int
     bytes_yielded: int
     dataset_bytes: int
+    bytes_distinct: int | None = None
 
     @property
     def n_windows(self) -> int:
@@ -135,9 +141,13 @@ class PlanSummary:
     def read_amplification(self) -> float:
         """``bytes_decoded / bytes_yielded``: how often the data is read.
 
+        Patch streams: ``bytes_decoded / bytes_distinct``, how often each
+        stored chunk the epoch needs is decoded (1.00: once).
         ``0.0`` for an epoch that reads and yields nothing, ``inf`` for one
         that reads chunks but yields nothing (see :func:`read_amplification`).
         """
+        if self.bytes_distinct is not None:
+            return read_amplification(self.bytes_decoded, self.bytes_distinct)
         return read_amplification(self.bytes_decoded, self.bytes_yielded)
 
     @property

@@ -7,6 +7,7 @@ shared key."""
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,12 +15,14 @@ import numpy as np
 from dask.optimization import cull
 
 from ..plan.windows import ChunkPiece, Window
+from ..store.patches import PatchSource
 from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
     ReadPolicy,
 )
 from ..store.sources import DaskSource, SliceSource, Source
+from .patches import read_origins, read_patches
 from .tasks import (
     Key,
     apply_transform,
@@ -68,9 +71,14 @@ def window_graph(
     """
     dsk: dict[Key, Any] = {}
     outputs = []
+    groups: dict[int, tuple[Key, list[int]]] = {}  # patch sources by base array
     for position, (source, pieces) in enumerate(zip(sources, window.pieces, strict=True)):
         out_key = (f"dzb-array-{token}", window.index, position)
         outputs.append(out_key)
+        if isinstance(source, PatchSource):
+            _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
+                         scope, plan_order)  # fmt: skip
+            continue
         if isinstance(source, SliceSource):
             dsk[out_key] = (
                 read_window, source.array, source.name, window.size, source.row_bytes,
@@ -89,6 +97,40 @@ def window_graph(
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
+
+
+def _add_patches(
+    dsk: dict[Key, Any],
+    source: PatchSource,
+    window: Window,
+    pieces: Sequence[ChunkPiece],
+    position: int,
+    out_key: Key,
+    groups: dict[int, tuple[Key, list[int]]],
+    token: str,
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+    plan_order: bool,
+) -> None:
+    """Add output ``out_key`` of a patch source: one read task per base array, shared."""
+    grid = source.grid
+    assert grid is not None
+    if source.cut is None:  # the patches' origins
+        dsk[out_key] = (read_origins, grid, source.group[0], window.size, tuple(pieces), plan_order)
+        return
+    base = source.base
+    assert base is not None
+    group = id(base)
+    if group not in groups:
+        key = (f"dzb-patches-{token}", window.index, position)
+        array = base.array if isinstance(base, SliceSource | DaskSource) else None
+        dsk[key] = (
+            read_patches, array, base.name, base.chunks, grid, source.group, window.size,
+            tuple(pieces), policy, scope, plan_order,
+        )  # fmt: skip
+        groups[group] = (key, [])
+    key, _ = groups[group]
+    dsk[out_key] = (operator.getitem, key, source.group.index(source.cut))
 
 
 def _share(decode_bytes: int | None, source: Source, sources: Sequence[Source]) -> int | None:

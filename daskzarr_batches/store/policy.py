@@ -192,13 +192,19 @@ class ReadReport:
         Reads retried after a transient fault.
     skipped : tuple of (chunk, start, stop)
         Axis-0 chunks left out because they do not decode (``on_error="skip"``),
-        with the samples they hold.
+        with the samples they hold (patch streams: a chunk's block index and a
+        run of patch ids it took out; a chunk may have several runs).
+    decoded : tuple of (chunk, bytes), optional
+        The stored chunks decoded (block index) and their decoded bytes, when
+        the task lists them itself (patch streams); ``None``: the stream
+        counts its pieces.
     """
 
     missing_keys: tuple[str, ...] = ()
-    missing_chunks: tuple[int, ...] = ()
+    missing_chunks: tuple[Any, ...] = ()
     retries: int = 0
-    skipped: tuple[tuple[int, int, int], ...] = ()
+    skipped: tuple[tuple[Any, int, int], ...] = ()
+    decoded: tuple[tuple[Any, int], ...] | None = None
 
 
 NO_REPORT = ReadReport()

@@ -95,6 +95,10 @@ class StreamStats:
         the first chunk) handed out; ``None`` before it.  The start-up cost:
         sequential and buffered streams read a one-unit window first, so it is
         about one chunk read (``docs/architecture.md``, *Fast start*).
+    bytes_distinct : int or None
+        Patch streams: decoded bytes of the distinct stored chunks read so far
+        (each counted once); ``None`` for other streams, whose samples do not
+        overlap.
     """
 
     chunks_read: int = 0
@@ -109,14 +113,19 @@ class StreamStats:
     skipped: list[SkippedChunk] = field(default_factory=list)
     samples_filled: int = 0
     time_to_first_batch: float | None = None
+    bytes_distinct: int | None = None
 
     @property
     def read_amplification(self) -> float:
         """``bytes_read / bytes_yielded`` (1.0 means every byte read once).
 
+        Patch streams, whose patches may overlap: ``bytes_read /
+        bytes_distinct``, how often each stored chunk read was decoded.
         0.0 when nothing was read or yielded, ``inf`` when bytes were read
         but nothing yielded: the rule ``PlanSummary`` follows too.
         """
+        if self.bytes_distinct is not None:
+            return read_amplification(self.bytes_read, self.bytes_distinct)
         return read_amplification(self.bytes_read, self.bytes_yielded)
 
 

@@ -32,11 +32,13 @@ from ..read.graphs import (
     window_graph,
 )
 from ..read.window import release_free_memory
+from ..store.patches import PatchSource
 from ..store.policy import (
     ReadReport,
 )
 from ..store.sources import Source
 from .base import SkippedChunk, Stream, StreamStats, T, _aligned
+from .patch import patch_summary
 from .spec import (
     StreamSpec,
 )
@@ -46,7 +48,11 @@ __all__ = ["RAMP_WINDOWS", "BatchStream"]
 
 def _summary(spec: StreamSpec) -> PlanSummary:
     """The plan of ``spec`` in numbers (shared by ``plan_epoch`` and ``summary()``)."""
-    return spec.plan().summary(task_count=lambda window: count_tasks(spec.sources, window))
+    plan = spec.plan()
+    summary = plan.summary(task_count=lambda window: count_tasks(spec.sources, window))
+    if any(isinstance(source, PatchSource) for source in spec.sources):
+        return patch_summary(spec.sources, plan, summary)
+    return summary
 
 
 class BatchStream(Stream[Any]):
@@ -128,6 +134,7 @@ class BatchStream(Stream[Any]):
         self._created = created
         # offsets (from ``start``) of the samples left out as undecodable, ascending
         self._skipped: list[np.ndarray] = []
+        self._distinct: set[tuple[str, Any]] = set()  # stored chunks a patch stream decoded
 
     @property
     def seed(self) -> int | None:
@@ -152,7 +159,7 @@ class BatchStream(Stream[Any]):
         prefetch = spec.prefetch
         assert prefetch is not None
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
-        deliver = _Delivery(self.stats, spec.paired, self._created)
+        deliver = _Delivery(self.stats, spec.paired, self._created, spec.layout)
         progress = _Progress()
         windows = _WindowSource(self.plan, self.positions, self._start, self._fill)
         quota = self._quota
@@ -292,6 +299,14 @@ class BatchStream(Stream[Any]):
         stats.windows_read += 1
         for source, pieces, report in zip(self.spec.sources, window.pieces, reports, strict=True):
             self._note(source.name, report)
+            if report.decoded is not None:  # a patch read lists its stored chunks
+                stats.chunks_read += len(report.decoded)
+                for block, nbytes in report.decoded:
+                    stats.bytes_read += nbytes
+                    if (source.name, block) not in self._distinct:
+                        self._distinct.add((source.name, block))
+                        stats.bytes_distinct = (stats.bytes_distinct or 0) + nbytes
+                continue
             gone = set(report.missing_chunks) | {chunk for chunk, _, _ in report.skipped}
             read = [piece for piece in pieces if piece.chunk not in gone]
             stats.chunks_read += len(read)
@@ -490,12 +505,13 @@ RAMP_WINDOWS = 8
 class _Delivery:
     """Counts a batch in ``stats`` and hands it out (the per-batch hot path)."""
 
-    __slots__ = ("created", "paired", "stats")
+    __slots__ = ("created", "layout", "paired", "stats")
 
-    def __init__(self, stats: StreamStats, paired: bool, created: float) -> None:
+    def __init__(self, stats: StreamStats, paired: bool, created: float, layout: Any) -> None:
         self.stats = stats
         self.paired = paired
         self.created = created
+        self.layout = layout
 
     def __call__(self, batch: tuple[np.ndarray, ...]) -> Any:
         stats = self.stats
@@ -504,6 +520,9 @@ class _Delivery:
             stats.time_to_first_batch = time.perf_counter() - self.created
         stats.items_yielded += 1
         stats.samples_yielded += len(first)
+        if self.layout is not None:
+            stats.bytes_yielded += sum(part.nbytes for part in batch)
+            return self.layout.pack(batch)
         if self.paired:
             stats.bytes_yielded += sum(part.nbytes for part in batch)
             return batch

@@ -37,6 +37,7 @@ from ..plan.epoch import EpochPlan
 from ..plan.windows import ShuffleMode, chunk_offsets
 from ..store.layout import shard_layout
 from ..store.open import open_array
+from ..store.patches import PatchSource
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
 from ..store.sources import Source, as_source
 
@@ -299,6 +300,9 @@ class StreamSpec:
         windows of 1, 1, 2, 4, ... units (``EpochPlan.ramp``).  ``False``
         gives the flat windows of earlier versions (and, for the buffered
         shuffle, a first buffer mixed as well as the others).
+    layout : streams.patch.Layout, optional
+        How a batch's arrays are packed for the caller (patch streams: pairs,
+        dicts, origins); ``None``: an array, or a tuple for several.
 
     Raises
     ------
@@ -324,6 +328,7 @@ class StreamSpec:
     retries: int = DEFAULT_RETRIES
     io_concurrency: int | None = None
     ramp: bool = True
+    layout: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -376,6 +381,10 @@ class StreamSpec:
             put("prefetch", 0 if self.shuffle == "exact" else DEFAULT_PREFETCH)
         else:
             put("prefetch", non_negative_int("prefetch", self.prefetch))
+        if any(isinstance(source, PatchSource) for source in sources):
+            # a patch grid's units (the plan's "chunks") fit the window when they can
+            rows = self.window_rows
+            put("sources", tuple(_sized(source, rows) for source in sources))
 
     @property
     def read(self) -> ReadOptions:
@@ -448,6 +457,10 @@ class StreamSpec:
     def with_epoch(self, epoch: int) -> StreamSpec:
         """The same spec for another epoch (same seed: a new order)."""
         return dataclasses.replace(self, epoch=epoch)
+
+
+def _sized(source: Source, rows: int) -> Source:
+    return source.sized(rows) if isinstance(source, PatchSource) else source
 
 
 def _default_roles(count: int) -> tuple[str, ...]:

@@ -1,0 +1,320 @@
+"""Reading one window of patches: each stored chunk decoded once, every patch cut from boxes.
+
+The task behind every window of a patch stream (:func:`read_patches`).  The
+window's patch ids (the plan's pieces over the grid's units) give one *box*
+per unit it touches, the bounding box of that unit's patches in the window
+(every cut of the base array: an input and its forecast target share one
+box).  Every stored chunk a box overlaps is decoded once, concurrently on
+Zarr's event loop, and copied into each box that needs it; the patches are
+then cut out of the boxes into the window's outputs (one per cut).  A numpy
+array's boxes are views; a dask array's are computed in one ``dask.compute``
+(shared blocks once).  If a read fails, the chunks are read again one by one
+(:func:`~daskzarr_batches.read.tasks.read_block`), so the error names the
+chunk, and with ``on_error="skip"`` the patches touching a chunk that does
+not decode leave the window (from every output of the base array).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+
+from ..errors import ReadCancelledError
+from ..plan.budget import DECODE_GROUP_BYTES
+from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes
+from ..plan.windows import ChunkPiece, chunk_offsets
+from ..store.layout import block_key
+from ..store.policy import DEFAULT_POLICY, CancelScope, Ledger, ReadPolicy, ReadReport
+from .tasks import read_block, read_views, run_on_loop
+
+__all__ = ["patch_ids", "read_origins", "read_patches"]
+
+Block = tuple[int, ...]
+
+
+def patch_ids(
+    pieces: Sequence[ChunkPiece], size: int, plan_order: bool
+) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """A window's patch ids (ascending), how many each unit holds, and where each goes.
+
+    ``where[i]`` is the output row of patch ``ids[i]``: its rank (ascending
+    order), or with ``plan_order`` its plan position (the pieces' ``dest``).
+    """
+    ids, groups, where = [], [], []
+    at = 0
+    for piece in pieces:
+        local = np.arange(piece.rows, dtype=np.int64)[piece.take]
+        ids.append(piece.start + local)
+        groups.append(len(local))
+        if plan_order:
+            where.append(np.arange(size, dtype=np.int64)[piece.dest])
+        else:
+            where.append(np.arange(at, at + len(local), dtype=np.int64))
+        at += len(local)
+    if not ids:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, [], empty
+    return np.concatenate(ids), groups, np.concatenate(where)
+
+
+def read_origins(
+    grid: PatchGrid, cut: Cut, size: int, pieces: Sequence[ChunkPiece], plan_order: bool = False
+) -> tuple[np.ndarray, ReadReport]:
+    """A window's patch origins (``return_origins``) in ``cut``'s array: ``(size, ndim)``."""
+    ids, _, where = patch_ids(pieces, size, plan_order)
+    out = np.empty((len(ids), len(cut.size)), dtype=np.int64)
+    out[where] = cut.place(grid.origin_of(ids))
+    return out, ReadReport()
+
+
+def read_patches(
+    array: Any,
+    name: str,
+    chunks: tuple[tuple[int, ...], ...],
+    grid: PatchGrid,
+    cuts: tuple[Cut, ...],
+    size: int,
+    pieces: Sequence[ChunkPiece],
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+    plan_order: bool = False,
+) -> tuple[tuple[np.ndarray, ReadReport], ...]:
+    """Read one window's patches of one array: one ``(patches, report)`` per cut.
+
+    Parameters
+    ----------
+    array : zarr.Array, numpy.ndarray or dask.array.Array
+        The base array.
+    name : str
+        How errors name it.
+    chunks : tuple of tuple of int
+        Its chunk sizes per axis (dask style).
+    grid : PatchGrid
+        The stream's patch origins.
+    cuts : tuple of Cut
+        What to cut at each origin; one output each, of shape
+        ``(size, *cut.size)``, in ascending patch order (or plan order).
+    size : int
+        Patches in the window.
+    pieces : sequence of ChunkPiece
+        The window's pieces over the grid's units.
+
+    Returns
+    -------
+    tuple of (ndarray, ReadReport)
+        Per cut.  The first report carries what was read (``decoded``:
+        every chunk decoded, with its bytes; missing chunks, retries); with ``on_error="skip"``
+        every report lists the chunks skipped and the patches they took out.
+    """
+    ids, groups, where = patch_ids(pieces, size, plan_order)
+    boxes = grid.boxes(ids, groups, cuts) if len(ids) else []
+    bounds = [chunk_offsets(sizes) for sizes in chunks]
+    dtype = np.dtype(array.dtype)
+    outs = [np.empty((size, *cut.size), dtype=dtype) for cut in cuts]
+    ledger = Ledger()
+    bad: set[Block] = set()
+    origins = cuts[0].place(grid.origin_of(ids))
+    starts = np.concatenate([[0], np.cumsum(groups, dtype=np.int64)]).tolist()
+    for lo, hi in _box_groups(boxes, dtype.itemsize):
+        part = boxes[lo:hi]
+        if isinstance(array, np.ndarray):
+            filled = [array[box] for box in part]
+        elif isinstance(array, zarr.Array):
+            filled, lost = _read_boxes(array, name, part, bounds, ledger, policy, scope)
+            bad |= lost
+        else:  # a dask array: the boxes in one compute, each shared block once
+            import dask
+
+            filled = list(dask.compute(*[array[box] for box in part], scheduler="sync"))
+        for number, data in zip(range(lo, hi), filled, strict=True):
+            a, b = starts[number], starts[number + 1]
+            start = np.array([s.start for s in boxes[number]], dtype=np.int64)
+            for cut, out in zip(cuts, outs, strict=True):
+                rel = origins[a:b] + np.asarray(cut.shift) - start
+                _cut(out, where[a:b], data, rel, cut)
+        del filled
+    decoded: tuple[tuple[Block, int], ...] = ()
+    if not isinstance(array, np.ndarray):
+        decoded = chunk_bytes(box_chunks(boxes, bounds)[0], bounds, dtype.itemsize)
+    skipped: tuple[tuple[Block, int, int], ...] = ()
+    if bad:
+        drop = _touching(origins, cuts, bad, bounds)
+        skipped = _runs(ids, drop, origins, cuts, bad, bounds)
+        outs = [np.delete(out, where[drop], axis=0) for out in outs]
+    missing_keys = tuple(dict.fromkeys(ledger.missing))
+    first = ReadReport(
+        missing_keys=missing_keys,
+        missing_chunks=_missing_blocks(array, boxes, bounds, missing_keys),
+        retries=ledger.retries,
+        skipped=skipped,
+        decoded=decoded,
+    )
+    rest = ReadReport(skipped=skipped, decoded=())
+    return tuple((out, first if i == 0 else rest) for i, out in enumerate(outs))
+
+
+def _box_groups(boxes: Sequence[Box], itemsize: int) -> list[tuple[int, int]]:
+    """Consecutive boxes filled at once: at most ``DECODE_GROUP_BYTES`` (at least one box).
+
+    Bounds a window's memory beyond its output when its boxes together are
+    large (an exact shuffle's window touches every unit).
+    """
+    found, lo, held = [], 0, 0
+    for number, box in enumerate(boxes):
+        nbytes = itemsize * int(np.prod([s.stop - s.start for s in box]))
+        if number > lo and held + nbytes > DECODE_GROUP_BYTES:
+            found.append((lo, number))
+            lo, held = number, 0
+        held += nbytes
+    if lo < len(boxes):
+        found.append((lo, len(boxes)))
+    return found
+
+
+def _cut(out: np.ndarray, where: np.ndarray, data: np.ndarray, rel: np.ndarray, cut: Cut) -> None:
+    """Copy the patches at box-relative origins ``rel`` of ``data`` to rows ``where`` of ``out``."""
+    if len(rel) <= 8:
+        for row, origin in zip(where.tolist(), rel.tolist(), strict=True):
+            out[row] = data[tuple(slice(o, o + n) for o, n in zip(origin, cut.size, strict=True))]
+        return
+    view = np.lib.stride_tricks.sliding_window_view(data, cut.size)
+    gathered = view[tuple(rel.T)]
+    if len(where) and where[-1] - where[0] + 1 == len(where) and np.all(np.diff(where) == 1):
+        out[int(where[0]) : int(where[-1]) + 1] = gathered
+    else:
+        out[where] = gathered
+
+
+def _read_boxes(
+    array: zarr.Array,
+    name: str,
+    boxes: Sequence[Box],
+    bounds: Sequence[np.ndarray],
+    ledger: Ledger,
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+) -> tuple[list[np.ndarray], set[Block]]:
+    """Fill each box from the chunks it overlaps, each chunk decoded once.
+
+    Also returns the chunks that did not decode (``on_error="skip"``).
+    """
+    spans, users = box_chunks(boxes, bounds)
+    dtype = np.dtype(array.dtype)
+    filled = [np.empty(tuple(s.stop - s.start for s in box), dtype=dtype) for box in boxes]
+
+    def place(block: Block, data: np.ndarray) -> None:
+        span = spans[block]
+        for number in users[block]:
+            box = boxes[number]
+            inner = tuple(
+                slice(max(a.start, b.start), min(a.stop, b.stop))
+                for a, b in zip(span, box, strict=True)
+            )
+            filled[number][_local(inner, box)] = data[_local(inner, span)]
+
+    def keys() -> list[str]:
+        return [key for block in spans for key in block_key(array, block)]
+
+    fast, _ = read_views(array, name, policy, ledger, keys, scope)
+    bad: set[Block] = set()
+    inner = getattr(fast, "_async_array", None)
+    try:
+        if inner is None:
+            raise RuntimeError("not an asynchronous array")
+        _decode_concurrently(inner, spans, place, dtype.itemsize, scope)
+    except ReadCancelledError:
+        raise
+    except Exception:  # read again chunk by chunk, so that the error names the chunk
+        for block, span in spans.items():
+            data, report = read_block(array, name, block, span, policy, scope)
+            ledger.retries += report.retries
+            ledger.missing.extend(report.missing_keys)
+            if data is None:  # on_error="skip": its patches leave the window
+                bad.add(block)
+                continue
+            place(block, data)
+    return filled, bad
+
+
+def _decode_concurrently(
+    inner: Any,
+    spans: dict[Block, Box],
+    place: Any,
+    itemsize: int,
+    scope: CancelScope | None,
+) -> None:
+    """Decode every chunk's span on Zarr's event loop, placing each as it arrives."""
+    largest = max((np.prod([s.stop - s.start for s in span]) for span in spans.values()), default=1)
+    limit = max(4, DECODE_GROUP_BYTES // max(int(largest) * itemsize, 1))
+
+    async def read_all() -> None:
+        gate = asyncio.Semaphore(limit)
+
+        async def one(block: Block, span: Box) -> None:
+            async with gate:
+                data = np.asarray(await inner.getitem(span))
+                place(block, data)
+
+        async with asyncio.TaskGroup() as group:  # a failure cancels the siblings
+            for block, span in spans.items():
+                group.create_task(one(block, span))
+
+    run_on_loop(read_all(), scope)
+
+
+def _local(inner: Box, outer: Box) -> Box:
+    """``inner`` relative to the start of ``outer``."""
+    return tuple(
+        slice(a.start - b.start, a.stop - b.start) for a, b in zip(inner, outer, strict=True)
+    )
+
+
+def _touching(
+    origins: np.ndarray, cuts: Sequence[Cut], bad: set[Block], bounds: Sequence[np.ndarray]
+) -> np.ndarray:
+    """Which patches have a cut overlapping a chunk in ``bad``."""
+    drop = np.zeros(len(origins), dtype=bool)
+    for block in bad:
+        lo = np.array([int(e[b]) for b, e in zip(block, bounds, strict=True)])
+        hi = np.array([int(e[b + 1]) for b, e in zip(block, bounds, strict=True)])
+        for cut in cuts:
+            start = origins + np.asarray(cut.shift)
+            stop = start + np.asarray(cut.size)
+            drop |= np.all((start < hi) & (stop > lo), axis=1)
+    return drop
+
+
+def _runs(
+    ids: np.ndarray,
+    drop: np.ndarray,
+    origins: np.ndarray,
+    cuts: Sequence[Cut],
+    bad: set[Block],
+    bounds: Sequence[np.ndarray],
+) -> tuple[tuple[Block, int, int], ...]:
+    """The skipped chunks, each with the runs of patch ids it took out of the window."""
+    found = []
+    for block in sorted(bad):
+        mine = _touching(origins, cuts, {block}, bounds) & drop
+        dropped = ids[mine]
+        if not len(dropped):
+            continue
+        cuts_at = np.flatnonzero(np.diff(dropped) != 1) + 1
+        for run in np.split(dropped, cuts_at):
+            found.append((block, int(run[0]), int(run[-1]) + 1))
+    return tuple(found)
+
+
+def _missing_blocks(
+    array: Any, boxes: Sequence[Box], bounds: Sequence[np.ndarray], missing: tuple[str, ...]
+) -> tuple[Block, ...]:
+    """The chunks whose store keys were absent."""
+    if not missing:
+        return ()
+    absent = set(missing)
+    spans, _ = box_chunks(boxes, bounds)
+    return tuple(block for block in spans if absent.intersection(block_key(array, block)))

@@ -1,0 +1,267 @@
+"""Patch streams: every patch of the epoch exactly once, equal to numpy slicing.
+
+The reference (:func:`expected`) computes the patches and targets with plain
+numpy from the definition (xbatcher's ``input_dims`` / ``input_overlap``,
+the issue's ``target_offset`` / ``target_dims``); the streams must agree in
+every shuffle mode, on numpy, Zarr (sharded too) and dask arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given
+from hypothesis import strategies as st
+
+from daskzarr_batches import ArgumentTypeError, ArgumentValueError, patch_stream
+from daskzarr_batches.errors import LengthMismatchError
+from tests.strategies import property_settings
+
+
+def expected(
+    x: np.ndarray,
+    sizes: dict[int, int],
+    overlap: dict[int, int] | None = None,
+    offset: dict[int, int] | None = None,
+    lead: dict[int, int] | None = None,
+) -> tuple[list[tuple[int, ...]], list[np.ndarray], list[np.ndarray]]:
+    """Origins (C order), input patches and targets, from the definition."""
+    overlap, offset, lead = overlap or {}, offset or {}, lead or {}
+    ranges = []
+    for axis in range(x.ndim):
+        if axis not in sizes:
+            ranges.append([0])
+            continue
+        size, k = sizes[axis], offset.get(axis, 0)
+        m = lead.get(axis, size)
+        low, high = min(0, k), max(size, k + m)
+        stride = size - overlap.get(axis, 0)
+        ranges.append(list(range(-low, x.shape[axis] - high + 1, stride)))
+    origins, inputs, targets = [], [], []
+    for origin in itertools.product(*ranges):
+        cut = tuple(
+            slice(o, o + sizes.get(a, x.shape[a])) for a, o in enumerate(origin)
+        )
+        origins.append(origin)
+        inputs.append(x[cut])
+        if offset:
+            shifted = []
+            for a, o in enumerate(origin):
+                if a in offset:
+                    start = o + offset[a]
+                    shifted.append(slice(start, start + lead.get(a, sizes[a])))
+                else:
+                    shifted.append(cut[a])
+            targets.append(x[tuple(shifted)])
+    return origins, inputs, targets
+
+
+def as_kind(x: np.ndarray, kind: str, chunks: tuple[int, ...]) -> Any:
+    if kind == "numpy":
+        return x
+    if kind == "dask":
+        return da.from_array(x, chunks=chunks)
+    shards = None
+    if kind == "sharded":
+        shards = tuple(c * 2 for c in chunks)
+    z = zarr.create_array(
+        store={}, shape=x.shape, chunks=chunks, shards=shards, dtype=x.dtype, fill_value=0
+    )
+    z[:] = x
+    return z
+
+
+def collect(stream: Any) -> tuple[np.ndarray, ...]:
+    """Every item of a stream concatenated, per element of the item."""
+    items = list(stream)
+    if not items:
+        return ()
+    if isinstance(items[0], np.ndarray):
+        return (np.concatenate(items),)
+    return tuple(np.concatenate(parts) for parts in zip(*items, strict=True))
+
+
+@st.composite
+def patch_cases(draw: Any) -> dict[str, Any]:
+    ndim = draw(st.integers(2, 3))
+    shape = tuple(draw(st.integers(1, 9)) for _ in range(ndim))
+    chunks = tuple(draw(st.integers(1, max(1, n))) for n in shape)
+    patched = draw(st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim, unique=True))
+    sizes = {a: draw(st.integers(1, shape[a])) for a in patched}
+    overlap = {a: draw(st.integers(0, sizes[a] - 1)) for a in patched if draw(st.booleans())}
+    offset: dict[int, int] = {}
+    lead: dict[int, int] = {}
+    if draw(st.booleans()):
+        axis = draw(st.sampled_from(patched))
+        offset[axis] = draw(st.integers(-2, 3))
+        if draw(st.booleans()):
+            lead[axis] = draw(st.integers(1, 3))
+    return {
+        "shape": shape,
+        "chunks": chunks,
+        "sizes": sizes,
+        "overlap": overlap,
+        "offset": offset,
+        "lead": lead,
+        "kind": draw(st.sampled_from(["numpy", "zarr", "sharded", "dask"])),
+        "mode": draw(st.sampled_from(["none", "buffer", "exact"])),
+        "batch": draw(st.integers(1, 7)),
+        "seed": draw(st.integers(0, 2**16)),
+        "buffer": draw(st.integers(1, 30)),
+        "budget": draw(st.integers(200, 20_000)),
+    }
+
+
+def open_stream(case: dict[str, Any], data: Any, **extra: Any) -> Any:
+    mode = case["mode"]
+    kwargs: dict[str, Any] = {
+        "input_overlap": case["overlap"],
+        "return_origins": True,
+        "window_bytes": 64 * 4 * 4,
+    }
+    if case["offset"]:
+        kwargs.update(target_offset=case["offset"], target_dims=case["lead"] or None)
+    if mode != "none":
+        kwargs.update(shuffle=True, seed=case["seed"])
+    if mode == "buffer":
+        kwargs["shuffle_buffer_size"] = case["buffer"]
+    if mode == "exact":
+        kwargs["memory_budget"] = case["budget"]
+    kwargs.update(extra)
+    return patch_stream(data, case["sizes"], case["batch"], **kwargs)
+
+
+@property_settings(60)
+@given(patch_cases())
+def test_every_patch_exactly_once_equal_to_numpy(case: dict[str, Any]) -> None:
+    x = np.arange(np.prod(case["shape"]), dtype="f4").reshape(case["shape"])
+    origins, inputs, targets = expected(
+        x, case["sizes"], case["overlap"], case["offset"], case["lead"]
+    )
+    if not origins:
+        with pytest.raises(ArgumentValueError, match="no patch fits"):
+            open_stream(case, as_kind(x, "numpy", case["chunks"]))
+        return
+    data = as_kind(x, case["kind"], case["chunks"])
+    with open_stream(case, data) as stream:
+        assert len(stream) == -(-len(origins) // case["batch"])
+        got = collect(stream)
+        assert stream.stats.samples_yielded == len(origins)
+    *patches, where = got
+    index = {origin: i for i, origin in enumerate(origins)}
+    seen = [index[tuple(o)] for o in where.tolist()]
+    assert sorted(seen) == list(range(len(origins)))  # every patch exactly once
+    if case["mode"] == "none":
+        assert seen == list(range(len(origins)))  # C order of the origins
+    np.testing.assert_array_equal(patches[0], np.stack([inputs[i] for i in seen]))
+    if case["offset"]:
+        np.testing.assert_array_equal(patches[1], np.stack([targets[i] for i in seen]))
+
+
+def test_shuffle_repeats_per_seed_and_epoch() -> None:
+    x = np.arange(6 * 8 * 8, dtype="f4").reshape(6, 8, 8)
+    z = as_kind(x, "zarr", (2, 4, 4))
+
+    def order(**kwargs: Any) -> list[tuple[int, ...]]:
+        stream = patch_stream(z, {1: 4, 2: 4}, 5, shuffle=True, return_origins=True, **kwargs)
+        return [tuple(o) for _, where in stream for o in where.tolist()]
+
+    for buffer in (None, 8):
+        first = order(seed=3, shuffle_buffer_size=buffer)
+        assert first == order(seed=3, shuffle_buffer_size=buffer)
+        assert first != order(seed=4, shuffle_buffer_size=buffer)
+        assert first != order(seed=3, epoch=1, shuffle_buffer_size=buffer)
+        assert sorted(first) == sorted(order(seed=4, shuffle_buffer_size=buffer))
+
+
+def test_tiling_patches_decode_each_chunk_once() -> None:
+    """No overlap, patches tiling the chunks: read amplification 1.00 sequential and buffered."""
+    x = np.random.default_rng(0).random((8, 32, 48), dtype="f4")
+    z = as_kind(x, "zarr", (2, 16, 16))
+    for kwargs in ({}, {"shuffle": True, "shuffle_buffer_size": 64}):
+        stream = patch_stream(z, {0: 1, 1: 8, 2: 8}, 16, **kwargs)
+        assert stream.summary().read_amplification == pytest.approx(1.0)
+        list(stream)
+        assert stream.stats.read_amplification == pytest.approx(1.0)
+        assert stream.stats.chunks_read == 4 * 2 * 3
+
+
+def test_forecast_pairs_decode_a_chunk_twice_only_at_window_edges() -> None:
+    """(t, t + 1) pairs from one array: inputs and targets share each window's chunks.
+
+    Only the chunk after each window's last origin (its targets' halo) is
+    decoded again, by the next window: amplification 1 + (windows - 1) / chunks.
+    """
+    x = np.random.default_rng(1).random((64, 6, 10), dtype="f4")
+    z = as_kind(x, "zarr", (1, 6, 10))
+    stream = patch_stream(z, {0: 1}, 4, target_offset={0: 1}, window_bytes=16 * 240)
+    plan = stream.summary()
+    assert plan.read_amplification == pytest.approx(1 + (plan.n_windows - 1) / 64)
+    got_x, got_y = collect(stream)
+    np.testing.assert_array_equal(got_x[:, 0], x[:-1])
+    np.testing.assert_array_equal(got_y[:, 0], x[1:])
+    assert stream.stats.read_amplification == pytest.approx(plan.read_amplification)
+
+
+def test_dict_of_variables_and_xarray_names() -> None:
+    xr = pytest.importorskip("xarray")
+    rng = np.random.default_rng(2)
+    t2m = rng.random((5, 6, 8), dtype="f4")
+    u = rng.random((5, 6, 8), dtype="f4")
+    ds = xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), t2m), "u": (("time", "lat", "lon"), u)},
+        coords={"time": np.arange(5) * 10, "lat": np.linspace(-90, 90, 6)},
+    ).chunk({"time": 2, "lat": 3, "lon": 4})
+    stream = patch_stream(
+        ds, {"lat": 3, "lon": 4}, 4, target_offset=None, return_origins=True
+    )
+    batches = list(stream)
+    inputs, origins = batches[0]
+    assert set(inputs) == {"t2m", "u"} and inputs["t2m"].shape == (4, 5, 3, 4)
+    assert set(origins) == {"index", "lat"}
+    index = np.concatenate([o["index"] for _, o in batches])
+    np.testing.assert_array_equal(
+        np.concatenate([o["lat"] for _, o in batches]), ds["lat"].values[index[:, 1]]
+    )
+    got = np.concatenate([b["u"] for b, _ in batches])
+    for patch, (_, a, b) in zip(got, index.tolist(), strict=True):
+        np.testing.assert_array_equal(patch, u[:, a : a + 3, b : b + 4])
+    pairs = patch_stream(ds, {"time": 2}, 3, target_offset={"time": 2}, target_dims={"time": 1})
+    x, y = next(pairs)
+    assert set(x) == set(y) == {"t2m", "u"}
+    np.testing.assert_array_equal(y["t2m"][:, 0], t2m[[2, 4]])  # origins 0, 2 (stride 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"input_dims": {}}, ArgumentValueError, "at least one dim"),
+        ({"input_dims": {3: 2}}, ArgumentValueError, "axis 3"),
+        ({"input_dims": {"time": 2}}, ArgumentValueError, "no named dims"),
+        ({"input_dims": {0: 0}}, ArgumentValueError, r"input_dims\[0\]"),
+        ({"input_dims": {0: 9}}, ArgumentValueError, "larger than"),
+        ({"input_dims": {0: 2}, "input_overlap": {0: 2}}, ArgumentValueError, "smaller than"),
+        ({"input_dims": {0: 2}, "input_overlap": {1: 1}}, ArgumentValueError, "taken whole"),
+        ({"input_dims": {0: 2}, "target_offset": {1: 1}}, ArgumentValueError, "cannot shift"),
+        ({"input_dims": {0: 2}, "target_dims": {0: 1}}, ArgumentValueError, "target_offset"),
+        ({"input_dims": {0: 2}, "target_offset": {0: 9}}, ArgumentValueError, "no patch fits"),
+        ({"input_dims": [0]}, ArgumentTypeError, "dict"),
+        ({"input_dims": {0: 2}, "target_offset": {0: 1.5}}, ArgumentTypeError, "integer"),
+    ],
+)
+def test_bad_arguments_name_the_value(kwargs: dict[str, Any], error: type, match: str) -> None:
+    x = np.zeros((8, 4), dtype="f4")
+    with pytest.raises(error, match=match):
+        patch_stream(x, batch_size=2, **kwargs)
+
+
+def test_arrays_must_share_the_patched_dims() -> None:
+    with pytest.raises(LengthMismatchError, match="along dim 1"):
+        patch_stream((np.zeros((4, 6)), np.zeros((4, 5))), {1: 2}, 2)
+    x, y = collect(patch_stream((np.ones((4, 6)), np.zeros((4, 6, 3))), {1: 2}, 2))
+    assert x.shape == (3, 4, 2) and y.shape == (3, 4, 2, 3)
