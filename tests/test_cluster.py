@@ -120,6 +120,28 @@ def test_sharded_streams_identical_to_local(client: Any, tmp_path: Any, mode: st
             np.testing.assert_array_equal(features, data[ids])
 
 
+@pytest.mark.parametrize("kind", ["zarr", "numpy", "dask"])
+def test_patch_streams_identical_to_local(client: Any, tmp_path: Any, kind: str) -> None:
+    """Patches and forecast targets on a cluster: one read task per base array, plan order."""
+    array, data = make_zarr(tmp_path / "f.zarr", (12, 10, 9), (3, 5, 4))
+    source = {"zarr": array, "numpy": data, "dask": da.from_array(data, chunks=(4, 3, 9))}[kind]
+
+    def stream(**kw: Any) -> Any:
+        return dzb.patch_stream(
+            source, {0: 2, 1: 4, 2: 3}, 7, input_overlap={1: 1}, target_offset={0: 1},
+            shuffle=True, shuffle_buffer_size=40, return_origins=True, **kw,
+        )  # fmt: skip
+
+    expected = local(stream)
+    with stream(client=client) as remote:
+        got = list(remote)
+    assert_same_batches(got, expected)
+    for x, y, where in got:
+        for patch, target, (t, a, b) in zip(x, y, where.tolist(), strict=True):
+            np.testing.assert_array_equal(patch, data[t : t + 2, a : a + 4, b : b + 3])
+            np.testing.assert_array_equal(target, data[t + 1 : t + 3, a : a + 4, b : b + 3])
+
+
 @pytest.mark.parametrize("prefetch", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("buffer", [None, 300])
 def test_shuffled_batches_identical_to_local(

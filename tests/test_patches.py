@@ -9,6 +9,7 @@ every shuffle mode, on numpy, Zarr (sharded too) and dask arrays.
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import dask.array as da
@@ -18,7 +19,7 @@ import zarr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daskzarr_batches import ArgumentTypeError, ArgumentValueError, patch_stream
+from daskzarr_batches import ArgumentTypeError, ArgumentValueError, Loader, patch_stream
 from daskzarr_batches.errors import LengthMismatchError
 from tests.strategies import property_settings
 
@@ -265,3 +266,78 @@ def test_arrays_must_share_the_patched_dims() -> None:
         patch_stream((np.zeros((4, 6)), np.zeros((4, 5))), {1: 2}, 2)
     x, y = collect(patch_stream((np.ones((4, 6)), np.zeros((4, 6, 3))), {1: 2}, 2))
     assert x.shape == (3, 4, 2) and y.shape == (3, 4, 2, 3)
+
+
+@property_settings(15)
+@given(
+    st.sampled_from(["none", "buffer", "exact"]),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.integers(0, 40),
+    st.booleans(),
+)
+def test_loader_ranks_cover_with_equal_steps_and_resume_exactly(
+    mode: str, world: int, batch: int, stop_after: int, even: bool
+) -> None:
+    x = np.arange(7 * 9 * 10, dtype="f4").reshape(7, 9, 10)
+    z = as_kind(x, "zarr", (2, 4, 5))
+    kwargs: dict[str, Any] = {
+        "input_dims": {1: 4, 2: 5},
+        "input_overlap": {1: 2},
+        "target_offset": {1: 1},
+        "return_origins": True,
+        "even_batches": even,
+        "seed": 5,
+    }
+    if mode != "none":
+        kwargs["shuffle"] = True
+    if mode == "buffer":
+        kwargs["shuffle_buffer_size"] = 7
+    if mode == "exact":
+        kwargs["memory_budget"] = 20_000
+    origins, _, _ = expected(x, {1: 4, 2: 5}, {1: 2}, {1: 1})
+    seen: list[tuple[int, ...]] = []
+    steps = set()
+    for rank in range(world):
+        loader = Loader(z, batch, rank=rank, world_size=world, **kwargs)
+        items = list(loader)
+        steps.add(len(items))
+        assert len(items) == len(loader)
+        for x_batch, y_batch, where in items:
+            for patch, target, (a, b, c) in zip(x_batch, y_batch, where.tolist(), strict=True):
+                np.testing.assert_array_equal(patch, x[:, b : b + 4, c : c + 5])
+                np.testing.assert_array_equal(target, x[:, b + 1 : b + 5, c : c + 5])
+                seen.append((a, b, c))
+        # resume: stop after some batches, restore a fresh loader from the state
+        first = Loader(z, batch, rank=rank, world_size=world, **kwargs)
+        epoch = iter(first)
+        cut = min(stop_after, len(items))
+        head = [next(epoch) for _ in range(cut)]
+        state = json.loads(json.dumps(first.state_dict()))
+        epoch.close()
+        again = Loader(z, batch, rank=rank, world_size=world, **kwargs)
+        again.load_state_dict(state)
+        tail = list(again)
+        assert [w.tolist() for *_, w in head + tail] == [w.tolist() for *_, w in items]
+    assert len(steps) == 1  # equal steps
+    if even:
+        assert set(seen) == set(origins)  # covering (padding repeats some)
+    else:
+        assert len(seen) == len(set(seen))  # disjoint
+        assert len(seen) == len(origins) // world * world
+
+
+def test_torch_adapter_yields_patch_pairs_as_tensors() -> None:
+    torch = pytest.importorskip("torch")
+    from daskzarr_batches.torch import ZarrIterableDataset
+
+    x = np.arange(6 * 8 * 8, dtype="f4").reshape(6, 8, 8)
+    loader = Loader(
+        as_kind(x, "zarr", (2, 4, 4)), 4, input_dims={0: 2, 1: 4, 2: 4}, target_offset={0: 1}
+    )
+    batches = list(torch.utils.data.DataLoader(ZarrIterableDataset(loader), batch_size=None))
+    assert len(batches) == len(loader)
+    first_x, first_y = batches[0]
+    assert isinstance(first_x, torch.Tensor) and first_x.shape == (4, 2, 4, 4)
+    np.testing.assert_array_equal(first_x[0].numpy(), x[0:2, 0:4, 0:4])
+    np.testing.assert_array_equal(first_y[0].numpy(), x[1:3, 0:4, 0:4])

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import dask.threaded
 
 from ..errors import ArgumentTypeError
+from ..store.patches import PatchSource
 from ..store.policy import CancelScope
 from ..store.sources import SliceSource, Source
 from ..store.threads import DaemonExecutor
@@ -162,20 +163,31 @@ class ClientRunner:
         object store, dask arrays) pickle small and are embedded as they are.
         """
         placed: list[Source] = []
+        bases: dict[int, Source] = {}  # a patch stream's outputs share their base array
         for source in sources:
-            if isinstance(source, SliceSource) and source.carries_data:
-                key = f"dzb-scattered-{source.token}"
-                if key not in self._scattered:
-                    scattered = self.client.scatter(
-                        {key: source.array},
-                        broadcast=True,
-                        hash=False,
-                        **({} if timeout is None else {"timeout": timeout}),
-                    )
-                    self._scattered[key] = scattered[key]
-                source = dataclasses.replace(source, array=self._scattered[key])
-            placed.append(source)
+            if isinstance(source, PatchSource) and source.base is not None:
+                base = bases.get(id(source.base))
+                if base is None:
+                    base = bases[id(source.base)] = self._placed(source.base, timeout)
+                placed.append(dataclasses.replace(source, base=base))
+                continue
+            placed.append(self._placed(source, timeout))
         return placed
+
+    def _placed(self, source: Source, timeout: float | None) -> Source:
+        """One source, scattered to every worker if its pickle carries its data."""
+        if isinstance(source, SliceSource) and source.carries_data:
+            key = f"dzb-scattered-{source.token}"
+            if key not in self._scattered:
+                scattered = self.client.scatter(
+                    {key: source.array},
+                    broadcast=True,
+                    hash=False,
+                    **({} if timeout is None else {"timeout": timeout}),
+                )
+                self._scattered[key] = scattered[key]
+            source = dataclasses.replace(source, array=self._scattered[key])
+        return source
 
     def submit(self, dsk: Graph, key: Any, priority: int) -> Fetched:
         future = self.client.get(dsk, key, sync=False, priority=priority)

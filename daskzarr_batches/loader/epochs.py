@@ -41,6 +41,7 @@ from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import is_xarray
 from ..streams.base import StreamStats
 from ..streams.batch import BatchStream
+from ..streams.patch import patch_arguments
 from ..streams.spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_WINDOW_BYTES,
@@ -96,6 +97,11 @@ timeout, missing, on_error, retries, io_concurrency
         Applied to each batch (in its structure) in this process, after it is
         cut: normalisation, dtype or device conversion.  It does not change
         which samples a batch holds.
+    input_dims, input_overlap, target_offset, target_dims, target_data, return_origins
+        Samples are N-D patches (and forecast pairs), as for
+        :func:`patch_stream`: ``arrays`` is then its ``data`` (an
+        ``xarray.Dataset`` gives a dict of patch batches), and epochs, ranks,
+        resume and ``transform`` work on patches as on rows.
 
     Notes
     -----
@@ -139,8 +145,36 @@ timeout, missing, on_error, retries, io_concurrency
         on_error: OnError = "raise",
         retries: int = DEFAULT_RETRIES,
         io_concurrency: int | None = None,
+        input_dims: Mapping[Any, int] | None = None,
+        input_overlap: Mapping[Any, int] | None = None,
+        target_offset: Mapping[Any, int] | None = None,
+        target_dims: Mapping[Any, int] | None = None,
+        target_data: Any = None,
+        return_origins: bool = False,
     ) -> None:
-        self._names, self._wrap, values = _structure(arrays)
+        layout = None
+        if input_dims is None:
+            given = {
+                "input_overlap": input_overlap, "target_offset": target_offset,
+                "target_dims": target_dims, "target_data": target_data,
+            }  # fmt: skip
+            if return_origins:
+                given["return_origins"] = return_origins
+            named = sorted(name for name, value in given.items() if value is not None)
+            if named:
+                raise ArgumentValueError(
+                    f"{', '.join(named)} given without input_dims: patch arguments need "
+                    "input_dims (the patch size along each patched dim)"
+                )
+            self._names, self._wrap, values = _structure(arrays)
+            roles = tuple(self._names) if self._names else None
+        else:  # samples are patches: their sources, and how a batch is packed
+            patches = patch_arguments(
+                arrays, input_dims, input_overlap=input_overlap, target_offset=target_offset,
+                target_dims=target_dims, target_data=target_data, return_origins=return_origins,
+            )  # fmt: skip
+            self._names, self._wrap, values = None, False, patches.sources
+            roles, layout = patches.roles, patches.layout
         mode = shuffle_mode(shuffle, shuffle_buffer_size)
         self.world_size = positive_int("world_size", world_size)
         self.rank = non_negative_int("rank", rank)
@@ -151,7 +185,6 @@ timeout, missing, on_error, retries, io_concurrency
         if transform is not None and not callable(transform):
             raise ArgumentTypeError(f"transform must be callable or None, got {transform!r}")
         self.transform = transform
-        roles = tuple(self._names) if self._names else None
         self.spec = StreamSpec(
             values,
             batch_size,
@@ -168,6 +201,7 @@ timeout, missing, on_error, retries, io_concurrency
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            layout=layout,
         )
         self._epoch = 0
         self._batches = 0  # batches of the current epoch this rank has yielded

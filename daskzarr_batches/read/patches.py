@@ -177,7 +177,7 @@ def _box_groups(boxes: Sequence[Box], itemsize: int) -> list[tuple[int, int]]:
 
 def _cut(out: np.ndarray, where: np.ndarray, data: np.ndarray, rel: np.ndarray, cut: Cut) -> None:
     """Copy the patches at box-relative origins ``rel`` of ``data`` to rows ``where`` of ``out``."""
-    if len(rel) <= 8:
+    if len(rel) <= 8 or np.prod(cut.size) >= 1024:  # a copy per patch, straight into place
         for row, origin in zip(where.tolist(), rel.tolist(), strict=True):
             out[row] = data[tuple(slice(o, o + n) for o, n in zip(origin, cut.size, strict=True))]
         return
@@ -225,7 +225,7 @@ def _read_boxes(
     try:
         if inner is None:
             raise RuntimeError("not an asynchronous array")
-        _decode_concurrently(inner, spans, place, dtype.itemsize, scope)
+        _decode_concurrently(inner, spans, users, boxes, filled, place, dtype.itemsize, scope)
     except ReadCancelledError:
         raise
     except Exception:  # read again chunk by chunk, so that the error names the chunk
@@ -243,21 +243,41 @@ def _read_boxes(
 def _decode_concurrently(
     inner: Any,
     spans: dict[Block, Box],
+    users: dict[Block, list[int]],
+    boxes: Sequence[Box],
+    filled: list[np.ndarray],
     place: Any,
     itemsize: int,
     scope: CancelScope | None,
 ) -> None:
-    """Decode every chunk's span on Zarr's event loop, placing each as it arrives."""
+    """Decode every chunk's span on Zarr's event loop.
+
+    A chunk whose span only one box needs is decoded straight into that box
+    (Zarr's selection with an ``out`` buffer: no copy); one shared by several
+    boxes (a halo) is decoded once and copied into each.
+    """
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.indexing import BasicIndexer
+
+    prototype = default_buffer_prototype()
     largest = max((np.prod([s.stop - s.start for s in span]) for span in spans.values()), default=1)
     limit = max(4, DECODE_GROUP_BYTES // max(int(largest) * itemsize, 1))
+    grid = inner.metadata.chunk_grid
 
     async def read_all() -> None:
         gate = asyncio.Semaphore(limit)
 
         async def one(block: Block, span: Box) -> None:
             async with gate:
-                data = np.asarray(await inner.getitem(span))
-                place(block, data)
+                owners = users[block]
+                if len(owners) == 1:
+                    box = boxes[owners[0]]
+                    target = filled[owners[0]][_local(span, box)]
+                    indexer = BasicIndexer(span, shape=inner.shape, chunk_grid=grid)
+                    out = prototype.nd_buffer.from_numpy_array(target)
+                    await inner._get_selection(indexer, prototype=prototype, out=out)
+                    return
+                place(block, np.asarray(await inner.getitem(span)))
 
         async with asyncio.TaskGroup() as group:  # a failure cancels the siblings
             for block, span in spans.items():
