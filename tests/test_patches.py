@@ -16,11 +16,20 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
 
 from daskzarr_batches import ArgumentTypeError, ArgumentValueError, Loader, patch_stream
-from daskzarr_batches.errors import LengthMismatchError
+from daskzarr_batches.errors import (
+    CorruptChunkError,
+    LengthMismatchError,
+    MissingChunkError,
+    MissingChunksWarning,
+    SkippedChunksWarning,
+)
+from daskzarr_batches.streams.patch import patch_summary
+from tests.stores import CountingStore, FaultStore, open_wrapped
 from tests.strategies import property_settings
 
 
@@ -45,9 +54,7 @@ def expected(
         ranges.append(list(range(-low, x.shape[axis] - high + 1, stride)))
     origins, inputs, targets = [], [], []
     for origin in itertools.product(*ranges):
-        cut = tuple(
-            slice(o, o + sizes.get(a, x.shape[a])) for a, o in enumerate(origin)
-        )
+        cut = tuple(slice(o, o + sizes.get(a, x.shape[a])) for a, o in enumerate(origin))
         origins.append(origin)
         inputs.append(x[cut])
         if offset:
@@ -192,21 +199,27 @@ def test_tiling_patches_decode_each_chunk_once() -> None:
         assert stream.stats.chunks_read == 4 * 2 * 3
 
 
-def test_forecast_pairs_decode_a_chunk_twice_only_at_window_edges() -> None:
+@pytest.mark.parametrize("chunks", [(1, 6, 10), (4, 3, 10)])
+def test_forecast_pairs_decode_each_chunk_once(chunks: tuple[int, ...]) -> None:
     """(t, t + 1) pairs from one array: inputs and targets share each window's chunks.
 
-    Only the chunk after each window's last origin (its targets' halo) is
-    decoded again, by the next window: amplification 1 + (windows - 1) / chunks.
+    The chunk after a window's last origin (its targets' halo) is the next
+    window's first: decoded once and handed on (``ChunkShare``), so the epoch
+    decodes each chunk once.  Without the hand-over (the plan of a cluster,
+    where each window decodes its own) it is decoded by both windows.
     """
     x = np.random.default_rng(1).random((64, 6, 10), dtype="f4")
-    z = as_kind(x, "zarr", (1, 6, 10))
+    z = as_kind(x, "zarr", chunks)
     stream = patch_stream(z, {0: 1}, 4, target_offset={0: 1}, window_bytes=16 * 240)
     plan = stream.summary()
-    assert plan.read_amplification == pytest.approx(1 + (plan.n_windows - 1) / 64)
+    assert plan.read_amplification == pytest.approx(1.0)
     got_x, got_y = collect(stream)
     np.testing.assert_array_equal(got_x[:, 0], x[:-1])
     np.testing.assert_array_equal(got_y[:, 0], x[1:])
-    assert stream.stats.read_amplification == pytest.approx(plan.read_amplification)
+    assert stream.stats.read_amplification == pytest.approx(1.0)
+    apart = patch_summary(stream.spec.sources, stream.plan, plan, shared=False)
+    halo = chunks[0] / 64  # one chunk row again per window but the first
+    assert apart.read_amplification == pytest.approx(1 + (plan.n_windows - 1) * halo)
 
 
 def test_dict_of_variables_and_xarray_names() -> None:
@@ -218,9 +231,7 @@ def test_dict_of_variables_and_xarray_names() -> None:
         {"t2m": (("time", "lat", "lon"), t2m), "u": (("time", "lat", "lon"), u)},
         coords={"time": np.arange(5) * 10, "lat": np.linspace(-90, 90, 6)},
     ).chunk({"time": 2, "lat": 3, "lon": 4})
-    stream = patch_stream(
-        ds, {"lat": 3, "lon": 4}, 4, target_offset=None, return_origins=True
-    )
+    stream = patch_stream(ds, {"lat": 3, "lon": 4}, 4, target_offset=None, return_origins=True)
     batches = list(stream)
     inputs, origins = batches[0]
     assert set(inputs) == {"t2m", "u"} and inputs["t2m"].shape == (4, 5, 3, 4)
@@ -341,3 +352,55 @@ def test_torch_adapter_yields_patch_pairs_as_tensors() -> None:
     assert isinstance(first_x, torch.Tensor) and first_x.shape == (4, 2, 4, 4)
     np.testing.assert_array_equal(first_x[0].numpy(), x[0:2, 0:4, 0:4])
     np.testing.assert_array_equal(first_y[0].numpy(), x[1:3, 0:4, 0:4])
+
+
+def _stored(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[Any, np.ndarray]:
+    store = zarr.storage.MemoryStore()
+    x = np.arange(np.prod(shape), dtype="f4").reshape(shape)
+    zarr.create_array(store=store, shape=shape, chunks=chunks, dtype="f4", fill_value=-1)[:] = x
+    return store, x
+
+
+def test_each_stored_chunk_is_fetched_once_per_window_and_epoch() -> None:
+    store, _ = _stored((4, 16, 16), (2, 8, 8))
+    counting = CountingStore(store)
+    stream = patch_stream(open_wrapped(counting), {0: 1, 1: 8, 2: 8}, 3)
+    assert np.concatenate(list(stream)).shape == (16, 1, 8, 8)
+    assert set(counting.counts.values()) == {1}
+    assert len(counting.counts) == 2 * 2 * 2
+
+
+def test_faults_name_the_chunk_skip_drops_its_patches_and_missing_warns() -> None:
+    store, x = _stored((4, 8, 8), (2, 4, 4))
+    key = "c/1/0/1"
+    zarr.core.sync.sync(
+        store.set(key, zarr.core.buffer.default_buffer_prototype().buffer.from_bytes(b"junk"))
+    )
+    array = zarr.open_array(store=store, mode="r")
+    with pytest.raises(CorruptChunkError, match=r"chunk \(1, 0, 1\)"):
+        list(patch_stream(array, {0: 2, 1: 2, 2: 2}, 4))
+    with pytest.warns(SkippedChunksWarning, match=r"chunk \(1, 0, 1\)"):
+        stream = patch_stream(array, {0: 2, 1: 2, 2: 2}, 4, on_error="skip", return_origins=True)
+        items = list(stream)
+    where = np.concatenate([w for _, w in items])
+    inside = [(t >= 2 and a < 4 and b >= 4) for t, a, b in where.tolist()]
+    assert not any(inside) and len(where) == 32 - 4
+    assert stream.stats.skipped and stream.stats.skipped[0].chunk == (1, 0, 1)
+    for patch, (t, a, b) in zip(np.concatenate([p for p, _ in items]), where.tolist(), strict=True):
+        np.testing.assert_array_equal(patch, x[t : t + 2, a : a + 2, b : b + 2])
+    zarr.core.sync.sync(store.delete(key))
+    with pytest.warns(MissingChunksWarning, match="c/1/0/1"):
+        stream = patch_stream(array, {0: 2, 1: 2, 2: 2}, 32)
+        (batch,) = list(stream)
+    assert stream.stats.chunks_missing == 1 and (batch == -1).sum() == 4 * 2 * 2 * 2
+    with pytest.raises(MissingChunkError, match="c/1/0/1"):
+        list(patch_stream(array, {0: 2, 1: 2, 2: 2}, 4, missing="error"))
+
+
+def test_transient_faults_are_retried() -> None:
+    store, x = _stored((4, 8, 8), (2, 4, 4))
+    faults = FaultStore(store, {"c/0/1/1": [ConnectionError("reset"), TimeoutError("slow")]})
+    stream = patch_stream(open_wrapped(faults), {1: 4, 2: 4}, 2)
+    got = np.concatenate(list(stream))
+    np.testing.assert_array_equal(got[3], x[:, 4:8, 4:8])
+    assert stream.stats.retries == 2

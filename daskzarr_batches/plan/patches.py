@@ -31,7 +31,19 @@ import numpy as np
 
 from .windows import IndexArray
 
-__all__ = ["Box", "Cut", "PatchGrid", "box_chunks", "chunk_bytes", "chunks_of", "patch_origins"]
+__all__ = [
+    "UNIT_WINDOWS",
+    "Box",
+    "Cut",
+    "PatchGrid",
+    "box_chunks",
+    "chunk_bytes",
+    "chunks_of",
+    "patch_origins",
+]
+
+#: How many windows' worth of patches a unit may hold before it is split along the next dim.
+UNIT_WINDOWS = 4
 
 #: A region of an array: one slice per axis.
 Box = tuple[slice, ...]
@@ -123,8 +135,10 @@ class PatchGrid:
         Stored chunk boundaries along each patched axis (``[0, c0, ..., n]``),
         which units follow.
     unit_patches : int, default 0
-        Patches a unit may hold at most, if the units can be that small (0:
-        one unit per chunk along the first patched axis).
+        Patches of a window (the plan's ``window_rows``): a unit may hold up
+        to ``UNIT_WINDOWS`` times as many, so that the patches of one row of
+        stored chunks along the first patched dim stay one unit where they
+        can (0: always).
     """
 
     shape: tuple[int, ...]
@@ -158,11 +172,15 @@ class PatchGrid:
     def _units(self) -> tuple[int, IndexArray]:
         """The units: runs of patch ids sharing origins before ``level`` and a chunk at it.
 
-        ``level`` is the first patched axis (in order) at which the largest
-        unit holds at most ``unit_patches`` patches (the last one if none
-        does): a unit is one origin along each patched axis before it, the
-        origins inside one stored chunk along it, every origin after it.
-        Patch ids are C-ordered over the origins, so each unit is a run.
+        ``level`` is the first patched dim (in order) at which the largest
+        unit holds at most ``UNIT_WINDOWS * unit_patches`` patches (the last
+        one if none does): a unit is one origin along each patched dim before
+        it, the origins inside one stored chunk along it, every origin after
+        it.  Patch ids are C-ordered over the origins, so each unit is a run.
+        A unit below level 0 decodes its chunks for one origin of the dims
+        before it, so the chunks of a row along those dims are decoded once
+        per origin (read amplification up to the chunk's length there, less
+        where consecutive units share a window): hence the slack.
         """
         counts = self.counts
         if self.n_patches == 0:
@@ -171,7 +189,8 @@ class PatchGrid:
             blocks = np.searchsorted(self.bounds[level], self.origins[level], side="right") - 1
             groups = np.diff(np.flatnonzero(np.diff(blocks, prepend=-1, append=-2)))
             inner = math.prod(counts[level + 1 :])
-            if self.unit_patches <= 0 or int(groups.max()) * inner <= self.unit_patches:
+            largest = int(groups.max()) * inner
+            if self.unit_patches <= 0 or largest <= UNIT_WINDOWS * self.unit_patches:
                 break
         repeats = math.prod(counts[:level])
         sizes = np.tile(groups.astype(np.int64) * inner, repeats)

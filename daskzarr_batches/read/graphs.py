@@ -22,7 +22,7 @@ from ..store.policy import (
     ReadPolicy,
 )
 from ..store.sources import DaskSource, SliceSource, Source
-from .patches import read_origins, read_patches
+from .patches import ChunkShare, read_origins, read_patches
 from .tasks import (
     Key,
     apply_transform,
@@ -51,6 +51,7 @@ def window_graph(
     scope: CancelScope | None = None,
     plan_order: bool = False,
     decode_bytes: int | None = None,
+    shares: dict[int, ChunkShare] | None = None,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -67,8 +68,10 @@ def window_graph(
     contiguous one on the worker, and the consumer cuts batches by slicing.
 
     ``decode_bytes``: see :func:`read_window` (shared by the window's arrays, in
-    proportion to their row sizes).
+    proportion to their row sizes).  ``shares``: a patch stream's
+    :class:`ChunkShare` per base array (``id``), which its windows' reads use.
     """
+    shares = shares or {}
     dsk: dict[Key, Any] = {}
     outputs = []
     groups: dict[int, tuple[Key, list[int]]] = {}  # patch sources by base array
@@ -77,7 +80,7 @@ def window_graph(
         outputs.append(out_key)
         if isinstance(source, PatchSource):
             _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
-                         scope, plan_order)  # fmt: skip
+                         scope, plan_order, shares.get(id(source.base)))  # fmt: skip
             continue
         if isinstance(source, SliceSource):
             dsk[out_key] = (
@@ -111,6 +114,7 @@ def _add_patches(
     policy: ReadPolicy,
     scope: CancelScope | None,
     plan_order: bool,
+    share: ChunkShare | None,
 ) -> None:
     """Add output ``out_key`` of a patch source: one read task per base array, shared."""
     grid = source.grid
@@ -126,7 +130,7 @@ def _add_patches(
         array = base.array if isinstance(base, SliceSource | DaskSource) else None
         dsk[key] = (
             read_patches, array, base.name, base.chunks, grid, source.group, window.size,
-            tuple(pieces), policy, scope, plan_order,
+            tuple(pieces), policy, scope, plan_order, share,
         )  # fmt: skip
         groups[group] = (key, [])
     key, _ = groups[group]

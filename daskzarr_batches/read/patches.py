@@ -17,6 +17,7 @@ not decode leave the window (from every output of the base array).
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,9 +32,81 @@ from ..store.layout import block_key
 from ..store.policy import DEFAULT_POLICY, CancelScope, Ledger, ReadPolicy, ReadReport
 from .tasks import read_block, read_views, run_on_loop
 
-__all__ = ["patch_ids", "read_origins", "read_patches"]
+__all__ = ["ChunkShare", "patch_ids", "read_origins", "read_patches"]
 
 Block = tuple[int, ...]
+
+
+class ChunkShare:
+    """Decoded stored chunks that the windows of one sequential patch stream hand on.
+
+    Consecutive windows of a sequential patch stream need the same chunks
+    where patches or targets cross a window's edge (a forecast target one
+    step ahead needs the first step of the next window's chunks).  Each read
+    task *claims* a chunk before decoding it: the first claim decodes the
+    whole chunk and publishes it, any later claim (another window's, also one
+    in flight at the same time) waits for it, so each chunk is decoded once
+    for all the windows that need it while it stays here.  Finished chunks
+    stay in a least-recently-used store of ``capacity`` bytes.  Used on this
+    process's Zarr event loop only (every access is on that thread); on a
+    cluster each task decodes its own chunks.
+
+    Parameters
+    ----------
+    capacity : int
+        Bytes of finished chunks kept (at least one chunk stays).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self.entries: collections.OrderedDict[Any, asyncio.Future[np.ndarray]] = (
+            collections.OrderedDict()
+        )
+
+    def __reduce__(self) -> Any:  # a task pickled for a cluster decodes on its own
+        return (_no_share, ())
+
+    async def decode(self, key: Any, read: Any) -> np.ndarray:
+        """The chunk ``key``: decoded by ``read()`` if first, else awaited from its first claim."""
+        found = self.entries.get(key)
+        if found is not None:
+            self.entries.move_to_end(key)
+            try:
+                return await asyncio.shield(found)
+            except _Abandoned:
+                pass  # its first claim failed: decode it here
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.entries[key] = future
+        try:
+            data = await read()
+        except BaseException:
+            if self.entries.get(key) is future:
+                del self.entries[key]
+            future.set_exception(_Abandoned())
+            future.exception()  # retrieved: no "never retrieved" message
+            raise
+        future.set_result(data)
+        self.held += data.nbytes
+        self._evict()
+        return data
+
+    def _evict(self) -> None:
+        while self.held > self.capacity and len(self.entries) > 1:
+            key, oldest = next(iter(self.entries.items()))
+            if not oldest.done():
+                return
+            del self.entries[key]
+            if oldest.exception() is None:
+                self.held -= oldest.result().nbytes
+
+
+class _Abandoned(Exception):
+    """The first claim of a shared chunk failed; a waiter decodes it itself."""
+
+
+def _no_share() -> None:
+    return None
 
 
 def patch_ids(
@@ -82,6 +155,7 @@ def read_patches(
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
     plan_order: bool = False,
+    share: ChunkShare | None = None,
 ) -> tuple[tuple[np.ndarray, ReadReport], ...]:
     """Read one window's patches of one array: one ``(patches, report)`` per cut.
 
@@ -102,6 +176,9 @@ def read_patches(
         Patches in the window.
     pieces : sequence of ChunkPiece
         The window's pieces over the grid's units.
+    share : ChunkShare, optional
+        Chunks decoded once for the windows of a sequential stream that need
+        them (local reads only).
 
     Returns
     -------
@@ -119,13 +196,17 @@ def read_patches(
     bad: set[Block] = set()
     origins = cuts[0].place(grid.origin_of(ids))
     starts = np.concatenate([[0], np.cumsum(groups, dtype=np.int64)]).tolist()
+    done: set[Block] = set()  # the stored chunks this task decoded
     for lo, hi in _box_groups(boxes, dtype.itemsize):
         part = boxes[lo:hi]
         if isinstance(array, np.ndarray):
             filled = [array[box] for box in part]
         elif isinstance(array, zarr.Array):
-            filled, lost = _read_boxes(array, name, part, bounds, ledger, policy, scope)
+            filled, lost, mine = _read_boxes(
+                array, name, part, bounds, ledger, policy, scope, share
+            )
             bad |= lost
+            done |= mine
         else:  # a dask array: the boxes in one compute, each shared block once
             import dask
 
@@ -138,7 +219,9 @@ def read_patches(
                 _cut(out, where[a:b], data, rel, cut)
         del filled
     decoded: tuple[tuple[Block, int], ...] = ()
-    if not isinstance(array, np.ndarray):
+    if isinstance(array, zarr.Array):
+        decoded = chunk_bytes(sorted(done), bounds, dtype.itemsize)
+    elif not isinstance(array, np.ndarray):
         decoded = chunk_bytes(box_chunks(boxes, bounds)[0], bounds, dtype.itemsize)
     skipped: tuple[tuple[Block, int, int], ...] = ()
     if bad:
@@ -197,10 +280,13 @@ def _read_boxes(
     ledger: Ledger,
     policy: ReadPolicy,
     scope: CancelScope | None,
-) -> tuple[list[np.ndarray], set[Block]]:
+    share: ChunkShare | None = None,
+) -> tuple[list[np.ndarray], set[Block], set[Block]]:
     """Fill each box from the chunks it overlaps, each chunk decoded once.
 
-    Also returns the chunks that did not decode (``on_error="skip"``).
+    Also returns the chunks that did not decode (``on_error="skip"``) and
+    the chunks this task decoded (not those another window's read handed on
+    through ``share``).
     """
     spans, users = box_chunks(boxes, bounds)
     dtype = np.dtype(array.dtype)
@@ -221,11 +307,15 @@ def _read_boxes(
 
     fast, _ = read_views(array, name, policy, ledger, keys, scope)
     bad: set[Block] = set()
+    decoded: set[Block] = set()
     inner = getattr(fast, "_async_array", None)
     try:
         if inner is None:
             raise RuntimeError("not an asynchronous array")
-        _decode_concurrently(inner, spans, users, boxes, filled, place, dtype.itemsize, scope)
+        _decode_concurrently(
+            inner, spans, users, boxes, filled, place, dtype.itemsize, scope, share, bounds,
+            decoded,
+        )  # fmt: skip
     except ReadCancelledError:
         raise
     except Exception:  # read again chunk by chunk, so that the error names the chunk
@@ -236,8 +326,9 @@ def _read_boxes(
             if data is None:  # on_error="skip": its patches leave the window
                 bad.add(block)
                 continue
+            decoded.add(block)
             place(block, data)
-    return filled, bad
+    return filled, bad, decoded
 
 
 def _decode_concurrently(
@@ -249,13 +340,19 @@ def _decode_concurrently(
     place: Any,
     itemsize: int,
     scope: CancelScope | None,
+    share: ChunkShare | None = None,
+    bounds: Sequence[np.ndarray] = (),
+    decoded: set[Block] | None = None,
 ) -> None:
     """Decode every chunk's span on Zarr's event loop.
 
     A chunk whose span only one box needs is decoded straight into that box
     (Zarr's selection with an ``out`` buffer: no copy); one shared by several
-    boxes (a halo) is decoded once and copied into each.
+    boxes (a halo) is decoded once and copied into each.  With a ``share``
+    every chunk is decoded whole, once for all the windows that claim it;
+    ``decoded`` collects the chunks this call decoded.
     """
+    decoded = set() if decoded is None else decoded
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.indexing import BasicIndexer
 
@@ -267,17 +364,50 @@ def _decode_concurrently(
     async def read_all() -> None:
         gate = asyncio.Semaphore(limit)
 
+        async def whole(block: Block, extent: Box) -> np.ndarray:
+            decoded.add(block)
+            return np.asarray(await inner.getitem(extent))
+
+        async def into(block: Block, span: Box) -> np.ndarray:
+            """Decode ``span`` of ``block`` straight into its one box; that part of the box."""
+            (owner,) = users[block]
+            decoded.add(block)
+            target = filled[owner][_local(span, boxes[owner])]
+            indexer = BasicIndexer(span, shape=inner.shape, chunk_grid=grid)
+            out = prototype.nd_buffer.from_numpy_array(target)
+            await inner._get_selection(indexer, prototype=prototype, out=out)
+            return target
+
         async def one(block: Block, span: Box) -> None:
             async with gate:
-                owners = users[block]
-                if len(owners) == 1:
-                    box = boxes[owners[0]]
-                    target = filled[owners[0]][_local(span, box)]
-                    indexer = BasicIndexer(span, shape=inner.shape, chunk_grid=grid)
-                    out = prototype.nd_buffer.from_numpy_array(target)
-                    await inner._get_selection(indexer, prototype=prototype, out=out)
+                extent = tuple(
+                    slice(int(e[b]), int(e[b + 1])) for b, e in zip(block, bounds, strict=True)
+                )
+                alone = len(users[block]) == 1
+                if share is None:
+                    if alone:
+                        await into(block, span)
+                    else:
+                        decoded.add(block)
+                        place(block, np.asarray(await inner.getitem(span)))
                     return
-                place(block, np.asarray(await inner.getitem(span)))
+                if alone and span == extent:  # decoded into its box, handed on from there
+                    mine: list[np.ndarray] = []
+
+                    async def read() -> np.ndarray:
+                        mine.append(await into(block, span))
+                        return mine[0]
+
+                    data = await share.decode(block, read)
+                    if mine and data is mine[0]:
+                        return
+                else:
+                    data = await share.decode(block, lambda: whole(block, extent))
+                start = [s.start for s in extent]
+                local = tuple(
+                    slice(s.start - a, s.stop - a) for s, a in zip(span, start, strict=True)
+                )
+                place(block, data[local])
 
         async with asyncio.TaskGroup() as group:  # a failure cancels the siblings
             for block, span in spans.items():

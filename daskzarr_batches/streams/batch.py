@@ -6,6 +6,7 @@ rank's shortfall, and cuts owned batches (``plan.batching.Batcher``)."""
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections import deque
@@ -31,6 +32,7 @@ from ..read.graphs import (
     read_threads,
     window_graph,
 )
+from ..read.patches import ChunkShare
 from ..read.window import release_free_memory
 from ..store.patches import PatchSource
 from ..store.policy import (
@@ -46,12 +48,16 @@ from .spec import (
 __all__ = ["RAMP_WINDOWS", "BatchStream"]
 
 
-def _summary(spec: StreamSpec) -> PlanSummary:
-    """The plan of ``spec`` in numbers (shared by ``plan_epoch`` and ``summary()``)."""
+def _summary(spec: StreamSpec, shared: bool = True) -> PlanSummary:
+    """The plan of ``spec`` in numbers (shared by ``plan_epoch`` and ``summary()``).
+
+    ``shared``: whether a sequential patch stream's windows hand on their
+    shared chunks (read in this process, not on a cluster).
+    """
     plan = spec.plan()
     summary = plan.summary(task_count=lambda window: count_tasks(spec.sources, window))
     if any(isinstance(source, PatchSource) for source in spec.sources):
-        return patch_summary(spec.sources, plan, summary)
+        return patch_summary(spec.sources, plan, summary, shared)
     return summary
 
 
@@ -212,6 +218,7 @@ class BatchStream(Stream[Any]):
         """
         spec, runner, policy, token = self.spec, self._runner, self.policy, self._token
         stream = weakref.proxy(self)
+        shares = _chunk_shares(spec, sources, runner.plan_order)
 
         def submit(window: Window, offset: int) -> Any:
             dsk, key = window_graph(
@@ -222,6 +229,7 @@ class BatchStream(Stream[Any]):
                 runner.scope,
                 runner.plan_order,
                 spec.decode_bytes,
+                shares,
             )
             return stream._submit(dsk, key, -window.index, lambda w=window: stream._where(w))
 
@@ -276,7 +284,7 @@ class BatchStream(Stream[Any]):
             count for the epoch.  About ``prefetch + 1`` windows are held at
             once.  The same as :func:`plan_epoch` with this stream's arguments.
         """
-        return _summary(self.spec)
+        return _summary(self.spec, shared=not self._runner.plan_order)
 
     def _describe_self(self) -> str:
         names = ", ".join(source.name for source in self.spec.sources)
@@ -366,6 +374,30 @@ class BatchStream(Stream[Any]):
                 )
             )
         return tuple(kept), renumbered, gone
+
+
+def _chunk_shares(
+    spec: StreamSpec, sources: Sequence[Source], plan_order: bool
+) -> dict[int, ChunkShare]:
+    """A :class:`ChunkShare` per base array of a sequential patch stream read locally.
+
+    Consecutive windows then decode each chunk at their edges once (forecast
+    targets and patches that cross a window's edge).  It keeps up to two
+    windows' bytes (``2 * window_bytes``, at least two chunks) of finished
+    chunks.  Shuffled windows rarely meet the same chunk; on a cluster each
+    window decodes its own.
+    """
+    if spec.shuffle != "none" or plan_order:
+        return {}
+    shares: dict[int, ChunkShare] = {}
+    for source in sources:
+        base = source.base if isinstance(source, PatchSource) else None
+        if base is None or id(base) in shares:
+            continue
+        largest = math.prod(max(sizes, default=0) for sizes in base.chunks)
+        capacity = max(2 * spec.window_bytes, 2 * largest * base.dtype.itemsize)
+        shares[id(base)] = ChunkShare(capacity)
+    return shares
 
 
 def _windows_of(plan: EpochPlan, positions: Ranges, index: int = 0) -> Iterator[Window]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import ArgumentValueError
 from ..plan.batching import count_batches as _count
 from ..plan.summary import PlanSummary
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
@@ -555,6 +556,11 @@ def plan_epoch(
     prefetch: int | None = None,
     drop_remainder: bool = False,
     epoch: int = 0,
+    input_dims: Mapping[Any, int] | None = None,
+    input_overlap: Mapping[Any, int] | None = None,
+    target_offset: Mapping[Any, int] | None = None,
+    target_dims: Mapping[Any, int] | None = None,
+    target_data: Any = None,
 ) -> PlanSummary:
     """What an epoch would read and yield, without reading any data.
 
@@ -581,6 +587,10 @@ drop_remainder, epoch
         (whatever the mode uses).  ``prefetch`` matters to the exact
         shuffle, whose windows share ``memory_budget`` with the windows
         prefetched.  With ``seed=None`` the shuffle order is a random draw.
+    input_dims, input_overlap, target_offset, target_dims, target_data
+        The plan of :func:`patch_stream` (``array`` is its ``data``; no
+        ``labels``): samples are patches, and ``read_amplification`` is how
+        often each stored chunk the epoch needs is decoded.
 
     Returns
     -------
@@ -597,9 +607,23 @@ drop_remainder, epoch
     >>> plan.n_windows, round(plan.read_amplification, 1)
     (4, 4.0)
     """
+    arrays: tuple[Any, ...] = (array,) if labels is None else (array, labels)
+    roles: tuple[str, ...] = ()
+    if input_dims is not None:
+        if labels is not None:
+            raise ArgumentValueError(
+                "a patch plan takes no labels: pass several arrays as a tuple or dict in "
+                "array, or targets with target_offset"
+            )
+        patches = patch_arguments(
+            array, input_dims, input_overlap=input_overlap, target_offset=target_offset,
+            target_dims=target_dims, target_data=target_data,
+        )  # fmt: skip
+        arrays, roles = patches.sources, patches.roles
     spec = StreamSpec(
-        (array,) if labels is None else (array, labels),
+        arrays,
         batch_size,
+        roles=roles,
         shuffle=shuffle_mode(shuffle, shuffle_buffer_size),
         seed=seed,
         epoch=epoch,

@@ -320,18 +320,26 @@ def _axes(array: _Array, dims: Sequence[Any]) -> list[int]:
     return [_axis(array, dim, "input_dims") for dim in dims]
 
 
-def patch_summary(sources: Sequence[Source], plan: EpochPlan, summary: PlanSummary) -> PlanSummary:
+def patch_summary(
+    sources: Sequence[Source], plan: EpochPlan, summary: PlanSummary, shared: bool = True
+) -> PlanSummary:
     """``summary`` of a patch stream's plan with the stored chunks its windows decode.
 
     The plan's own summary counts its units; here each window's boxes (as the
     read layer makes them, :meth:`PatchGrid.boxes`) give the chunks of each
     base array decoded, their bytes, and the distinct chunks of the epoch.
+    ``shared``: a sequential stream read in this process hands the chunks a
+    window shares with the one before on (``ChunkShare``), so they count in
+    the first window only; on a cluster each window decodes its own.
     """
     distinct: dict[tuple[int, tuple[int, ...]], int] = {}
+    handed = shared and plan.shuffle == "none"
+    previous: set[tuple[int, tuple[int, ...]]] = set()
     rows = []
     for window, row in zip(plan.windows(), summary.windows, strict=True):
         chunks, decoded = [], 0
         seen: set[int] = set()
+        now: set[tuple[int, tuple[int, ...]]] = set()
         for source, pieces in zip(sources, window.pieces, strict=True):
             assert isinstance(source, PatchSource) and source.grid is not None
             base = source.base
@@ -344,10 +352,15 @@ def patch_summary(sources: Sequence[Source], plan: EpochPlan, summary: PlanSumma
             bounds = [chunk_offsets(sizes) for sizes in base.chunks]
             spans, _ = box_chunks(boxes, bounds)
             found = chunk_bytes(spans, bounds, base.dtype.itemsize)
+            current = {(id(base), block) for block, _ in found}
+            if handed:
+                found = tuple(item for item in found if (id(base), item[0]) not in previous)
             grid_shape = tuple(len(sizes) for sizes in base.chunks)
             chunks.append(tuple(int(np.ravel_multi_index(b, grid_shape)) for b, _ in found))
             for block, nbytes in found:
                 decoded += nbytes
                 distinct[(id(base), block)] = nbytes
+            now |= current
+        previous = now
         rows.append(dataclasses.replace(row, chunks=tuple(chunks), bytes_decoded=decoded))
     return dataclasses.replace(summary, windows=tuple(rows), bytes_distinct=sum(distinct.values()))
