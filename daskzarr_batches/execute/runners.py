@@ -30,6 +30,7 @@ import dask.threaded
 from ..errors import ArgumentTypeError
 from ..store.policy import CancelScope
 from ..store.sources import SliceSource, Source
+from ..store.subsets import SubsetSource
 from ..store.threads import DaemonExecutor
 from .cancel import Cancellation
 
@@ -163,6 +164,10 @@ class ClientRunner:
         """
         placed: list[Source] = []
         for source in sources:
+            if isinstance(source, SubsetSource):  # a chunk subset reads its base array
+                (base,) = self.place([source.base], timeout)
+                placed.append(dataclasses.replace(source, base=base))
+                continue
             if isinstance(source, SliceSource) and source.carries_data:
                 key = f"dzb-scattered-{source.token}"
                 if key not in self._scattered:

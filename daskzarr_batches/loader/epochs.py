@@ -39,6 +39,7 @@ from ..plan.batching import (
 )
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import is_xarray
+from ..store.subsets import ChunkSubset
 from ..streams.base import StreamStats
 from ..streams.batch import BatchStream
 from ..streams.spec import (
@@ -486,6 +487,10 @@ def _intersect(ranges: Ranges, within: list[tuple[int, int]]) -> Ranges:
 
 def _structure(arrays: Any) -> tuple[tuple[str, ...] | None, bool, tuple[Any, ...]]:
     """(names or None, whether one batch array needs wrapping in a tuple, the arrays)."""
+    if isinstance(arrays, ChunkSubset) and arrays.paired:  # its arrays' subsets, by name
+        keys = arrays.keys() if isinstance(arrays.data, Mapping) else range(len(arrays.data))
+        subsets = {key: arrays[key] for key in keys}
+        arrays = subsets if isinstance(arrays.data, Mapping) else tuple(subsets.values())
     if is_xarray(arrays, "Dataset"):
         if not arrays.data_vars:
             raise ArgumentValueError("arrays is an xarray.Dataset without data variables")

@@ -19,7 +19,6 @@ from typing import Any
 from ..plan.batching import count_batches as _count
 from ..plan.summary import PlanSummary
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
-from ..store.sources import as_source
 from .batch import BatchStream, _summary
 from .chunk import ChunkStream, build_chunk_stream
 from .spec import (
@@ -30,10 +29,10 @@ from .spec import (
     ChunkSpec,
     ReadOptions,
     StreamSpec,
-    as_array,
     flag,
     merged_io_concurrency,
     positive_int,
+    row_source,
     shuffle_mode,
 )
 
@@ -76,7 +75,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
     """
     size = positive_int("batch_size", batch_size)
     drop = flag("drop_remainder", drop_remainder)
-    return _count(as_source(as_array(array)).n_samples, size, drop)
+    return _count(row_source(array, "array").n_samples, size, drop)
 
 
 def chunk_stream(
