@@ -340,8 +340,8 @@ class StreamSpec:
         if len(roles) != len(arrays):
             raise ArgumentValueError(f"roles {roles!r} do not match {len(arrays)} arrays")
         sources = tuple(row_source(a, r) for a, r in zip(arrays, roles, strict=True))
-        _check_lengths(sources, roles)
         _check_subsets(sources, roles)
+        _check_lengths(sources, roles)
         put("sources", sources)
         put("roles", tuple(roles))
         put("batch_size", positive_int("batch_size", self.batch_size))

@@ -51,7 +51,8 @@ def chunk_split(
         ``xarray.DataArray``, a path or URL (opened with :func:`open_array`),
         or a tuple or dict of those with the same length along ``dim``
         (paired data, split together: the units are then the blocks between
-        the chunk boundaries every array shares).
+        the chunk boundaries every array shares; numpy arrays, which have no
+        stored chunks, do not count).
     fractions : sequence of float
         One positive fraction per subset, summing to at most 1 (plus a
         rounding tolerance of 1e-9); a sum below 1 leaves the rest of the
@@ -115,7 +116,9 @@ def chunk_split(
             f"the arrays of data must have the same length along dim={dim!r}: {described}"
         )
     offsets = [chunk_offsets(source.chunks[axis]) for source in sources]
-    bounds = shared_boundaries(offsets)
+    # a numpy array has no stored chunks: it does not constrain the units of others
+    chunked = [o for o, (_, a) in zip(offsets, named, strict=True) if not _in_memory(a)]
+    bounds = shared_boundaries(chunked or offsets)
     count = len(bounds) - 1
     if count < len(shares):
         unit = "chunks" if len(sources) == 1 else "blocks of chunks shared by every array"
@@ -134,9 +137,9 @@ def chunk_split(
                 f"{int(np.diff(bounds)[owned].sum())} positions in {len(owned)} chunk(s)) "
                 "no usable position; use a smaller gap or larger chunks"
             )
-        if len(sources) == 1:  # chunk indices of the array's grid (empty chunks skipped)
+        if len(chunked or offsets) == 1:  # chunk indices of the grid (empty chunks skipped)
             starts = bounds[owned]
-            chunks = np.searchsorted(offsets[0], starts, side="right") - 1
+            chunks = np.searchsorted((chunked or offsets)[0], starts, side="right") - 1
         else:
             chunks = owned
         extents = merge_ranges([(int(bounds[u]), int(bounds[u + 1])) for u in owned])
@@ -163,6 +166,13 @@ def _opened(data: Any) -> Any:
             raise ArgumentValueError("data is an empty tuple")
         return tuple(_opened(value) for value in data)
     return as_array(data)
+
+
+def _in_memory(array: Any) -> bool:
+    """Whether ``array`` is a numpy array (also behind an ``xarray.DataArray``)."""
+    if is_xarray(array, "DataArray"):
+        array = array.variable._data
+    return isinstance(array, np.ndarray)
 
 
 def _named(data: Any) -> list[tuple[str, Any]]:
