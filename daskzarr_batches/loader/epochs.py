@@ -69,7 +69,9 @@ class Loader:
         a path or URL (``str`` or ``os.PathLike``, opened with ``open_array``),
         all with the same length along axis 0 (else
         :class:`LengthMismatchError` naming each).  Batches come back in the
-        same structure: an array, a tuple, or a dict with the same names.  An
+        same structure: an array, a tuple, or a dict with the same names.  A
+        ``ChunkSubset`` of ``chunk_split`` stands for its data (a subset of a
+        tuple or dict of arrays for that structure) and reads only its chunks.  An
         ``xarray.Dataset`` is the dict of its data variables by name.
     batch_size : int
         Samples per batch.

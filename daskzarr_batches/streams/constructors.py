@@ -60,7 +60,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1).
@@ -95,7 +95,7 @@ def chunk_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Any number of dimensions >= 1.  Numpy arrays are split along axis 0
         into blocks of dask's default chunk size.
     concurrency : int, optional
@@ -163,7 +163,7 @@ def batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1; numpy integers accepted).
@@ -260,7 +260,7 @@ def shuffled_batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch.
@@ -341,7 +341,9 @@ def paired_batch_stream(
     Row ``i`` of both arrays of a pair is the same sample, also when the two
     arrays are chunked differently along axis 0.  Parameters are those of
     :func:`batch_stream`; ``features`` and ``labels`` must have the same
-    length (else :class:`LengthMismatchError`).
+    length (else :class:`LengthMismatchError`).  Chunk subsets must be
+    ``subset[0], subset[1]`` of one split of the pair (``batch_stream(subset,
+    ...)`` of that split streams the pair too).
     """
     return BatchStream(
         StreamSpec(
@@ -429,7 +431,7 @@ def plan_epoch(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0 (the features of a paired stream).
     batch_size : int
         Samples per batch.
