@@ -350,3 +350,19 @@ def test_bad_data_and_mismatched_subsets() -> None:
         dzb.batch_stream(d, 4)
     with pytest.raises(TypeError, match="one array"):
         a[0]
+
+
+def test_a_subset_on_a_cluster(client: Any) -> None:
+    data = make_data((90, 2))
+    x = da.from_array(data, chunks=(10, 2))
+    train, valid = dzb.chunk_split((data, x), [0.6, 0.4], seed=5, gap=1)  # numpy: scattered
+    with dzb.batch_stream(valid, 8, client=client) as pairs:
+        got = [(a, b) for a, b in pairs]
+    np.testing.assert_array_equal(
+        np.concatenate([a for a, _ in got]), data[positions(valid.ranges)]
+    )
+    np.testing.assert_array_equal(
+        np.concatenate([b for _, b in got]), data[positions(valid.ranges)]
+    )
+    with dzb.chunk_stream(train[0], client=client) as blocks:
+        assert sum(len(block) for block in blocks) == len(train)
