@@ -40,6 +40,7 @@ from .plan.epoch import EpochPlan
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
 from .store.open import open_array
+from .store.subsets import ChunkSubset
 from .streams.base import SkippedChunk, Stream, StreamStats
 from .streams.batch import BatchStream
 from .streams.chunk import ChunkStream
@@ -60,6 +61,7 @@ from .streams.spec import (
     DEFAULT_WINDOW_BYTES,
     StreamSpec,
 )
+from .streams.splits import chunk_split
 from .streams.timing import time_epoch
 
 __version__ = "0.1.0"
@@ -76,6 +78,7 @@ __all__ = [
     "ChunkPiece",
     "ChunkReadError",
     "ChunkStream",
+    "ChunkSubset",
     "CorruptChunkError",
     "DaskZarrBatchesError",
     "EpochPlan",
@@ -100,6 +103,7 @@ __all__ = [
     "WindowTimeoutError",
     "__version__",
     "batch_stream",
+    "chunk_split",
     "chunk_stream",
     "count_batches",
     "feature_moments",

@@ -77,7 +77,7 @@ def map_chunks(
         array the function may modify.  Edge chunks are cropped to the array.
         On a cluster it must be picklable (module-level functions, lambdas and
         ``functools.partial`` objects are, through cloudpickle).
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Any number of dimensions >= 1.
     client : distributed.Client, optional
         Run on this cluster.  Default: the active client if dask's
@@ -160,7 +160,7 @@ def reduce_chunks(
     combine : callable
         ``combine(left, right) -> partial result``, where ``left`` covers the
         chunks before ``right``'s.
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
     initial : optional
         Placed before the first result, as in :func:`functools.reduce`; it is
         also the result for an array without chunks.
@@ -345,7 +345,7 @@ def feature_moments(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0, features along the other axes.
     client, concurrency, io_concurrency, timeout, missing, on_error, retries
         As for :func:`map_chunks`.

@@ -20,7 +20,13 @@ import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daskzarr_batches import ArgumentTypeError, ArgumentValueError, Loader, patch_stream
+from daskzarr_batches import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    Loader,
+    chunk_split,
+    patch_stream,
+)
 from daskzarr_batches.errors import (
     CorruptChunkError,
     LengthMismatchError,
@@ -404,3 +410,36 @@ def test_transient_faults_are_retried() -> None:
     got = np.concatenate(list(stream))
     np.testing.assert_array_equal(got[3], x[:, 4:8, 4:8])
     assert stream.stats.retries == 2
+
+
+@property_settings(20)
+@given(st.integers(0, 2**16), st.integers(0, 3), st.integers(1, 4), st.integers(-1, 3))
+def test_patches_of_a_split_stay_inside_it_and_away_from_the_others(
+    seed: int, gap: int, size: int, lead: int
+) -> None:
+    x = np.arange(40 * 3 * 4, dtype="f4").reshape(40, 3, 4)
+    z = as_kind(x, "zarr", (4, 3, 2))
+    subsets = chunk_split(z, [0.6, 0.4], seed=seed, gap=gap)
+    taken: list[set[int]] = []
+    for subset in subsets:
+        try:
+            stream = patch_stream(
+                subset, {0: size}, 3, target_offset={0: lead} if lead else None,
+                return_origins=True,
+            )  # fmt: skip
+        except ArgumentValueError:  # no patch fits in this subset
+            taken.append(set())
+            continue
+        steps: set[int] = set()
+        for *arrays, where in stream:
+            for origin, patch in zip(where[:, 0].tolist(), arrays[0], strict=True):
+                np.testing.assert_array_equal(patch, x[origin : origin + size])
+                span = range(min(origin, origin + lead), max(origin + size, origin + lead + size))
+                assert all(any(a <= t < b for a, b in subset.ranges) for t in span)
+                steps |= set(span)
+        taken.append(steps)
+        own = {t for c in subset.chunks for t in range(4 * c, 4 * c + 4)}
+        assert steps <= own  # only this subset's chunks
+    for steps, other in itertools.permutations(taken, 2):
+        if steps and other:
+            assert min(abs(a - b) for a in steps for b in other) > gap

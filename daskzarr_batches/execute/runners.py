@@ -31,6 +31,7 @@ from ..errors import ArgumentTypeError
 from ..store.patches import PatchSource
 from ..store.policy import CancelScope
 from ..store.sources import SliceSource, Source
+from ..store.subsets import SubsetSource
 from ..store.threads import DaemonExecutor
 from .cancel import Cancellation
 
@@ -176,6 +177,8 @@ class ClientRunner:
 
     def _placed(self, source: Source, timeout: float | None) -> Source:
         """One source, scattered to every worker if its pickle carries its data."""
+        if isinstance(source, SubsetSource):  # a chunk subset reads its base array
+            return dataclasses.replace(source, base=self._placed(source.base, timeout))
         if isinstance(source, SliceSource) and source.carries_data:
             key = f"dzb-scattered-{source.token}"
             if key not in self._scattered:

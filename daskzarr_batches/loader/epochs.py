@@ -39,6 +39,7 @@ from ..plan.batching import (
 )
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import is_xarray
+from ..store.subsets import ChunkSubset
 from ..streams.base import StreamStats
 from ..streams.batch import BatchStream
 from ..streams.patch import patch_arguments
@@ -69,7 +70,9 @@ class Loader:
         a path or URL (``str`` or ``os.PathLike``, opened with ``open_array``),
         all with the same length along axis 0 (else
         :class:`LengthMismatchError` naming each).  Batches come back in the
-        same structure: an array, a tuple, or a dict with the same names.  An
+        same structure: an array, a tuple, or a dict with the same names.  A
+        ``ChunkSubset`` of ``chunk_split`` stands for its data (a subset of a
+        tuple or dict of arrays for that structure) and reads only its chunks.  An
         ``xarray.Dataset`` is the dict of its data variables by name.
     batch_size : int
         Samples per batch.
@@ -520,6 +523,10 @@ def _intersect(ranges: Ranges, within: list[tuple[int, int]]) -> Ranges:
 
 def _structure(arrays: Any) -> tuple[tuple[str, ...] | None, bool, tuple[Any, ...]]:
     """(names or None, whether one batch array needs wrapping in a tuple, the arrays)."""
+    if isinstance(arrays, ChunkSubset) and arrays.paired:  # its arrays' subsets, by name
+        keys = arrays.keys() if isinstance(arrays.data, Mapping) else range(len(arrays.data))
+        subsets = {key: arrays[key] for key in keys}
+        arrays = subsets if isinstance(arrays.data, Mapping) else tuple(subsets.values())
     if is_xarray(arrays, "Dataset"):
         if not arrays.data_vars:
             raise ArgumentValueError("arrays is an xarray.Dataset without data variables")

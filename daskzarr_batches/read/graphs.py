@@ -22,6 +22,7 @@ from ..store.policy import (
     ReadPolicy,
 )
 from ..store.sources import DaskSource, SliceSource, Source
+from ..store.subsets import SubsetSource
 from .patches import ChunkShare, read_origins, read_patches
 from .tasks import (
     Key,
@@ -29,10 +30,11 @@ from .tasks import (
     assemble_rows,
     join_pieces,
     read_block,
+    read_block_part,
     read_block_result,
     read_shard,
 )
-from .window import read_window
+from .window import read_subset_window, read_window
 
 __all__ = [
     "block_graph",
@@ -82,6 +84,17 @@ def window_graph(
             _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
                          scope, plan_order, shares.get(id(source.base)))  # fmt: skip
             continue
+        if isinstance(source, SubsetSource):  # its pieces read in place in the base array
+            pieces = tuple(source.base_piece(piece) for piece in pieces)
+            if isinstance(source.base, SliceSource):
+                base = source.base
+                dsk[out_key] = (
+                    read_subset_window, source.local_chunks(), base.array, base.name,
+                    window.size, base.row_bytes, pieces, policy, scope, plan_order,
+                    _share(decode_bytes, source, sources),
+                )  # fmt: skip
+                continue
+            source = source.base
         if isinstance(source, SliceSource):
             dsk[out_key] = (
                 read_window, source.array, source.name, window.size, source.row_bytes,
@@ -161,7 +174,8 @@ def read_threads(sources: Sequence[Source]) -> int | None:
     batch cutting overlaps the next reads and a high-latency store sees every
     ramp window's requests at once (the measurements are in docs/benchmarks.md).
     """
-    if all(isinstance(source, SliceSource) for source in sources):
+    bases = [source.base if isinstance(source, SubsetSource) else source for source in sources]
+    if all(isinstance(source, SliceSource) for source in bases):
         return 4 * len(sources)
     return None
 
@@ -181,7 +195,21 @@ def block_graph(
     """
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
-    if isinstance(source, SliceSource):
+    if isinstance(source, SubsetSource):  # the stored block, cropped to the subset's ranges
+        base, stored, where = source.base, source.block_index(block), source.block_slices(block)
+        if isinstance(base, SliceSource):
+            dsk[key] = (read_block, base.array, base.name, stored, where, policy, scope)
+        else:
+            assert isinstance(base, DaskSource)
+            block_key = (base.array.name, *stored)
+            dsk.update(cull(base.graph, [block_key])[0])
+            whole = base.block_slices(stored)
+            local = tuple(
+                slice(w.start - s.start, w.stop - s.start)
+                for w, s in zip(where, whole, strict=True)
+            )
+            dsk[key] = (read_block_part, block_key, local)
+    elif isinstance(source, SliceSource):
         dsk[key] = (
             read_block, source.array, source.name, block, source.block_slices(block), policy, scope
         )  # fmt: skip

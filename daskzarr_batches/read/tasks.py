@@ -234,6 +234,11 @@ def read_block_result(block: Any) -> tuple[np.ndarray, ReadReport]:
     return np.array(block, copy=True), NO_REPORT
 
 
+def read_block_part(block: Any, where: tuple[slice, ...]) -> tuple[np.ndarray, ReadReport]:
+    """Part ``where`` of a dask array's block result, copied (a chunk subset's block)."""
+    return read_block_result(np.asarray(block)[where])
+
+
 def assemble_rows(
     name: str,
     chunk: int,

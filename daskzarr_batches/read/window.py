@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import mmap
 import os
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from ..store.shards import read_sharded, sharding_codec
 from .failures import raise_failed_read, read_named
 from .tasks import _owned, put_rows, read_views, run_on_loop
 
-__all__ = ["read_rows", "read_window", "release_free_memory"]
+__all__ = ["read_rows", "read_subset_window", "read_window", "release_free_memory"]
 
 
 def read_rows(
@@ -131,6 +132,27 @@ def read_window(
     skipped = _read_again(view, name, runs, place, ledger, policy, scope)
     out = _without(place.out, skipped, size, plan_order)
     return out, _report(view, pieces, ledger, [p for p, _ in skipped])
+
+
+def read_subset_window(
+    local: dict[int, tuple[int, int, int]], *args: Any
+) -> tuple[np.ndarray, ReadReport]:
+    """:func:`read_window` of a chunk subset's window, its report in the subset's chunks.
+
+    ``args`` are :func:`read_window`'s, the pieces already mapped to the base
+    array's chunks (``SubsetSource.base_piece``); ``local`` maps a base
+    chunk to the subset's chunk and samples it holds
+    (``SubsetSource.local_chunks``), so that the stream counts and names
+    missing and skipped chunks as it planned them.
+    """
+    rows, report = read_window(*args)
+    if report.missing_chunks or report.skipped:
+        report = dataclasses.replace(
+            report,
+            missing_chunks=tuple(local[chunk][0] for chunk in report.missing_chunks),
+            skipped=tuple(local[chunk] for chunk, _, _ in report.skipped),
+        )
+    return rows, report
 
 
 def _decode_limit(

@@ -36,7 +36,7 @@ from ..errors import (
     ArgumentValueError,
 )
 
-__all__ = ["DaskSource", "SliceSource", "Source", "as_source"]
+__all__ = ["DaskSource", "SliceSource", "Source", "SourceLike", "as_source"]
 
 Chunks = tuple[tuple[int, ...], ...]
 
@@ -79,6 +79,10 @@ class Source:
         return itertools.product(
             *([i for i, size in enumerate(sizes) if size > 0] for sizes in self.chunks)
         )
+
+    def block_index(self, block: tuple[int, ...]) -> tuple[int, ...]:
+        """The index of ``block`` in the chunk grid of the stored array (itself, here)."""
+        return block
 
     def block_slices(self, block: tuple[int, ...]) -> tuple[slice, ...]:
         """Index of ``block`` in array coordinates."""
@@ -131,6 +135,20 @@ class DaskSource(Source):
     graph: dict[Any, Any] = field(repr=False, default_factory=dict)
 
 
+class SourceLike:
+    """An object that describes itself as a :class:`Source` (a chunk subset of an array).
+
+    :func:`as_source` asks it through :meth:`describe`, so the store layer
+    accepts such objects without knowing their kinds.
+    """
+
+    __slots__ = ()
+
+    def describe(self, role: str) -> Source:
+        """The source streams read ``self`` through (``role`` names it in errors)."""
+        raise NotImplementedError
+
+
 def as_source(array: Any, role: str = "array") -> Source:
     """Validate ``array`` and wrap it as a :class:`Source`.
 
@@ -150,6 +168,8 @@ def as_source(array: Any, role: str = "array") -> Source:
     """
     if isinstance(array, Source):
         return array
+    if isinstance(array, SourceLike):
+        return array.describe(role)
     if is_xarray(array, "DataArray"):
         label = None if array.name is None else f"DataArray {str(array.name)!r}"
         if label is not None and str(array.name) != role:

@@ -25,6 +25,7 @@ from ..read.graphs import (
 from ..read.tasks import ShardItem
 from ..store.layout import blocks_by_shard
 from ..store.sources import SliceSource, Source
+from ..store.subsets import SubsetSource
 from .base import SkippedChunk, Stream, _aligned
 from .spec import DEFAULT_IO_BYTES, DEFAULT_IO_CONCURRENCY, ChunkSpec
 
@@ -70,10 +71,16 @@ _LOCAL_STORES = ("LocalStore", "MemoryStore", "ZipStore", "GpuMemoryStore")
 def _is_local(source: Source) -> bool:
     """Whether ``source`` is read without request latency: a numpy or dask array, or a
     Zarr array on a local store (a wrapper store may add latency: it is not local)."""
+    source = _stored(source)
     if not isinstance(source, SliceSource):
         return True  # a dask array computes its own graph
     store = getattr(source.array, "store", None)
     return store is None or type(store).__name__ in _LOCAL_STORES
+
+
+def _stored(source: Source) -> Source:
+    """The source of the stored array: a chunk subset's base, else ``source``."""
+    return source.base if isinstance(source, SubsetSource) else source
 
 
 class ChunkStream(Stream[Any]):
@@ -109,7 +116,7 @@ class ChunkStream(Stream[Any]):
         )
         # reads wait on the store in their threads, so a Zarr or numpy source gets one
         # thread per read in flight; a dask array computes its graph on one per CPU
-        threads = concurrency if isinstance(source, SliceSource) else os.cpu_count() or 1
+        threads = concurrency if isinstance(_stored(source), SliceSource) else os.cpu_count() or 1
         runner = make_runner(read.client, in_flight=concurrency, read_workers=threads)
         # reads in flight and store requests share the one number (io_concurrency)
         super().__init__(len(self._blocks), runner, read.timeout, read.policy.limited(concurrency))

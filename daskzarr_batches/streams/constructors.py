@@ -21,7 +21,6 @@ from ..errors import ArgumentValueError
 from ..plan.batching import count_batches as _count
 from ..plan.summary import PlanSummary
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
-from ..store.sources import as_source
 from .batch import BatchStream, _summary
 from .chunk import ChunkStream, build_chunk_stream
 from .patch import patch_arguments
@@ -33,10 +32,10 @@ from .spec import (
     ChunkSpec,
     ReadOptions,
     StreamSpec,
-    as_array,
     flag,
     merged_io_concurrency,
     positive_int,
+    row_source,
     shuffle_mode,
 )
 
@@ -65,7 +64,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1).
@@ -80,7 +79,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
     """
     size = positive_int("batch_size", batch_size)
     drop = flag("drop_remainder", drop_remainder)
-    return _count(as_source(as_array(array)).n_samples, size, drop)
+    return _count(row_source(array, "array").n_samples, size, drop)
 
 
 def chunk_stream(
@@ -100,7 +99,7 @@ def chunk_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Any number of dimensions >= 1.  Numpy arrays are split along axis 0
         into blocks of dask's default chunk size.
     concurrency : int, optional
@@ -168,7 +167,7 @@ def batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1; numpy integers accepted).
@@ -265,7 +264,7 @@ def shuffled_batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch.
@@ -346,7 +345,9 @@ def paired_batch_stream(
     Row ``i`` of both arrays of a pair is the same sample, also when the two
     arrays are chunked differently along axis 0.  Parameters are those of
     :func:`batch_stream`; ``features`` and ``labels`` must have the same
-    length (else :class:`LengthMismatchError`).
+    length (else :class:`LengthMismatchError`).  Chunk subsets must be
+    ``subset[0], subset[1]`` of one split of the pair (``batch_stream(subset,
+    ...)`` of that split streams the pair too).
     """
     return BatchStream(
         StreamSpec(
@@ -571,7 +572,7 @@ def plan_epoch(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, or a path or URL (open_array)
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0 (the features of a paired stream).
     batch_size : int
         Samples per batch.

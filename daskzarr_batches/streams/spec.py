@@ -25,6 +25,7 @@ import math
 import numbers
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -40,6 +41,7 @@ from ..store.open import open_array
 from ..store.patches import PatchSource
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
 from ..store.sources import Source, as_source
+from ..store.subsets import ChunkSubset, SubsetSource
 
 __all__ = [
     "DEFAULT_IO_CONCURRENCY",
@@ -55,6 +57,7 @@ __all__ = [
     "merged_io_concurrency",
     "non_negative_int",
     "positive_int",
+    "row_source",
     "shuffle_mode",
     "timeout_seconds",
 ]
@@ -337,10 +340,12 @@ class StreamSpec:
         arrays = tuple(self.sources) if isinstance(self.sources, tuple | list) else ()
         if not arrays:
             raise ArgumentTypeError(f"sources must be a tuple of arrays, got {self.sources!r}")
+        arrays = _unpaired(arrays)
         roles = self.roles or _default_roles(len(arrays))
         if len(roles) != len(arrays):
             raise ArgumentValueError(f"roles {roles!r} do not match {len(arrays)} arrays")
-        sources = tuple(as_source(as_array(a), r) for a, r in zip(arrays, roles, strict=True))
+        sources = tuple(row_source(a, r) for a, r in zip(arrays, roles, strict=True))
+        _check_subsets(sources, roles)
         _check_lengths(sources, roles)
         put("sources", sources)
         put("roles", tuple(roles))
@@ -461,6 +466,66 @@ class StreamSpec:
 
 def _sized(source: Source, rows: int) -> Source:
     return source.sized(rows) if isinstance(source, PatchSource) else source
+
+
+def row_source(array: object, role: str) -> Source:
+    """``array`` (a path opened) as the source of a row stream: samples along axis 0.
+
+    A chunk subset split along another axis is refused: its rows would not
+    be whole samples (such splits are for patch and chunk streams).
+    """
+    source = as_source(as_array(array), role)
+    if isinstance(source, SubsetSource) and source.axis != 0:
+        raise ArgumentValueError(
+            f"{role} ({source.name}) is split along axis {source.axis}; row streams "
+            "(batch streams, plan_epoch, Loader, count_batches) take samples along axis 0, "
+            "so they need a split with dim=0; a split along another axis is for chunk "
+            "streams and map/reduce"
+        )
+    return source
+
+
+def _unpaired(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The arrays of a stream: a chunk subset of a tuple of arrays stands for its arrays."""
+    if len(arrays) == 1 and isinstance(arrays[0], ChunkSubset) and arrays[0].paired:
+        subset = arrays[0]
+        if isinstance(subset.data, Mapping):
+            raise ArgumentTypeError(
+                f"chunk subset {subset.index} is of a dict of arrays {list(subset.data)!r}; "
+                "row streams take a tuple: pass its arrays' subsets, e.g. "
+                f"paired_batch_stream(subset[{next(iter(subset.data))!r}], subset[...], ...), "
+                "or a Loader the dict {name: subset[name]}"
+            )
+        return tuple(subset)
+    return arrays
+
+
+def _check_subsets(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
+    """Arrays read together are all chunk subsets of the same ranges, or none is."""
+    subsets = [isinstance(source, SubsetSource) for source in sources]
+    if not any(subsets):
+        return
+    if not all(subsets):
+        plain = [role for role, subset in zip(roles, subsets, strict=True) if not subset]
+        raise ArgumentValueError(
+            f"{', '.join(plain)} is a whole array but the other arrays are chunk subsets; "
+            "split the arrays together (chunk_split of a tuple) and pass the subsets"
+        )
+    first = sources[0]
+    for role, source in zip(roles[1:], sources[1:], strict=True):
+        assert isinstance(source, SubsetSource) and isinstance(first, SubsetSource)
+        if source.ranges != first.ranges:
+            raise ArgumentValueError(
+                f"{role} is a chunk subset of other positions than {roles[0]} "
+                f"({_ranges_text(source.ranges)} against {_ranges_text(first.ranges)}); "
+                "paired subsets must come from one split of the arrays together "
+                "(chunk_split of a tuple), subset[0] and subset[1]"
+            )
+
+
+def _ranges_text(ranges: tuple[tuple[int, int], ...]) -> str:
+    shown = ", ".join(f"{a}:{b}" for a, b in ranges[:3])
+    return f"[{shown}{', ...' if len(ranges) > 3 else ''}]"
 
 
 def _default_roles(count: int) -> tuple[str, ...]:
