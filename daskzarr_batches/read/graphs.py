@@ -173,7 +173,12 @@ def read_threads(sources: Sequence[Source]) -> int | None:
     or the fast-start ramp's small windows together) at once, in order, so
     batch cutting overlaps the next reads and a high-latency store sees every
     ramp window's requests at once (the measurements are in docs/benchmarks.md).
+    A patch stream's window is one task per base array (its outputs share it)
+    and one for the origins.
     """
+    if any(isinstance(source, PatchSource) for source in sources):
+        reads = {id(s.base) for s in sources if isinstance(s, PatchSource) and s.cut is not None}
+        return 4 * max(len(reads), 1)
     bases = [source.base if isinstance(source, SubsetSource) else source for source in sources]
     if all(isinstance(source, SliceSource) for source in bases):
         return 4 * len(sources)
