@@ -443,3 +443,33 @@ def test_patches_of_a_split_stay_inside_it_and_away_from_the_others(
     for steps, other in itertools.permutations(taken, 2):
         if steps and other:
             assert min(abs(a - b) for a in steps for b in other) > gap
+
+
+@pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 1)])
+def test_loader_elastic_resume_of_patches_covers_the_rest_once(old: int, new: int) -> None:
+    x = np.arange(6 * 16 * 18, dtype="f4").reshape(6, 16, 18)
+    z = as_kind(x, "zarr", (2, 4, 3))
+    kwargs: dict[str, Any] = {
+        "input_dims": {1: 4, 2: 3},
+        "input_overlap": {1: 2},
+        "return_origins": True,
+        "shuffle": True,
+        "shuffle_buffer_size": 10,
+        "seed": 9,
+        "even_batches": False,
+    }
+    olds = [Loader(z, 4, rank=r, world_size=old, **kwargs) for r in range(old)]
+    seen: list[tuple[int, ...]] = []
+    for one in olds:
+        epoch = iter(one)
+        seen += [tuple(o) for _, w in (next(epoch) for _ in range(2)) for o in w.tolist()]
+        epoch.close()
+    rest: list[tuple[int, ...]] = []
+    for r in range(new):
+        fresh = Loader(z, 4, rank=r, world_size=new, **kwargs)
+        fresh.load_state_dict([one.state_dict() for one in olds])
+        rest += [tuple(o) for _, w in fresh for o in w.tolist()]
+    assert len(set(seen + rest)) == len(seen + rest)  # nothing twice
+    total = len(expected(x, {1: 4, 2: 3}, {1: 2})[0])
+    used = total // old * old  # the old shares dropped the epoch's tail
+    assert len(rest) == new * ((used - len(seen)) // new)  # the rest, shared equally
