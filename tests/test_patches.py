@@ -203,6 +203,11 @@ def test_tiling_patches_decode_each_chunk_once() -> None:
         list(stream)
         assert stream.stats.read_amplification == pytest.approx(1.0)
         assert stream.stats.chunks_read == 4 * 2 * 3
+        # the origins are read from no stored chunk: they count for nothing read
+        stream = patch_stream(z, {0: 1, 1: 8, 2: 8}, 16, return_origins=True, **kwargs)
+        list(stream)
+        assert stream.stats.read_amplification == pytest.approx(1.0)
+        assert stream.stats.chunks_read == 4 * 2 * 3
 
 
 @pytest.mark.parametrize("chunks", [(1, 6, 10), (4, 3, 10)])

@@ -141,7 +141,7 @@ def read_origins(
     ids, _, where = patch_ids(pieces, size, plan_order)
     out = np.empty((len(ids), len(cut.size)), dtype=np.int64)
     out[where] = cut.place(grid.origin_of(ids))
-    return out, ReadReport()
+    return out, ReadReport(decoded=())  # read from no stored chunk
 
 
 def read_patches(
