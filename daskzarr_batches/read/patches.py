@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -203,7 +204,7 @@ def read_patches(
             filled = [array[box] for box in part]
         elif isinstance(array, zarr.Array):
             filled, lost, mine = _read_boxes(
-                array, name, part, bounds, ledger, policy, scope, share
+                array, name, part, bounds, ledger, policy, scope, share, _coverage(grid, cuts)
             )
             bad |= lost
             done |= mine
@@ -240,6 +241,19 @@ def read_patches(
     return tuple((out, first if i == 0 else rest) for i, out in enumerate(outs))
 
 
+def _coverage(grid: PatchGrid, cuts: Sequence[Cut]) -> Box:
+    """The region of the array any patch of the stream reaches (a bound: splits leave gaps)."""
+    region = [slice(0, n) for n in cuts[0].size]
+    for dim, axis in enumerate(cuts[0].axes):
+        origins = grid.origins[dim]
+        if not len(origins):
+            return tuple(slice(0, 0) for _ in region)
+        low = min(c.shift[axis] for c in cuts)
+        high = max(c.shift[axis] + c.size[axis] for c in cuts)
+        region[axis] = slice(int(origins[0]) + low, int(origins[-1]) + high)
+    return tuple(region)
+
+
 def _box_groups(boxes: Sequence[Box], itemsize: int) -> list[tuple[int, int]]:
     """Consecutive boxes filled at once: at most ``DECODE_GROUP_BYTES`` (at least one box).
 
@@ -259,17 +273,69 @@ def _box_groups(boxes: Sequence[Box], itemsize: int) -> list[tuple[int, int]]:
 
 
 def _cut(out: np.ndarray, where: np.ndarray, data: np.ndarray, rel: np.ndarray, cut: Cut) -> None:
-    """Copy the patches at box-relative origins ``rel`` of ``data`` to rows ``where`` of ``out``."""
-    if len(rel) <= 8 or np.prod(cut.size) >= 1024:  # a copy per patch, straight into place
-        for row, origin in zip(where.tolist(), rel.tolist(), strict=True):
-            out[row] = data[tuple(slice(o, o + n) for o, n in zip(origin, cut.size, strict=True))]
+    """Copy the patches at box-relative origins ``rel`` of ``data`` to rows ``where`` of ``out``.
+
+    Patches that form a regular grid in C order (a whole unit, the rows they
+    go to consecutive: sequential and buffered windows) are one strided view
+    copied in one assignment; others a copy per patch (large patches) or one
+    gather (small ones).
+    """
+    n = len(rel)
+    if n == 0:
         return
-    view = np.lib.stride_tricks.sliding_window_view(data, cut.size)
-    gathered = view[tuple(rel.T)]
-    if len(where) and where[-1] - where[0] + 1 == len(where) and np.all(np.diff(where) == 1):
+    run = int(where[-1]) - int(where[0]) + 1 == n and (n == 1 or bool(np.all(np.diff(where) == 1)))
+    if n > 1 and run and _cut_grid(out[int(where[0]) : int(where[-1]) + 1], data, rel, cut):
+        return
+    if n <= 8 or math.prod(cut.size) >= 1024:  # a copy per patch, straight into place
+        size = cut.size
+        for row, origin in zip(where.tolist(), rel.tolist(), strict=True):
+            out[row] = data[tuple([slice(o, o + k) for o, k in zip(origin, size, strict=True)])]
+        return
+    gathered = np.lib.stride_tricks.sliding_window_view(data, cut.size)[tuple(rel.T)]
+    if run:
         out[int(where[0]) : int(where[-1]) + 1] = gathered
     else:
         out[where] = gathered
+
+
+def _cut_grid(rows: np.ndarray, data: np.ndarray, rel: np.ndarray, cut: Cut) -> bool:
+    """Copy patches whose origins are a regular grid in C order as one strided view.
+
+    ``rows`` are the consecutive output rows.  Returns ``False`` (nothing
+    copied) when the origins are not such a grid.
+    """
+    axes = list(cut.axes)
+    counts, steps, firsts = [], [], []
+    for axis in axes:
+        values = np.unique(rel[:, axis])
+        step = int(values[1] - values[0]) if len(values) > 1 else 1
+        if len(values) > 1 and not np.all(np.diff(values) == step):
+            return False
+        counts.append(len(values))
+        steps.append(step)
+        firsts.append(int(values[0]))
+    if math.prod(counts) != len(rel):
+        return False
+    grid = np.stack(
+        np.meshgrid(*[f + s * np.arange(c) for f, s, c in zip(firsts, steps, counts, strict=True)],
+                    indexing="ij"), axis=-1,
+    ).reshape(-1, len(axes))  # fmt: skip
+    if not np.array_equal(rel[:, axes], grid):
+        return False
+    fixed = rel[0]
+    start = tuple(
+        slice(int(fixed[a]), None) if a not in axes else slice(firsts[axes.index(a)], None)
+        for a in range(data.ndim)
+    )
+    base = data[start]
+    view = np.lib.stride_tricks.as_strided(
+        base,
+        shape=(*counts, *cut.size),
+        strides=(*(s * base.strides[a] for s, a in zip(steps, axes, strict=True)), *base.strides),
+        writeable=False,
+    )
+    rows.reshape((*counts, *cut.size))[...] = view
+    return True
 
 
 def _read_boxes(
@@ -281,6 +347,7 @@ def _read_boxes(
     policy: ReadPolicy,
     scope: CancelScope | None,
     share: ChunkShare | None = None,
+    coverage: Box = (),
 ) -> tuple[list[np.ndarray], set[Block], set[Block]]:
     """Fill each box from the chunks it overlaps, each chunk decoded once.
 
@@ -314,7 +381,7 @@ def _read_boxes(
             raise RuntimeError("not an asynchronous array")
         _decode_concurrently(
             inner, spans, users, boxes, filled, place, dtype.itemsize, scope, share, bounds,
-            decoded,
+            decoded, coverage,
         )  # fmt: skip
     except ReadCancelledError:
         raise
@@ -343,13 +410,17 @@ def _decode_concurrently(
     share: ChunkShare | None = None,
     bounds: Sequence[np.ndarray] = (),
     decoded: set[Block] | None = None,
+    coverage: Box = (),
 ) -> None:
     """Decode every chunk's span on Zarr's event loop.
 
     A chunk whose span only one box needs is decoded straight into that box
     (Zarr's selection with an ``out`` buffer: no copy); one shared by several
     boxes (a halo) is decoded once and copied into each.  With a ``share``
-    every chunk is decoded whole, once for all the windows that claim it;
+    every chunk is decoded once for all the windows that claim it: straight
+    into its box when this window is the only one that can need it all (its
+    span is the part of the chunk inside ``coverage``, the region any patch of
+    the stream reaches), else whole, so a window after can take the rest;
     ``decoded`` collects the chunks this call decoded.
     """
     decoded = set() if decoded is None else decoded
@@ -391,7 +462,11 @@ def _decode_concurrently(
                         decoded.add(block)
                         place(block, np.asarray(await inner.getitem(span)))
                     return
-                if alone and span == extent:  # decoded into its box, handed on from there
+                needed = tuple(
+                    slice(max(e.start, c.start), min(e.stop, c.stop))
+                    for e, c in zip(extent, coverage, strict=True)
+                )
+                if alone and span == needed:  # decoded into its box, handed on from there
                     mine: list[np.ndarray] = []
 
                     async def read() -> np.ndarray:
