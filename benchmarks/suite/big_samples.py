@@ -22,7 +22,7 @@ import zarr
 import daskzarr_batches as dzb
 
 from .cases import l0
-from .measure import MB, Case, Result, drain, rounds
+from .measure import MB, Case, Result, drain, rounds, timed
 
 #: one sample: a 0.5-degree global field
 FIELD = (181, 360)
@@ -87,7 +87,12 @@ def measure(data_dir: Path, fields: int, repeats: int) -> dict[str, Result]:
     with dzb.batch_stream(arrays[PER_CHUNK[0]], BATCH) as stream:  # imports, pools
         next(stream)
     print(f"big samples: {fields} fields of {FIELD[0]} x {FIELD[1]} float32, {repeats} rounds")
-    return rounds(cases(arrays), repeats)
+    measured = cases(arrays)
+    results = rounds(measured, repeats)
+    print("  CPU seconds of one more epoch each (all threads of this process)")
+    for case in measured:
+        results[case.name].extra["cpu"] = timed(case.run)[1]
+    return results
 
 
 def median_seconds(result: Result) -> float:
@@ -107,5 +112,22 @@ def table(results: dict[str, Result]) -> list[str]:
         cells = [f"{ref.bytes / median_seconds(ref) / MB:,.0f}"]
         for kind in KINDS[1:]:
             cells.append(f"{median_seconds(ref) / median_seconds(results[name(k, kind)]):.2f}x")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def cpu_table(results: dict[str, Result]) -> list[str]:
+    """One row per chunking: each kind's CPU seconds per epoch over L0's (one more epoch)."""
+    lines = [
+        "| samples per chunk | L0 CPU s | " + " | ".join(KINDS[1:]) + " |",
+        "|---:|---:|" + "---:|" * (len(KINDS) - 1),
+    ]
+    for k in PER_CHUNK:
+        ref = results.get(name(k, L0_KIND))
+        if ref is None or "cpu" not in ref.extra:
+            continue
+        cells = [f"{ref.extra['cpu']:.2f}"]
+        for kind in KINDS[1:]:
+            cells.append(f"{results[name(k, kind)].extra['cpu'] / ref.extra['cpu']:.2f}x")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return lines

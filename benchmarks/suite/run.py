@@ -221,6 +221,13 @@ def run_big_samples(options: argparse.Namespace) -> None:
         "",
         *big.table(results),
         "",
+        "CPU time of one epoch (this process, all threads; one more epoch of each case "
+        "after the rounds) over L0's: a kind needs that many times L0's CPU, so on a "
+        "machine whose other jobs leave it about one core it cannot run faster than "
+        "L0 / that ratio.",
+        "",
+        *big.cpu_table(results),
+        "",
         "| target | measured | result |",
         "|---|---|---|",
         *(f"| {t.what} | {t.measured} | {t.status} |" for t in evaluated),
@@ -232,7 +239,8 @@ def run_big_samples(options: argparse.Namespace) -> None:
         "date": now,
         "load": [load, load_after],
         "cases": {
-            r.name: {"bytes": r.bytes, "seconds": r.extra["seconds"]} for r in results.values()
+            r.name: {"bytes": r.bytes, "seconds": r.extra["seconds"], "cpu": r.extra.get("cpu")}
+            for r in results.values()
         },
         "targets": [t.__dict__ for t in evaluated],
     }
