@@ -32,7 +32,7 @@ def fields(path: Path, n: int, per_chunk: int) -> tuple[zarr.Array, np.ndarray]:
         ("7200B", 10),  # bytes // row bytes
         ("7.9KB", 10),  # 7900 bytes: whole samples only
         ("1MiB", 2**20 // ROW_BYTES),
-        ("100", 1),  # a bare number in a string is bytes; less than a sample is 1 sample
+        ("100B", 1),  # less than a sample is 1 sample
     ],
 )
 def test_buffer_size_in_bytes_becomes_samples(value: object, samples: int) -> None:
@@ -46,6 +46,7 @@ def test_buffer_size_in_bytes_becomes_samples(value: object, samples: int) -> No
         ("0MiB", dzb.ArgumentValueError, "shuffle_buffer_size='0MiB' must be at least 1 byte"),
         (0, dzb.ArgumentValueError, "shuffle_buffer_size must be a positive integer, got 0"),
         (2.5, dzb.ArgumentTypeError, "got 2.5 of type float"),
+        ("8", dzb.ArgumentTypeError, "shuffle_buffer_size='8' has no unit: give samples as an"),
         (True, dzb.ArgumentTypeError, "got True of type bool"),
     ],
 )

@@ -160,9 +160,15 @@ def buffer_samples(value: object, row_bytes: int) -> int:
     A size string (``"256MiB"``, read by :func:`byte_size`) holds
     ``bytes // row_bytes`` samples (``row_bytes``: a sample's decoded bytes,
     summed over the stream's arrays), at least 1.  A plain ``int`` is a count
-    of samples, as before sizes in bytes were accepted.
+    of samples, as before sizes in bytes were accepted; a string without a unit
+    (``"8"``) is refused rather than guessed.
     """
     if isinstance(value, str):
+        if value.strip().replace(".", "", 1).isdigit():  # "8": samples or bytes?
+            raise ArgumentTypeError(
+                f"shuffle_buffer_size={value!r} has no unit: give samples as an int "
+                f"({value.strip()}) or bytes with a unit ('{value.strip()}B', '256MiB')"
+            )
         return max(1, byte_size("shuffle_buffer_size", value) // max(row_bytes, 1))
     if not _is_integer(value):
         raise ArgumentTypeError(
