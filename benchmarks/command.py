@@ -53,6 +53,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "the suite's store cases alone: sharded, 20/100 ms latency, S3 loopback, "
               "codec pipelines, each against x[:] on the same store",
               ("rows", "cols", "chunk_rows", "rounds", "data")),
+    Benchmark("big-samples", "benchmarks.suite.run", "run_big_samples",
+              "181 x 360 float32 fields, 1/4/32 per chunk: sequential, buffered (64MiB) "
+              "and exact vs L0, medians; targets; writes --out/big_samples.md",
+              ("fields", "rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",
@@ -130,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
     cases.add_argument("--old", metavar="REF", help="an earlier commit to run beside this one")
     cases.add_argument("--cluster", action="store_true", help="compare: on a LocalCluster")
     cases.add_argument("--first-batch", action="store_true", help="compare: time to first batch")
+    cases.add_argument("--fields", type=int, help="big-samples: fields per array (768)")
     cases.add_argument("--workers", type=int, help="cluster: worker processes (2)")
     cases.add_argument("--epochs", type=int, help="torch-workers: epochs per DataLoader (3)")
     cases.add_argument("--match", help="torch-workers: only cases whose name contains this")

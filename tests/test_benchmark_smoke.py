@@ -58,7 +58,7 @@ def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
     """The quick ones, in one process, so none of them rots (the others: docs/benchmarks.md)."""
     command = [
         sys.executable, "-m", "benchmarks",
-        "--only", "latency,shards,ramp-latency,codec-pipelines,compare",
+        "--only", "latency,shards,ramp-latency,codec-pipelines,compare,big-samples",
         "--old", "HEAD",
         "--rows", "8192",
         "--cols", "8",
@@ -66,13 +66,17 @@ def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
         "--latency", "0.002",
         "--rounds", "1",
         "--data", str(tmp_path / "data"),
+        "--fields", "64",
+        "--out", str(tmp_path / "results"),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=110, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for name in ("latency", "shards", "ramp-latency", "codec-pipelines", "compare"):
+    for name in ("latency", "shards", "ramp-latency", "codec-pipelines", "compare", "big-samples"):
         assert f"== {name} ==" in done.stdout
     assert "| old: chunk_stream ordered |" in done.stdout  # latency --old: both libraries
     assert "| 2 ms | sequential |" in done.stdout  # shards, with latency
     assert "buffered, flat" in done.stdout  # ramp-latency
     assert "x[:] (zarrs)" in done.stdout  # codec-pipelines
     assert "| paired, buffered (8 chunks) |" in done.stdout  # compare
+    big = (tmp_path / "results" / "big_samples.md").read_text()  # big-samples, 64 fields
+    assert "| 32 |" in big and "| fields, 32/chunk: exact shuffle" in big

@@ -19,13 +19,18 @@ S3, codec pipelines) on the suite's dataset and prints their table and targets.
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import math
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zarr
 
+from . import big_samples as big
 from . import cases, memory, quality, report, stores_cases, targets
 from .dataset import default_shape, make_dataset
 from .measure import MB, Result, SuiteRun, rounds
@@ -182,3 +187,62 @@ def run_stores(options: argparse.Namespace) -> None:
     for target in targets.evaluate(run, targets.STORE_TARGETS):
         why = f" ({target.why})" if target.why else ""
         print(f"  {target.status}  {target.what}: {target.measured}{why}")
+
+
+def run_big_samples(options: argparse.Namespace) -> None:
+    """Measure, evaluate ``BIG_SAMPLE_TARGETS``, write ``big_samples.md`` / ``.json``."""
+    data_dir, out = Path(options.data), Path(options.out)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    fields = options.fields or big.FIELDS
+    repeats = options.rounds or big.ROUNDS
+    load = os.getloadavg()
+    results = big.measure(data_dir, fields, repeats)
+    load_after = os.getloadavg()
+    run = SuiteRun(None, False, repeats, results, {}, {}, {}, [])  # type: ignore[arg-type]  # no dataset
+    evaluated = targets.evaluate(run, targets.BIG_SAMPLE_TARGETS)
+    command = (
+        "python -m benchmarks --only big-samples"
+        + (f" --fields {fields}" if fields != big.FIELDS else "")
+        + (f" --rounds {repeats}" if repeats != big.ROUNDS else "")
+    )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Big samples (issue 16)",
+        "",
+        f"`{command}` on {now}: {fields} fields of {big.FIELD[0]} x {big.FIELD[1]} float32 "
+        f"({fields * big.FIELD[0] * big.FIELD[1] * 4 / MB:.0f} MB per array), "
+        "chunks of 1, 4 and 32 fields, zarr's default codec (zstd), local directory store; "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, zarr {zarr.__version__}, "
+        f"numpy {np.__version__}; load average (1 min) {load[0]:.1f} at the start, "
+        f"{load_after[0]:.1f} at the end.  Each kind's throughput over L0 (zarr reading the "
+        f"same chunks one at a time on one thread): ratios of the medians of {repeats} "
+        "interleaved rounds.",
+        "",
+        *big.table(results),
+        "",
+        "CPU time of one epoch (this process, all threads; one more epoch of each case "
+        "after the rounds) over L0's: a kind needs that many times L0's CPU, so on a "
+        "machine whose other jobs leave it about one core it cannot run faster than "
+        "L0 / that ratio.",
+        "",
+        *big.cpu_table(results),
+        "",
+        "| target | measured | result |",
+        "|---|---|---|",
+        *(f"| {t.what} | {t.measured} | {t.status} |" for t in evaluated),
+    ]
+    text = "\n".join(lines) + "\n"
+    (out / "big_samples.md").write_text(text)
+    payload = {
+        "command": command,
+        "date": now,
+        "load": [load, load_after],
+        "cases": {
+            r.name: {"bytes": r.bytes, "seconds": r.extra["seconds"], "cpu": r.extra.get("cpu")}
+            for r in results.values()
+        },
+        "targets": [t.__dict__ for t in evaluated],
+    }
+    (out / "big_samples.json").write_text(json.dumps(payload, indent=1) + "\n")
+    print("\n" + text)

@@ -1,4 +1,4 @@
-"""The targets of issues 3, 9 and 10 as a table, and their evaluation on a :class:`SuiteRun`.
+"""The targets of issues 3, 9, 10 and 16 as a table, and their evaluation on a :class:`SuiteRun`.
 
 Each row of :data:`TARGETS` says how the measured value is computed from the run,
 the comparison and the threshold, and how the value is shown.  A row whose cases
@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from . import big_samples as big
 from . import stores_cases as sc
 from .cases import (
     BUFFERED,
@@ -142,6 +143,31 @@ STORE_TARGETS: tuple[TargetSpec, ...] = (
                skip="zarrs"),
 )  # fmt: skip
 
+
+def median_ratio(name: str, other: str) -> Value:
+    """Throughput of case ``name`` over case ``other``, from the medians of their rounds."""
+
+    def value(run: SuiteRun) -> float:
+        return big.median_seconds(run.result(other)) / big.median_seconds(run.result(name))
+
+    return value
+
+
+#: issue 16: big samples (181 x 360 float32 fields) at 1, 4 and 32 per chunk, every kind
+#: against L0 on the same array, medians of the rounds (``big_samples``); left out when
+#: not measured (``python -m benchmarks --only big-samples`` measures them)
+BIG_SAMPLE_TARGETS: tuple[TargetSpec, ...] = tuple(
+    TargetSpec(
+        f"fields, {k}/chunk: {kind.split(',')[0]} >= {limit}x L0 (medians)",
+        median_ratio(big.name(k, kind), big.name(k, big.L0_KIND)),
+        ">=",
+        limit,
+        skip=None,
+    )
+    for k in big.PER_CHUNK
+    for kind, limit in ((big.SEQUENTIAL, 1.5), (big.BUFFERED, 1.0), (big.EXACT, 1.0))
+)
+
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.
 TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("sequential >= 1.3x L0", ratio(SEQUENTIAL, L0), ">=", 1.3),
@@ -181,6 +207,7 @@ TARGETS: tuple[TargetSpec, ...] = (
                "{value:.0f}x", skip="torch"),
     TargetSpec(f">= 20x {DASK_SLICES}", ratio(SEQUENTIAL, DASK_SLICES), ">=", 20, "{value:.0f}x"),
     *STORE_TARGETS,
+    *BIG_SAMPLE_TARGETS,
     TargetSpec("prefetch: wait <= 5% of epoch (consumer 1.2x load)",
                lambda run: run.prefetch["fraction"], "<=", 0.05, "{value:.1%}"),
     TargetSpec("buffered peak RSS <= 1.5 x windows + 300 MB",

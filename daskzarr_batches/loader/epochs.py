@@ -78,7 +78,8 @@ class Loader:
         Samples per batch.
     shuffle : bool, default False
         Shuffle each epoch: exactly (``shuffle_buffer_size=None``) or through
-        a buffer of ``shuffle_buffer_size`` samples, as
+        a buffer of ``shuffle_buffer_size`` samples (or, given as a string
+        such as ``"256MiB"``, the samples that many bytes hold), as
         :func:`shuffled_batch_stream`.
     shuffle_buffer_size, memory_budget, window_bytes, prefetch, client, \
 timeout, missing, on_error, retries, io_concurrency
@@ -132,7 +133,7 @@ timeout, missing, on_error, retries, io_concurrency
         batch_size: int,
         *,
         shuffle: bool = False,
-        shuffle_buffer_size: int | None = None,
+        shuffle_buffer_size: int | str | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         seed: int = 0,

@@ -123,6 +123,7 @@ def read_window(
             _read_runs_concurrently(
                 inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope,
                 kept_rows=fast is view,  # zarrs reads an orthogonal selection through Zarr
+                direct=fast is view,
             )  # fmt: skip
             return place.out, _report(view, pieces, ledger, ())
     except ReadCancelledError:
@@ -199,6 +200,22 @@ class _Placer:
             rows = slab[local : local + piece.rows][piece.take]
             self.piece(piece, rows, at)
             at += len(rows)
+
+    def target(self, run: Sequence[ChunkPiece], at: int) -> np.ndarray | None:
+        """The rows of the output ``run`` fills as read, if it keeps every row of its chunks.
+
+        Then Zarr decodes the run straight into them (no slab of its own, no copy
+        after it): in ascending sample order, or in plan order when each chunk's
+        rows also sit there in chunk order.
+        """
+        if not all(_keeps_all(piece) for piece in run):
+            return None
+        rows = run[-1].stop - run[0].start
+        if self.plan_order:
+            if not _in_plan_order(run, run[0].start - _dest_start(run[0])):
+                return None
+            at = _dest_start(run[0])
+        return self.out[at : at + rows]
 
     def piece(self, piece: ChunkPiece, rows: np.ndarray, at: int) -> None:
         """Place the kept rows of one chunk at ``at`` (or at its ``dest``, in plan order)."""
@@ -352,8 +369,14 @@ def _read_runs_concurrently(
     streaming: bool,
     scope: CancelScope | None = None,
     kept_rows: bool = False,
+    direct: bool = False,
 ) -> None:
     """Read runs on Zarr's event loop, at most ``limit_rows`` rows in flight.
+
+    With ``direct``, a run that keeps every row of its chunks is decoded
+    straight into its rows of the output (``place.target``: Zarr's ``out=``),
+    which saves a slab allocated per run and a copy of every row (measured in
+    docs/benchmarks.md, *Big samples*).
 
     When one run fails, the others are cancelled (a task group) before the
     error propagates.  Zarr does not cancel the other chunks of a failed
@@ -382,6 +405,11 @@ def _read_runs_concurrently(
                 await ready.wait_for(lambda: in_flight == 0 or in_flight + rows <= limit_rows)
                 in_flight += rows
             try:
+                target = place.target(run, at) if direct else None
+                if target is not None:  # decoded straight into the window's rows
+                    selection = (slice(run[0].start, run[-1].stop),)
+                    await inner.get_orthogonal_selection(selection, out=_nd_buffer(target))
+                    return
                 if kept_rows and streaming and len(run) == 1 and not isinstance(run[0].take, slice):
                     kept = (run[0].start + run[0].take,)
                     place(run, np.asarray(await inner.get_orthogonal_selection(kept)), at, True)
@@ -433,12 +461,28 @@ def _is_whole(run: Sequence[ChunkPiece], size: int) -> bool:
     return all(_keeps_all(piece) for piece in run)
 
 
-def _in_plan_order(run: Sequence[ChunkPiece]) -> bool:
-    """Whether a whole run, as read, is also in the window's plan order (sequential)."""
-    lo = run[0].start
+def _in_plan_order(run: Sequence[ChunkPiece], lo: int | None = None) -> bool:
+    """Whether a whole run, as read, is also in the window's plan order (sequential).
+
+    ``lo``: the sample at the window's plan position 0 (default the run's first).
+    """
+    lo = run[0].start if lo is None else lo
     return all(
         isinstance(p.dest, slice) and p.dest == slice(p.start - lo, p.stop - lo) for p in run
     )
+
+
+def _dest_start(piece: ChunkPiece) -> int:
+    """Where a piece's rows start in plan order (-1 when they are not one slice there)."""
+    dest = piece.dest
+    return int(dest.start or 0) if isinstance(dest, slice) and dest.step in (None, 1) else -1
+
+
+def _nd_buffer(rows: np.ndarray) -> Any:
+    """``rows`` as the ``out=`` Zarr writes a selection into (no copy)."""
+    from zarr.core.buffer import default_buffer_prototype
+
+    return default_buffer_prototype().nd_buffer.from_numpy_array(rows)
 
 
 def _keeps_all(piece: ChunkPiece) -> bool:

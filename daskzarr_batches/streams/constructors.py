@@ -246,7 +246,7 @@ def shuffled_batch_stream(
     batch_size: int,
     *,
     seed: int | None = None,
-    shuffle_buffer_size: int | None = None,
+    shuffle_buffer_size: int | str | None = None,
     drop_remainder: bool = False,
     epoch: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -283,6 +283,11 @@ def shuffled_batch_stream(
         those in the same buffer: a larger buffer shuffles better.  The first
         buffer is read as windows of 1, 1, 2, 4, ... chunks, so the first batch
         waits for one chunk, and those first batches mix fewer chunks.
+        A string is a size in bytes (``"256MiB"``, ``"1GB"``; ``MB`` and
+        ``GB`` are powers of 1000, ``MiB`` and ``GiB`` of 1024), converted
+        to the samples it holds: ``bytes // row bytes`` (at least 1), so a
+        buffer of big samples (fields of a few hundred KB) stays within a
+        known memory.  ``stream.spec.shuffle_buffer_size`` is that count.
     drop_remainder : bool, default False
         Drop the short last batch.
     epoch : int, default 0
@@ -373,7 +378,7 @@ def paired_shuffled_batch_stream(
     batch_size: int,
     *,
     seed: int | None = None,
-    shuffle_buffer_size: int | None = None,
+    shuffle_buffer_size: int | str | None = None,
     drop_remainder: bool = False,
     epoch: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -551,7 +556,7 @@ def plan_epoch(
     labels: Any = None,
     shuffle: bool = False,
     seed: int | None = None,
-    shuffle_buffer_size: int | None = None,
+    shuffle_buffer_size: int | str | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     prefetch: int | None = None,

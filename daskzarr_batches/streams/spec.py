@@ -52,6 +52,8 @@ __all__ = [
     "ReadOptions",
     "StreamSpec",
     "as_array",
+    "buffer_samples",
+    "byte_size",
     "flag",
     "io_concurrency",
     "merged_io_concurrency",
@@ -127,6 +129,57 @@ def timeout_seconds(value: object) -> float | None:
 def io_concurrency(value: object) -> int | None:
     """Validate ``io_concurrency``: an ``int`` >= 1, or ``None`` (the default)."""
     return None if value is None else positive_int("io_concurrency", value)
+
+
+def byte_size(name: str, value: object) -> int:
+    """A size in bytes: an ``int`` >= 1, or a string such as ``"256MiB"`` or ``"1GB"``.
+
+    Strings are read by :func:`dask.utils.parse_bytes` (``kB``/``MB``/``GB``
+    are powers of 1000, ``KiB``/``MiB``/``GiB`` of 1024; a bare number is
+    bytes).  The one parser of sizes for every argument that takes them.
+    """
+    if isinstance(value, str):
+        from dask.utils import parse_bytes
+
+        try:
+            nbytes = int(parse_bytes(value))
+        except (ValueError, TypeError) as error:
+            raise ArgumentValueError(
+                f"{name}={value!r} is not a size in bytes (e.g. '256MiB', '1GB'): {error}"
+            ) from None
+        if nbytes < 1:
+            raise ArgumentValueError(f"{name}={value!r} must be at least 1 byte")
+        return nbytes
+    if not _is_integer(value):
+        raise ArgumentTypeError(
+            f"{name} must be a number of bytes or a size string such as '256MiB', "
+            f"got {value!r} of type {type(value).__name__}"
+        )
+    return positive_int(name, value)
+
+
+def buffer_samples(value: object, row_bytes: int) -> int:
+    """``shuffle_buffer_size`` in samples: an ``int`` is samples, a string bytes.
+
+    A size string (``"256MiB"``, read by :func:`byte_size`) holds
+    ``bytes // row_bytes`` samples (``row_bytes``: a sample's decoded bytes,
+    summed over the stream's arrays), at least 1.  A plain ``int`` is a count
+    of samples, as before sizes in bytes were accepted; a string without a unit
+    (``"8"``) is refused rather than guessed.
+    """
+    if isinstance(value, str):
+        if value.strip().replace(".", "", 1).isdigit():  # "8": samples or bytes?
+            raise ArgumentTypeError(
+                f"shuffle_buffer_size={value!r} has no unit: give samples as an int "
+                f"({value.strip()}) or bytes with a unit ('{value.strip()}B', '256MiB')"
+            )
+        return max(1, byte_size("shuffle_buffer_size", value) // max(row_bytes, 1))
+    if not _is_integer(value):
+        raise ArgumentTypeError(
+            "shuffle_buffer_size must be a number of samples (int) or a size in bytes "
+            f"such as '256MiB' (str), got {value!r} of type {type(value).__name__}"
+        )
+    return positive_int("shuffle_buffer_size", value)
 
 
 def flag(name: str, value: object) -> bool:
@@ -261,8 +314,11 @@ class StreamSpec:
         from the spec.  Must be ``None`` for ``shuffle="none"``.
     epoch : int, default 0
         Mixed into the seed: each epoch of a seed has its own order.
-    shuffle_buffer_size : int, optional
+    shuffle_buffer_size : int or str, optional
         Samples in the shuffle buffer; given exactly when ``shuffle="buffer"``.
+        A string is a size in bytes (``"256MiB"``, ``"1GB"``: :func:`byte_size`),
+        converted to the samples it holds (at least 1; :func:`buffer_samples`);
+        the spec keeps the number of samples.
     memory_budget : int, default ``DEFAULT_MEMORY_BUDGET``
         Bytes of samples the windows of an exact shuffle may hold at once.
     window_bytes : int, default ``DEFAULT_WINDOW_BYTES``
@@ -318,7 +374,7 @@ class StreamSpec:
     shuffle: ShuffleMode = "none"
     seed: int | None = None
     epoch: int = 0
-    shuffle_buffer_size: int | None = None
+    shuffle_buffer_size: int | str | None = None
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     window_bytes: int = DEFAULT_WINDOW_BYTES
     prefetch: int | None = None
@@ -378,7 +434,7 @@ class StreamSpec:
                 "use shuffle='buffer'"
             )
         if self.shuffle == "buffer":
-            put("shuffle_buffer_size", positive_int("shuffle_buffer_size", buffer))
+            put("shuffle_buffer_size", buffer_samples(buffer, self.row_bytes))
         if self.shuffle != "none" and seed is None:
             seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         put("seed", seed)

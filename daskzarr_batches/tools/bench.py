@@ -75,8 +75,9 @@ class BenchSettings:
     Attributes
     ----------
     batch_size : int
-    shuffle_buffer_size : int or None
-        Buffered shuffle with this buffer (``--shuffle-buffer``).
+    shuffle_buffer_size : int, str or None
+        Buffered shuffle with this buffer (``--shuffle-buffer``): samples, or
+        a size in bytes such as ``"256MiB"``.
     exact : bool
         Exact shuffle (``--exact``).
     memory_budget : int or None
@@ -90,7 +91,7 @@ class BenchSettings:
     """
 
     batch_size: int
-    shuffle_buffer_size: int | None = None
+    shuffle_buffer_size: int | str | None = None
     exact: bool = False
     memory_budget: int | None = None
     seed: int = 0
@@ -136,7 +137,8 @@ class BenchSettings:
         """The call, e.g. ``shuffled_batch_stream(batch_size=256, seed=0)``."""
         arguments = [f"batch_size={self.batch_size}"]
         if self.shuffle == "buffer":
-            arguments.append(f"shuffle_buffer_size={self.shuffle_buffer_size}")
+            size = self.shuffle_buffer_size
+            arguments.append(f"shuffle_buffer_size={size!r}")
         if self.shuffle == "exact" and self.memory_budget is not None:
             arguments.append(f"memory_budget={self.memory_budget}")
         if self.shuffle != "none":

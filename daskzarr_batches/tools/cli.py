@@ -30,10 +30,12 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from .. import (
+    ArgumentValueError,
     DaskZarrBatchesError,
     MissingChunksWarning,
     __version__,
 )
+from ..streams.spec import byte_size
 from .bench import CHUNK_ROWS, FEATURES, ROWS, BenchSettings, run_bench
 from .demo import run_demo
 from .info import run_info
@@ -237,9 +239,10 @@ def _add_bench_stream_options(stream: Any) -> None:
     order = stream.add_mutually_exclusive_group()
     order.add_argument(
         "--shuffle-buffer",
-        type=int,
+        type=_buffer_size,
         metavar="S",
-        help="buffered shuffle through about S samples (shuffle_buffer_size)",
+        help="buffered shuffle through about S samples, or as many as a size in bytes "
+        "holds, e.g. 256MiB or 1GB (shuffle_buffer_size)",
     )
     order.add_argument("--exact", action="store_true", help="exact shuffle")
     stream.add_argument(
@@ -324,6 +327,19 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def _buffer_size(text: str) -> int | str:
+    """``--shuffle-buffer``: an integer is samples, anything else a size in bytes (``256MiB``)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        byte_size("--shuffle-buffer", text)
+    except ArgumentValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _size(text: str) -> int:
