@@ -1,4 +1,4 @@
-"""The targets of issues 3, 9 and 10 as a table, and their evaluation on a :class:`SuiteRun`.
+"""The targets of issues 3, 9, 10 and 16 as a table, and their evaluation on a :class:`SuiteRun`.
 
 Each row of :data:`TARGETS` says how the measured value is computed from the run,
 the comparison and the threshold, and how the value is shown.  A row whose cases
