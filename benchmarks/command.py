@@ -57,6 +57,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "181 x 360 float32 fields, 1/4/32 per chunk: sequential, buffered (64MiB) "
               "and exact vs L0, medians; targets; writes --out/big_samples.md",
               ("fields", "rounds", "out", "data")),
+    Benchmark("patches", "benchmarks.suite.run", "run_patches",
+              "issue 16: 64 x 64 patches (overlap 16) and forecast pairs over a (T, 721, 1440) "
+              "field in two chunkings, against L0 and xbatcher; writes --out/patches.md",
+              ("steps", "rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",
@@ -125,6 +129,7 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument("--cols", type=int, help="columns (features) of the dataset")
     size.add_argument("--chunk-rows", type=int, help="rows per chunk")
     size.add_argument("--rounds", "--repeats", type=int, help="interleaved rounds")
+    size.add_argument("--steps", type=int, help="patches: time steps of the field (64)")
     size.add_argument("--quick", action="store_true", help="suite: small dataset, 2 rounds")
     cases = parser.add_argument_group("what to measure")
     cases.add_argument("--latency", type=float, help="seconds a store waits before each get")

@@ -121,6 +121,7 @@ def test_every_benchmark_module_is_in_the_command() -> None:
         "benchmarks", "benchmarks.__main__", "benchmarks.command", "benchmarks.internals",
         "benchmarks.latency_store", "benchmarks.s3_server", "benchmarks.suite",
         "benchmarks.suite.cases", "benchmarks.suite.dataset", "benchmarks.suite.measure",
+        "benchmarks.suite.patch_cases",
         "benchmarks.suite.quality", "benchmarks.suite.report", "benchmarks.suite.stores_cases",
         "benchmarks.suite.targets", "benchmarks.suite.big_samples",
     }  # fmt: skip

@@ -80,3 +80,29 @@ def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
     assert "| paired, buffered (8 chunks) |" in done.stdout  # compare
     big = (tmp_path / "results" / "big_samples.md").read_text()  # big-samples, 64 fields
     assert "| 32 |" in big and "| fields, 32/chunk: exact shuffle" in big
+
+
+@pytest.mark.timeout(60)
+def test_the_patch_cases_run_on_a_tiny_field(tmp_path: Path) -> None:
+    """Issue 16's cases, in process, on a 3 x 96 x 160 field, one round."""
+    from benchmarks.suite import patch_cases as pc
+    from benchmarks.suite import targets
+    from benchmarks.suite.dataset import Dataset
+    from benchmarks.suite.measure import SuiteRun
+
+    skipped: dict[str, str] = {}
+    results = pc.measure_patches(tmp_path, steps=3, grid=(96, 160), repeats=1, skipped=skipped)
+    run = SuiteRun(Dataset(tmp_path, 3, 0, 0), False, 1, results, skipped, {}, {}, [])
+    evaluated = targets.evaluate(run, targets.PATCH_TARGETS)
+    text = pc.write_outputs(results, evaluated, tmp_path, command="c", steps=3, grid=(96, 160))
+    for chunks in pc.CHUNKINGS:
+        for kind in (pc.L0_KIND, pc.SEQUENTIAL, pc.BUFFERED, pc.EXACT, pc.PAIRS):
+            assert f"| {pc.name(chunks, kind)} |" in text
+        # 3 steps: 2 pairs; 1 x 3 patches (origins 0 along lat, 0, 48, 96 along lon) a step
+        assert results[pc.name(chunks, pc.PAIRS)].samples == 2
+        assert pc.patches_per_step((96, 160)) == 3
+        assert results[pc.name(chunks, pc.SEQUENTIAL)].samples == 3 * 3
+    rows = {t.what: t for t in evaluated}
+    amp = "chunks 8x180x360: forecast pairs, read amplification <= 1.05 (summary)"
+    assert rows[amp].status == "PASS"
+    assert (tmp_path / "patches.json").exists()

@@ -193,3 +193,33 @@ def test_exact_sweep_targets_pass_miss_or_are_left_out() -> None:
     assert rows[f"exact sweep, budget 16 MiB: {limit}"] == ("33 MiB vs 32 MiB", "MISS")
     assert rows[f"exact sweep, budget 64 MiB: {limit}"] == ("70 MiB vs 80 MiB", "PASS")
     assert rows[f"exact sweep, budget 1 GiB: {limit}"] == ("1104 MiB vs 1040 MiB", "MISS")
+
+
+def test_patch_targets_against_l0_and_xbatcher_use_medians() -> None:
+    from benchmarks.suite import patch_cases as pc
+
+    results = {}
+    for chunks in pc.CHUNKINGS:
+        # (median seconds, best seconds, samples); stored bytes 100 MB each, xbatcher's 1 MB
+        for kind, median, samples in (
+            (pc.L0_KIND, 1.0, 0),
+            (pc.SEQUENTIAL, 0.5, 10_000),
+            (pc.BUFFERED, 2.0, 10_000),
+            (pc.PAIRS, 1.0, 63),
+            (pc.XBATCHER, 1.0, 100),
+        ):
+            case = pc.name(chunks, kind)
+            stored = 1_000_000 if kind == pc.XBATCHER else 100_000_000
+            results[case] = Result(case, "this", 0.1, stored, samples, 1.0)
+            results[case].extra |= {"median_seconds": median, "plan_amplification": 1.2}
+    run = fabricated({}, {"xbatcher": "not installed"})
+    run.results |= results
+    rows = {t.what: (t.measured, t.status) for t in targets.evaluate(run, targets.PATCH_TARGETS)}
+    label = pc.chunk_label(pc.CHUNKINGS[1])
+    assert rows[f"{label}: {pc.SEQUENTIAL} >= 1.0x L0"] == ("2.00x", "PASS")  # medians, not best
+    assert rows[f"{label}: {pc.BUFFERED} >= 1.0x L0"] == ("0.50x", "MISS")
+    assert rows[f"{label}: {pc.EXACT} >= 1.0x L0"][1] == "SKIP"  # not measured
+    assert rows[f"{label}: patches, sequential >= 50x xbatcher (per patch)"] == ("200x", "PASS")
+    epoch = f"{label}: forecast pairs, read amplification <= 1.05 (epoch stats)"
+    assert rows[epoch] == ("1.00", "PASS")
+    assert rows[epoch.replace("epoch stats", "summary")] == ("1.20", "MISS")

@@ -10,10 +10,12 @@ Modules, in the order a run uses them:
 - ``stores_cases``: every stream kind against zarr's ``x[:]`` on the same store where data
   really lives (issue 10): a sharded copy, ``benchmarks.latency_store`` at 20 / 100 ms,
   moto's S3 on loopback, zarrs' codec pipeline; and their report table;
+- ``patch_cases``: issue 16's N-D patches and forecast pairs over a ``(T, 721, 1440)`` field
+  in two chunkings, against L0 (chunk by chunk) and xbatcher; ``patches.md``;
 - ``memory``: memory cases, each in a fresh subprocess (``python -m benchmarks.suite.memory``),
   and the exact-shuffle budget sweep;
 - ``quality``: shuffle quality computed from plans (nothing read);
-- ``targets``: the targets of issues 3, 9 and 10 as a table, evaluated on a ``SuiteRun``;
+- ``targets``: the targets of issues 3, 9, 10 and 16 as a table, evaluated on a ``SuiteRun``;
 - ``report``: ``results.md``, ``results.json``, ``throughput.png`` and the printed summary;
 - ``run``: the benchmarks ``suite`` (every step above, in order) and ``stores`` (the
   store cases alone), as ``python -m benchmarks`` runs them.

@@ -31,8 +31,8 @@ import numpy as np
 import zarr
 
 from . import big_samples as big
-from . import cases, memory, quality, report, stores_cases, targets
-from .dataset import default_shape, make_dataset
+from . import cases, memory, patch_cases, quality, report, stores_cases, targets
+from .dataset import Dataset, default_shape, make_dataset
 from .measure import MB, Result, SuiteRun, rounds
 
 
@@ -246,3 +246,21 @@ def run_big_samples(options: argparse.Namespace) -> None:
     }
     (out / "big_samples.json").write_text(json.dumps(payload, indent=1) + "\n")
     print("\n" + text)
+
+
+def run_patches(options: argparse.Namespace) -> None:
+    """The patch cases of issue 16; writes ``<out>/patches.md`` and ``patches.json``."""
+    data_dir, out = Path(options.data), Path(options.out)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    steps = options.steps or patch_cases.STEPS
+    repeats = options.rounds or patch_cases.ROUNDS
+    skipped: dict[str, str] = {}
+    results = patch_cases.measure_patches(data_dir, steps=steps, repeats=repeats, skipped=skipped)
+    run = SuiteRun(Dataset(data_dir, steps, 0, 0), False, repeats, results, skipped, {}, {}, [])
+    evaluated = targets.evaluate(run, targets.PATCH_TARGETS)
+    command = "python -m benchmarks --only patches"
+    if options.steps:
+        command += f" --steps {steps}"
+    if options.rounds:
+        command += f" --rounds {repeats}"
+    print("\n" + patch_cases.write_outputs(results, evaluated, out, command=command, steps=steps))

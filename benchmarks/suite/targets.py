@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from . import big_samples as big
+from . import patch_cases as pc
 from . import stores_cases as sc
 from .cases import (
     BUFFERED,
@@ -153,6 +154,29 @@ def median_ratio(name: str, other: str) -> Value:
     return value
 
 
+def patch_vs_l0(chunks: tuple[int, ...], kind: str) -> Value:
+    """Median epoch of ``kind`` against L0 on the same chunks (stored MB/s)."""
+    return lambda run: pc.vs_l0(run, pc.name(chunks, kind))
+
+
+def patch_vs_xbatcher(chunks: tuple[int, ...]) -> Value:
+    """Median patches/s of the sequential patch stream over xbatcher's, same chunks."""
+    return lambda run: (
+        pc.median_patches_s(run.result(pc.name(chunks, pc.SEQUENTIAL)))
+        / pc.median_patches_s(run.result(pc.name(chunks, pc.XBATCHER)))
+    )
+
+
+def pair_amplification(chunks: tuple[int, ...], plan: bool) -> Value:
+    """The forecast pairs' read amplification: of the epoch (stats) or of its plan."""
+
+    def value(run: SuiteRun) -> float:
+        result = run.result(pc.name(chunks, pc.PAIRS))
+        return float(result.extra["plan_amplification"] if plan else result.amplification)
+
+    return value
+
+
 #: issue 16: big samples (181 x 360 float32 fields) at 1, 4 and 32 per chunk, every kind
 #: against L0 on the same array, medians of the rounds (``big_samples``); left out when
 #: not measured (``python -m benchmarks --only big-samples`` measures them)
@@ -167,6 +191,24 @@ BIG_SAMPLE_TARGETS: tuple[TargetSpec, ...] = tuple(
     for k in big.PER_CHUNK
     for kind, limit in ((big.SEQUENTIAL, 1.5), (big.BUFFERED, 1.0), (big.EXACT, 1.0))
 )
+#: issue 16: patches and forecast pairs over a (T, 721, 1440) field (``patch_cases``)
+PATCH_TARGETS: tuple[TargetSpec, ...] = tuple(
+    spec
+    for chunks in pc.CHUNKINGS
+    for spec in (
+        TargetSpec(f"{pc.chunk_label(chunks)}: patches, sequential >= 50x xbatcher (per patch)",
+                   patch_vs_xbatcher(chunks), ">=", 50, "{value:.0f}x", skip="xbatcher"),
+        *(TargetSpec(f"{pc.chunk_label(chunks)}: {kind} >= 1.0x L0", patch_vs_l0(chunks, kind),
+                     ">=", 1.0, skip=pc.SKIP_KEY)
+          for kind in (pc.SEQUENTIAL, pc.BUFFERED, pc.EXACT)),
+        TargetSpec(f"{pc.chunk_label(chunks)}: forecast pairs, read amplification <= 1.05 "
+                   "(epoch stats)", pair_amplification(chunks, plan=False), "<=", 1.05,
+                   "{value:.2f}", skip=pc.SKIP_KEY),
+        TargetSpec(f"{pc.chunk_label(chunks)}: forecast pairs, read amplification <= 1.05 "
+                   "(summary)", pair_amplification(chunks, plan=True), "<=", 1.05,
+                   "{value:.2f}", skip=pc.SKIP_KEY),
+    )
+)  # fmt: skip
 
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.
 TARGETS: tuple[TargetSpec, ...] = (
