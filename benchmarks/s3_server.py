@@ -67,7 +67,12 @@ class S3Server:
         return self
 
     def fail(
-        self, match: str, times: int = 1, status: int = 503, code: str = "SlowDown", delay: float = 0
+        self,
+        match: str,
+        times: int = 1,
+        status: int = 503,
+        code: str = "SlowDown",
+        delay: float = 0,
     ) -> None:
         """Answer the next ``times`` GETs of a key containing ``match`` with an S3 error.
 
