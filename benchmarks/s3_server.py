@@ -22,8 +22,11 @@ import ipaddress
 import logging
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 __all__ = ["S3Server", "free_port", "loopback_only"]
@@ -45,6 +48,7 @@ class S3Server:
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.endpoint_url = ""
+        self._faults: list[_Fault] = []
 
     def start(self) -> S3Server:
         self._moto.start()
@@ -59,7 +63,58 @@ class S3Server:
             accept(request, address)
 
         server.process_request = process_request
+        server.app = self._faulty(server.app)
         return self
+
+    def fail(
+        self,
+        match: str,
+        times: int = 1,
+        status: int = 503,
+        code: str = "SlowDown",
+        delay: float = 0,
+    ) -> None:
+        """Answer the next ``times`` GETs of a key containing ``match`` with an S3 error.
+
+        ``status`` and ``code`` are the HTTP status and S3 error code of the answer
+        (503 ``SlowDown``: throttling; 500 ``InternalError``; 403 ``AccessDenied``);
+        with ``delay`` (seconds) the server waits that long before answering, for
+        client timeouts.  The faults are real HTTP answers, so every client (s3fs,
+        obstore) sees them as it would from AWS.
+        """
+        with self._lock:
+            self._faults.append(_Fault(match, times, status, code, delay))
+
+    def _faulty(self, app: Any) -> Any:
+        def faulty(environ: dict[str, Any], start_response: Any) -> Any:
+            fault = self._take_fault(environ)
+            if fault is None:
+                return app(environ, start_response)
+            if fault.delay:
+                time.sleep(fault.delay)
+            body = (
+                '<?xml version="1.0" encoding="UTF-8"?>\n'
+                f"<Error><Code>{fault.code}</Code><Message>injected fault</Message></Error>"
+            ).encode()
+            reason = HTTPStatus(fault.status).phrase
+            start_response(
+                f"{fault.status} {reason}",
+                [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+
+        return faulty
+
+    def _take_fault(self, environ: dict[str, Any]) -> _Fault | None:
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return None
+        path = environ.get("PATH_INFO", "")
+        with self._lock:
+            for fault in self._faults:
+                if fault.times > 0 and fault.match in path:
+                    fault.times -= 1
+                    return fault
+        return None
 
     def storage_options(self, **overrides: Any) -> dict[str, Any]:
         """``storage_options`` for s3fs that reach this server and nothing else."""
@@ -94,6 +149,15 @@ class S3Server:
         for connection in connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass
+class _Fault:
+    match: str
+    times: int
+    status: int
+    code: str
+    delay: float
 
 
 def free_port() -> int:

@@ -127,13 +127,14 @@ def test_store_targets_against_x_all_on_the_same_store() -> None:
     assert "): sequential with zarr's pipeline 0.25x, sequential with zarrs 0.65x." in text
     # targets only for the kinds the issue names: no paired / exact rows at 100 ms
     assert f"100 ms: {sc.PAIRED} >= 0.9x x[:]" not in rows
-    # --no-stores: one SKIP row for the sharded and latency targets, one for S3, one for zarrs
+    # --no-stores: one SKIP row for the sharded and latency targets, one for S3 on each
+    # backend, one for zarrs
     skipped = dict.fromkeys(sc.SKIP_KEYS, "--no-stores")
     rows = {t.what: (t.measured, t.why) for t in targets.evaluate(fabricated(SPEEDS, skipped))}
     assert rows[targets.STORES] == ("skipped", "--no-stores")
     assert rows["S3 loopback >= 0.9x x[:]"] == ("skipped", "--no-stores")
     measured = [name for name in rows if name.startswith(("sharded", "20 ms", "100 ms", "S3 lo"))]
-    assert measured == [targets.STORES, "S3 loopback >= 0.9x x[:]"]
+    assert measured == [targets.STORES, "S3 loopback >= 0.9x x[:]", "S3 loopback via obstore"]
 
 
 def test_report_has_every_target_row_and_section() -> None:

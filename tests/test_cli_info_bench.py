@@ -404,6 +404,7 @@ def test_bench_library_errors_are_one_line_with_status_2(
         (["--batch-size", "4", "--exact", "--memory-budget", "lots"], "expected a size"),
         (["--batch-size", "4", "--epochs", "0"], "expected a positive integer"),
         (["--batch-size", "4", "--storage-option", "novalue"], "expected KEY=VALUE"),
+        (["--batch-size", "4", "--backend", "fsspec"], "--backend needs a STORE"),
         (["s.zarr", "--batch-size", "4", "--rows", "10"], "cannot go with STORE"),
     ],
 )
@@ -521,3 +522,10 @@ def test_blocks_tile_the_object_grid() -> None:
     region, objects = blocks[-1]
     assert region == (slice(8, 10), slice(0, 6))
     assert [key for key, _ in objects] == ["c/4/0", "c/4/1"]
+
+
+def test_backend_reaches_open(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("obstore")
+    argv = ["info", "s3://bucket/x.zarr", "--backend", "obstore", "--storage-option", "bogus=1"]
+    assert main(argv) == 2  # obstore's backend names the key it cannot use; nothing is sent
+    assert "'bogus'" in capsys.readouterr().err

@@ -10,7 +10,9 @@ raw decode limit), measured in the same interleaved rounds:
   over a smaller dataset of :data:`SUBSET_CHUNKS` chunks (the whole dataset when it
   is smaller), unsharded and (20 ms) sharded;
 - **S3**: that smaller dataset uploaded to moto's S3 server on ``127.0.0.1``
-  (``benchmarks/s3_server.py``), read through s3fs; the server is stopped at the end;
+  (``benchmarks/s3_server.py``), read through both backends of ``open_array``, s3fs
+  (zarr's ``FsspecStore``) and obstore (zarr's ``ObjectStore``), every kind on each, in
+  the same rounds; the server is stopped at the end;
 - **codec pipelines**: the full dataset read with zarrs' codec pipeline (Rust) beside the
   raw decode limit, in the rounds of the no-latency cases; every other case names zarr's
   default pipeline when it opens its arrays, whatever the global configuration.
@@ -58,7 +60,8 @@ KINDS = (ZARR_ALL, SEQUENTIAL, BUFFERED, EXACT, PAIRED, CHUNKS)
 # Stores (the first part of a case name).
 UNSHARDED = "unsharded"
 SHARDED = "sharded (8 chunks/shard)"
-S3 = f"S3 loopback, {SUBSET_CHUNKS} chunks"
+S3 = f"S3 loopback, {SUBSET_CHUNKS} chunks"  # through s3fs (fsspec)
+S3_OBSTORE = f"S3 loopback via obstore, {SUBSET_CHUNKS} chunks"
 ZARR_PIPELINE = "zarr codec pipeline"
 ZARRS_PIPELINE = "zarrs codec pipeline"
 #: the codec pipelines: label -> ``codec_pipeline.path`` of ``zarr.config``
@@ -67,7 +70,7 @@ PIPELINES = {
     ZARRS_PIPELINE: "zarrs.ZarrsCodecPipeline",
 }
 #: the keys of ``skipped`` that the targets of these cases read (skip all: ``--no-stores``)
-SKIP_KEYS = ("stores", "S3", "zarrs")
+SKIP_KEYS = ("stores", "S3", "obstore", "zarrs")
 #: the raw decode limit measured beside the codec pipelines
 PIPELINE_LIMIT = f"[codec pipelines] {RAW_DECODE} (limit)"
 
@@ -210,26 +213,40 @@ def latency_cases(small: Dataset) -> list[Case]:
 
 
 def s3_available(skipped: dict[str, str]) -> bool:
-    """Whether s3fs and moto import; if not, the reason goes to ``skipped["S3"]``."""
+    """Whether s3fs and moto import; if not, the reason goes to ``skipped["S3"]``.
+
+    Without obstore the s3fs cases still run; the reason goes to ``skipped["obstore"]``.
+    """
     try:
         import moto.server  # noqa: F401
         import s3fs  # noqa: F401
     except ImportError as exc:
         skipped["S3"] = f"not installed ({exc}); pip install .[s3] moto[server]"
+        skipped["obstore"] = "no S3 cases"
         print(f"  skipping S3: {skipped['S3']}")
         return False
+    installed("obstore", skipped)
     return True
 
 
 @contextlib.contextmanager
-def s3_copy(small: Dataset) -> Iterator[Opened]:
-    """``small`` uploaded to moto's S3 on loopback; the server stops on exit.
+def s3_copy(small: Dataset, obstore: bool = True) -> Iterator[list[Opened]]:
+    """``small`` uploaded to moto's S3 on loopback, opened through s3fs and (if
+    ``obstore``) obstore, with the same ``storage_options``; the server stops on exit.
 
-    Every connection or name lookup that is not loopback is refused and fails the run.
+    Every connection or name lookup that is not loopback is refused and fails the run
+    (obstore connects from Rust, which the guard does not see: it is only ever given
+    the server's endpoint).
     """
     import s3fs
 
+    from ..internals import zarr_behind
     from ..s3_server import S3Server, loopback_only
+
+    def store_of(url: str, options: dict[str, Any], backend: str) -> Any:
+        """The store ``open_array`` reads ``url`` through on ``backend`` (same options)."""
+        x = dzb.open_array(url, "features", storage_options=options, backend=backend)
+        return zarr_behind(x).store_path.store
 
     with loopback_only() as attempts:
         server = S3Server().start()
@@ -238,10 +255,12 @@ def s3_copy(small: Dataset) -> Iterator[Opened]:
             options = server.storage_options()
             fs = s3fs.S3FileSystem(**options)
             fs.put(str(small.path), f"{bucket}/data.zarr", recursive=True)
-            store = zarr.storage.FsspecStore.from_url(
-                f"s3://{bucket}/data.zarr", storage_options=options, read_only=True
-            )
-            yield open_group(S3, store, small.chunk_rows)
+            url = f"s3://{bucket}/data.zarr"
+            opened = [open_group(S3, store_of(url, options, "fsspec"), small.chunk_rows)]
+            if obstore:
+                store = store_of(url, options, "obstore")
+                opened.append(open_group(S3_OBSTORE, store, small.chunk_rows))
+            yield opened
         finally:
             server.stop()
     if attempts:
@@ -283,8 +302,8 @@ def measure_stores(
         print(f"  {case:56s} {count:5d} / {peak}")
     if s3_available(skipped):
         print(f"S3 on loopback (moto), {small.rows:,} rows")
-        with s3_copy(small) as s3:
-            results |= rounds(kind_cases(s3, (ZARR_ALL, SEQUENTIAL, BUFFERED, CHUNKS)), repeats)
+        with s3_copy(small, obstore="obstore" not in skipped) as copies:
+            results |= rounds([case for o in copies for case in kind_cases(o)], repeats)
     print(f"  store cases took {time.perf_counter() - started:.0f} s")
     return results
 
@@ -296,7 +315,7 @@ def measure_stores(
 def store_labels() -> list[str]:
     """Every store of these cases, in table order."""
     latency = [latency_label(False, d) for d in LATENCIES] + [latency_label(True, LATENCIES[0])]
-    return [UNSHARDED, SHARDED, *latency, S3, ZARRS_PIPELINE]
+    return [UNSHARDED, SHARDED, *latency, S3, S3_OBSTORE, ZARRS_PIPELINE]
 
 
 def stores_section(results: dict[str, Result]) -> list[str]:

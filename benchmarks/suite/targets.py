@@ -139,6 +139,13 @@ STORE_TARGETS: tuple[TargetSpec, ...] = (
     *(TargetSpec(f"S3 loopback: {kind} >= 0.9x x[:]", vs_zarr_all(sc.S3, kind), ">=", 0.9,
                  skip="S3", skip_name="S3 loopback >= 0.9x x[:]")
       for kind in (sc.SEQUENTIAL, sc.BUFFERED, sc.CHUNKS)),
+    TargetSpec("S3 loopback: obstore x[:] >= 1.0x s3fs x[:]",
+               ratio(sc.name(sc.S3_OBSTORE, sc.ZARR_ALL), sc.name(sc.S3, sc.ZARR_ALL)), ">=", 1.0,
+               skip="obstore", skip_name="S3 loopback via obstore"),
+    *(TargetSpec(f"S3 loopback via obstore: {kind} >= 0.9x x[:]",
+                 vs_zarr_all(sc.S3_OBSTORE, kind), ">=", 0.9,
+                 skip="obstore", skip_name="S3 loopback via obstore")
+      for kind in (sc.SEQUENTIAL, sc.BUFFERED, sc.CHUNKS)),
     TargetSpec("zarrs pipeline: sequential >= 0.6x raw-decode limit",
                ratio(sc.name(sc.ZARRS_PIPELINE, sc.SEQUENTIAL), sc.PIPELINE_LIMIT), ">=", 0.6,
                skip="zarrs"),

@@ -26,6 +26,7 @@ from ..errors import (
     StoreGoneError,
 )
 from ..plan.windows import ChunkPiece
+from ..store.backends import error_text
 from ..store.layout import storage_keys
 from ..store.policy import Ledger, is_transient
 
@@ -58,8 +59,8 @@ def chunk_error(
     failed = [key for key in ledger.failed if not keys or key in keys]
     if failed or is_transient(exc) or not isinstance(array, zarr.Array):
         retried = f" after {ledger.retries} retries" if ledger.retries else ""
-        return ChunkReadError(f"could not read {where}{retried}: {type(exc).__name__}: {exc}")
-    return CorruptChunkError(f"{where} does not decode: {type(exc).__name__}: {exc}")
+        return ChunkReadError(f"could not read {where}{retried}: {error_text(exc)}")
+    return CorruptChunkError(f"{where} does not decode: {error_text(exc)}")
 
 
 def read_named(
@@ -96,5 +97,5 @@ def raise_failed_read(
                 raise chunk_error(array, name, what, piece, ledger, exc) from exc
         raise ChunkReadError(
             f"could not read {key!r} of array {name} after {ledger.retries} retries: "
-            f"{type(exc).__name__}: {exc}"
+            f"{error_text(exc)}"
         ) from exc

@@ -23,6 +23,7 @@ from ..errors import (
     ArrayNotFoundError,
     InvalidMetadataError,
 )
+from .backends import Backend, backend_of, error_text, resolve_backend, url_store
 from .layout import (
     METADATA_DOCUMENTS,
     V2_ARRAY_METADATA,
@@ -45,6 +46,7 @@ def open_array(
     *,
     storage_options: dict[str, Any] | None = None,
     codec_pipeline: CodecPipelineChoice | None = None,
+    backend: Backend = "auto",
 ) -> da.Array:
     """Open a Zarr array as a dask array whose chunks are the stored chunks.
 
@@ -53,11 +55,27 @@ def open_array(
     source : zarr.Array, zarr.Group, zarr store, str or os.PathLike
         Where the array lives: an open array, a group (then ``path`` names the
         array inside it), a store object, or a path/URL to a directory store,
-        a ``.zip`` store or an fsspec URL such as ``"s3://bucket/data.zarr"``.
+        a ``.zip`` store or a URL such as ``"s3://bucket/data.zarr"`` (``s3://``,
+        ``gs://``, ``az://``, ``https://``, or any fsspec URL).
     path : str, optional
         Path of the array inside a group or store.
     storage_options : dict, optional
-        Passed to fsspec for URL sources (credentials, endpoint, ...).
+        Options of a URL source (credentials, endpoint, ...), fsspec style
+        (s3fs: ``key``, ``secret``, ``token``, ``anon``, ``endpoint_url``,
+        ``client_kwargs={"endpoint_url": ..., "region_name": ...}``, ...).  On
+        the obstore backend they are translated to obstore's configuration
+        (``key`` -> ``aws_access_key_id``, ``anon`` -> ``skip_signature``, an
+        ``http://`` endpoint allows plain http, ...), and obstore's own config
+        keys (``aws_region``, ``google_service_account``, ...) and
+        ``client_options`` / ``retry_config`` dicts are accepted too; the table
+        is in docs/reading.md.
+    backend : {"auto", "obstore", "fsspec"}
+        What reads a URL source.  ``"obstore"``: zarr's
+        ``zarr.storage.ObjectStore`` over an obstore store (``s3``, ``gs``,
+        ``az``/``abfs``, ``http(s)`` URLs; ``pip install
+        'daskzarr-batches[obstore]'``); ``"fsspec"``: zarr's ``FsspecStore``
+        (any fsspec URL); ``"auto"`` (default): obstore when it is installed
+        and reads the URL's protocol, else fsspec.  Ignored for other sources.
     codec_pipeline : {"auto", "zarrs", "zarr"}, optional
         What decodes the array's chunks.  ``"zarrs"``: the Rust pipeline of
         the ``zarrs`` package (``pip install 'daskzarr-batches[zarrs]'``),
@@ -93,15 +111,21 @@ def open_array(
         the original error is the ``__cause__``); a ``codec_pipeline`` (or
         environment variable) that is not one of the choices, or
         ``"zarrs"`` when the zarrs package is not installed (the message
-        says how to install it).
+        says how to install it); a ``backend`` that is not one of the choices,
+        ``"obstore"`` when obstore is not installed or does not read the
+        URL's protocol, or ``storage_options`` the obstore backend can
+        neither translate nor pass on (the message names them).
     """
     choice = resolve_codec_pipeline(codec_pipeline)
-    array = with_codec_pipeline(_open_zarr(source, path, storage_options), choice)
+    array = with_codec_pipeline(_open_zarr(source, path, storage_options, backend), choice)
     return da.from_zarr(array)
 
 
-def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | None) -> zarr.Array:
+def _open_zarr(
+    source: Any, path: str | None, storage_options: dict[str, Any] | None, backend: object = "auto"
+) -> zarr.Array:
     _check_path(path)
+    chosen = resolve_backend(backend, _url_protocol(source))
     if isinstance(source, zarr.Array):
         if path not in (None, ""):
             raise ArgumentValueError(
@@ -115,6 +139,9 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
     named = source  # how messages refer to it (a zip path rather than its ZipStore)
     if isinstance(source, str) and source.endswith(".zip") and not os.path.isdir(source):
         source = _zip_store(source)
+    elif chosen == "obstore":
+        source = url_store(source, storage_options, "obstore")
+        storage_options = None  # translated into the store
     if not isinstance(source, str | zarr.abc.store.Store | dict):
         raise ArgumentTypeError(
             "source must be a zarr.Array, zarr.Group, zarr store, path or URL, "
@@ -134,18 +161,18 @@ def _open_zarr(source: Any, path: str | None, storage_options: dict[str, Any] | 
         root = _root_store_path(source, storage_options)
         _raise_if_invalid_metadata(root, [""], repr(named), exc)
         if isinstance(exc, FileNotFoundError | KeyError):
-            raise ArrayNotFoundError(f"no Zarr array or group at {source!r}") from exc
+            raise ArrayNotFoundError(f"no Zarr array or group at {named!r}") from exc
         if isinstance(exc, zipfile.BadZipFile):  # passed is_zipfile, but its directory is broken
             raise ArgumentValueError(f"{named!r} is not a zip file Zarr can read: {exc}") from exc
         if isinstance(exc, TypeError):  # e.g. storage_options for a local path
-            raise ArgumentTypeError(f"cannot open {source!r} as Zarr: {exc}") from exc
+            raise ArgumentTypeError(f"cannot open {named!r} as Zarr: {exc}") from exc
         if isinstance(exc, ValueError):  # e.g. an unknown URL protocol
-            raise ArgumentValueError(f"cannot open {source!r} as Zarr: {exc}") from exc
+            raise ArgumentValueError(f"cannot open {named!r} as Zarr: {exc}") from exc
         raise
     if isinstance(node, zarr.Array):
         if path not in (None, ""):
             raise ArrayNotFoundError(
-                f"{source!r} holds a single array, not a group; there is nothing at path {path!r}"
+                f"{named!r} holds a single array, not a group; there is nothing at path {path!r}"
             )
         return node
     return _array_in_group(node, path, where=repr(named))
@@ -157,7 +184,7 @@ _PROTOCOL_EXTRAS = {"s3": "s3", "s3a": "s3"}
 
 # Packages whose exceptions say a remote store could not be reached or refused the
 # request (botocore's are not OSErrors).
-_NETWORK_PACKAGES = frozenset({"aiobotocore", "aiohttp", "botocore", "s3fs", "urllib3"})
+_NETWORK_PACKAGES = frozenset({"aiobotocore", "aiohttp", "botocore", "obstore", "s3fs", "urllib3"})
 
 
 def _raise_if_unreadable(error: BaseException, where: str, protocol: str | None) -> None:
@@ -184,7 +211,7 @@ def _raise_if_unreadable(error: BaseException, where: str, protocol: str | None)
     if not _is_access_failure(error, remote=protocol is not None):
         return
     raise ArgumentValueError(
-        f"cannot read {where}: {type(error).__name__}: {error}; check the credentials and "
+        f"cannot read {where}: {error_text(error)}; check the credentials and "
         "endpoint in storage_options and that this machine can reach the store"
     ) from error
 
@@ -197,8 +224,8 @@ def _url_protocol(source: Any) -> str | None:
 
 
 def _is_remote(group: zarr.Group) -> bool:
-    """Whether ``group`` lives in an fsspec (remote) store."""
-    return isinstance(group.store_path.store, zarr.storage.FsspecStore)
+    """Whether ``group`` lives in a remote (fsspec or obstore) store."""
+    return backend_of(group.store_path.store) is not None
 
 
 def _is_access_failure(error: BaseException, *, remote: bool) -> bool:

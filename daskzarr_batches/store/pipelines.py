@@ -183,6 +183,12 @@ def _zarrs_pipeline(array: zarr.Array) -> Any:
         return None  # zarrs raises for a non-native byte order
     if _zarrs_state["forked"]:
         return None
+    if isinstance(array._async_array.store_path.store, zarr.storage.ObjectStore):
+        # zarrs 0.2.3 takes an obstore store and reads it with a Rust client of its own,
+        # not obstore's: no allow_http, obstore's retries or the read policy's request
+        # limit (on a loopback http endpoint its first read failed with "error sending
+        # request"); zarr's pipeline reads through obstore itself.
+        return None
     _zarrs_state["used"] = True
     try:
         import zarrs

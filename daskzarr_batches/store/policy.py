@@ -37,6 +37,7 @@ from ..errors import (
     MissingChunkError,
     StoreGoneError,
 )
+from .backends import obstore_fault
 from .layout import is_metadata_key, metadata_key
 from .pipelines import array_view, codec_pipeline_of, is_zarrs_pipeline, zarr_pipeline
 from .threads import zarr_loop
@@ -445,7 +446,7 @@ def is_transient(exc: BaseException) -> bool:
     transient: not found, permission, and anything that is not an I/O fault
     (a decoding error).  Transient: connection errors, timeouts, resets, and
     HTTP 5xx / 429 / throttling answers as s3fs, aiohttp and botocore report
-    them.
+    them, and as obstore does (its classes and messages: ``backends.obstore_fault``).
     """
     chain = list(_chain(exc))
     if any(_never(error) for error in chain):
@@ -505,12 +506,16 @@ _TRANSIENT_ERRNOS = {
 def _never(error: BaseException) -> bool:
     if isinstance(error, FileNotFoundError | PermissionError | IsADirectoryError):
         return True
+    if obstore_fault(error, _TRANSIENT_CODES) is False:
+        return True
     status = _status(error)
     return status is not None and status in (401, 403, 404)
 
 
 def _transient(error: BaseException) -> bool:
     if isinstance(error, ConnectionError | TimeoutError):
+        return True
+    if obstore_fault(error, _TRANSIENT_CODES):
         return True
     if type(error).__name__ in _TRANSIENT_NAMES:
         return True

@@ -44,6 +44,7 @@ from .. import (
     paired_shuffled_batch_stream,
     shuffled_batch_stream,
 )
+from ..store.backends import Backend
 from ..streams.spec import shuffle_mode
 from ..streams.timing import time_epoch
 
@@ -236,6 +237,7 @@ def run_bench(
     array: str | None = None,
     labels: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    backend: Backend = "auto",
     rows: int = ROWS,
     features: int = FEATURES,
     chunk_rows: int = CHUNK_ROWS,
@@ -259,7 +261,9 @@ def run_bench(
         Paths of the features (optional if ``store`` is an array) and labels
         in ``store``.
     storage_options : dict, optional
-        fsspec options for a URL.
+        Options of a URL store (as :func:`open_array` takes them).
+    backend : {"auto", "obstore", "fsspec"}
+        What reads a URL store (:func:`open_array`'s ``backend``).
     rows, features, chunk_rows : int
         Size of the generated dataset.
     where : str
@@ -298,8 +302,8 @@ def run_bench(
             }
             epochs = _run_epochs(x, y, settings, progress)
     else:
-        x = _open(store, array, storage_options, "--array")
-        y = None if labels is None else _open(store, labels, storage_options, "--labels")
+        x = _open(store, array, storage_options, backend, "--array")
+        y = None if labels is None else _open(store, labels, storage_options, backend, "--labels")
         data = {
             "store": store,
             "generated": None,
@@ -349,9 +353,15 @@ def generate_dataset(path: Path | str, *, rows: int, features: int, chunk_rows: 
         y[start:stop] = rng.integers(0, 10, stop - start, dtype=np.int64)
 
 
-def _open(store: str, path: str | None, storage_options: dict[str, Any] | None, flag: str) -> Any:
+def _open(
+    store: str,
+    path: str | None,
+    storage_options: dict[str, Any] | None,
+    backend: Backend,
+    flag: str,
+) -> Any:
     try:
-        return open_array(store, path, storage_options=storage_options or None)
+        return open_array(store, path, storage_options=storage_options or None, backend=backend)
     except ArrayNotFoundError as exc:  # open_array speaks of path=, the command of --array
         raise ArrayNotFoundError(str(exc).replace("pass path=", f"pass {flag}")) from exc
     except DaskZarrBatchesError:

@@ -35,6 +35,7 @@ from .. import (
     MissingChunksWarning,
     __version__,
 )
+from ..store.backends import BACKENDS
 from ..streams.spec import byte_size
 from .bench import CHUNK_ROWS, FEATURES, ROWS, BenchSettings, run_bench
 from .demo import run_demo
@@ -149,8 +150,16 @@ def _add_store_options(command: argparse.ArgumentParser) -> None:
         type=_key_value,
         default=[],
         dest="storage_options",
-        help="an fsspec storage option for a URL store (repeatable); VALUE is parsed as "
+        help="a storage option for a URL store, fsspec style (repeatable; translated for "
+        "the obstore backend, whose own config keys work too); VALUE is parsed as "
         "JSON when it can be (true, 3, null, {...}), else taken as a string",
+    )
+    command.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="what reads a URL store: obstore (zarr's ObjectStore), fsspec, or auto "
+        "(obstore when installed, else fsspec; the default)",
     )
     command.add_argument(
         "--quiet",
@@ -290,6 +299,8 @@ def _check_combinations(args: argparse.Namespace) -> None:
                 parser.error(f"{flag} names an array in STORE; give STORE too")
         if args.storage_options:
             parser.error("--storage-option needs a STORE")
+        if args.backend != "auto":
+            parser.error("--backend needs a STORE")
     else:
         for flag, value in (
             ("--rows", args.rows),
@@ -368,6 +379,7 @@ def _info_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         args.store,
         out,
         storage_options=dict(args.storage_options) or None,
+        backend=args.backend,
         check=args.check,
         as_json=args.json,
         progress=_progress(err, args.quiet),
@@ -403,6 +415,7 @@ def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     array=args.array,
                     labels=args.labels,
                     storage_options=dict(args.storage_options) or None,
+                    backend=args.backend,
                     where=described,
                     as_json=args.json,
                     progress=_progress(err, args.quiet),

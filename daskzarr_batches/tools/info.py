@@ -36,6 +36,7 @@ import zarr.abc.store
 
 from .. import ArgumentValueError, ArrayNotFoundError, DaskZarrBatchesError, InvalidMetadataError
 from .. import open_array as _open_array
+from ..store.backends import Backend, resolve_backend, url_store
 from ..store.layout import (
     METADATA_NAMES,
     V2_ARRAY_METADATA,
@@ -154,6 +155,7 @@ def run_info(
     out: TextIO,
     *,
     storage_options: dict[str, Any] | None = None,
+    backend: Backend = "auto",
     check: bool = False,
     as_json: bool = False,
     progress: Callable[..., Any] | None = None,
@@ -167,7 +169,9 @@ def run_info(
     out : text stream
         Where the table (or JSON) goes.
     storage_options : dict, optional
-        fsspec options for a URL.
+        Options of a URL store (as :func:`open_array` takes them).
+    backend : {"auto", "obstore", "fsspec"}
+        What reads a URL store (:func:`open_array`'s ``backend``).
     check : bool
         Read every stored chunk (or shard) and report missing and corrupt ones.
     as_json : bool
@@ -186,9 +190,9 @@ def run_info(
     DaskZarrBatchesError
         The store cannot be opened, holds no array, or has invalid metadata.
     """
-    store = open_store(source, storage_options)
+    store = open_store(source, storage_options, backend)
     try:
-        arrays = find_arrays(store, source, storage_options)
+        arrays = find_arrays(store, source, storage_options, backend)
         reports = []
         with progress_bar(
             progress, total=len(arrays), desc="listing", unit="array", leave=False
@@ -217,15 +221,17 @@ def run_info(
     return 1 if check and problems else 0
 
 
-def open_store(source: str, storage_options: dict[str, Any] | None) -> zarr.abc.store.Store:
-    """A read-only Zarr store for a directory, ``.zip`` file or URL.
+def open_store(
+    source: str, storage_options: dict[str, Any] | None, backend: Backend = "auto"
+) -> zarr.abc.store.Store:
+    """A read-only Zarr store for a directory, ``.zip`` file or URL (on ``backend``).
 
     Raises
     ------
     ArrayNotFoundError
         A local path that does not exist.
     ArgumentValueError
-        ``storage_options`` for a local path, or a URL fsspec cannot open.
+        ``storage_options`` for a local path, or a URL the backend cannot open.
     """
     is_url = "://" in source
     if storage_options and not is_url:
@@ -244,10 +250,12 @@ def open_store(source: str, storage_options: dict[str, Any] | None) -> zarr.abc.
                 )
             return zarr.storage.ZipStore(source, mode="r")
         return zarr.storage.LocalStore(source, read_only=True)
+    chosen = resolve_backend(backend, source.split("://", 1)[0].lower())
+    assert chosen is not None
     try:
-        return zarr.storage.FsspecStore.from_url(
-            source, storage_options=storage_options, read_only=True
-        )
+        return url_store(source, storage_options, chosen)
+    except DaskZarrBatchesError:
+        raise
     except ImportError as exc:
         raise ArgumentValueError(f"cannot open {source!r}: {exc}") from exc
     except (ValueError, TypeError, OSError) as exc:
@@ -258,6 +266,7 @@ def find_arrays(
     store: zarr.abc.store.Store,
     source: str = "",
     storage_options: dict[str, Any] | None = None,
+    backend: Backend = "auto",
 ) -> list[tuple[str, zarr.Array]]:
     """Every array in ``store``: the root array, or those below the root group.
 
@@ -283,7 +292,9 @@ def find_arrays(
     def explain(path: str, exc: Exception) -> DaskZarrBatchesError:
         # open_array diagnoses broken documents; anything else is "not found".
         try:
-            _open_array(source, path or None, storage_options=storage_options or None)
+            _open_array(
+                source, path or None, storage_options=storage_options or None, backend=backend
+            )
         except DaskZarrBatchesError as error:
             if isinstance(error, ArrayNotFoundError) and not path:
                 return ArrayNotFoundError(f"no Zarr array or group at {source!r}")
