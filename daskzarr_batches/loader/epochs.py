@@ -45,6 +45,7 @@ from ..streams.batch import BatchStream
 from ..streams.patch import patch_arguments
 from ..streams.spec import (
     DEFAULT_MEMORY_BUDGET,
+    DEFAULT_PATCH_WINDOW_BYTES,
     DEFAULT_WINDOW_BYTES,
     StreamSpec,
     flag,
@@ -83,7 +84,8 @@ class Loader:
         :func:`shuffled_batch_stream`.
     shuffle_buffer_size, memory_budget, window_bytes, prefetch, client, \
 timeout, missing, on_error, retries, io_concurrency
-        As for the stream constructors.
+        As for the stream constructors (``window_bytes=None``: 32 MiB, or
+        16 MiB for patches, as ``patch_stream``).
     seed : int, default 0
         The shuffle's seed; the order of epoch ``e`` comes from ``(seed, e)``
         exactly as the streams' ``seed=``, ``epoch=`` do.
@@ -135,7 +137,7 @@ timeout, missing, on_error, retries, io_concurrency
         shuffle: bool = False,
         shuffle_buffer_size: int | str | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
-        window_bytes: int = DEFAULT_WINDOW_BYTES,
+        window_bytes: int | None = None,
         seed: int = 0,
         drop_remainder: bool = False,
         rank: int = 0,
@@ -179,6 +181,10 @@ timeout, missing, on_error, retries, io_concurrency
             )  # fmt: skip
             self._names, self._wrap, values = None, False, patches.sources
             roles, layout = patches.roles, patches.layout
+        if window_bytes is None:  # the stream's own default
+            window_bytes = (
+                DEFAULT_WINDOW_BYTES if input_dims is None else DEFAULT_PATCH_WINDOW_BYTES
+            )
         mode = shuffle_mode(shuffle, shuffle_buffer_size)
         self.world_size = positive_int("world_size", world_size)
         self.rank = non_negative_int("rank", rank)

@@ -23,6 +23,7 @@ from ..store.policy import (
 )
 from ..store.sources import DaskSource, SliceSource, Source
 from ..store.subsets import SubsetSource
+from .buffers import BufferPool
 from .patches import ChunkShare, read_origins, read_patches
 from .tasks import (
     Key,
@@ -54,6 +55,7 @@ def window_graph(
     plan_order: bool = False,
     decode_bytes: int | None = None,
     shares: dict[int, ChunkShare] | None = None,
+    pool: BufferPool | None = None,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -71,7 +73,8 @@ def window_graph(
 
     ``decode_bytes``: see :func:`read_window` (shared by the window's arrays, in
     proportion to their row sizes).  ``shares``: a patch stream's
-    :class:`ChunkShare` per base array (``id``), which its windows' reads use.
+    :class:`ChunkShare` per base array (``id``), which its windows' reads use;
+    ``pool``: where patch reads take their outputs from (local reads).
     """
     shares = shares or {}
     dsk: dict[Key, Any] = {}
@@ -82,7 +85,7 @@ def window_graph(
         outputs.append(out_key)
         if isinstance(source, PatchSource):
             _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
-                         scope, plan_order, shares.get(id(source.base)))  # fmt: skip
+                         scope, plan_order, shares.get(id(source.base)), pool)  # fmt: skip
             continue
         if isinstance(source, SubsetSource):  # its pieces read in place in the base array
             pieces = tuple(source.base_piece(piece) for piece in pieces)
@@ -128,6 +131,7 @@ def _add_patches(
     scope: CancelScope | None,
     plan_order: bool,
     share: ChunkShare | None,
+    pool: BufferPool | None,
 ) -> None:
     """Add output ``out_key`` of a patch source: one read task per base array, shared."""
     grid = source.grid
@@ -143,7 +147,7 @@ def _add_patches(
         array = base.array if isinstance(base, SliceSource | DaskSource) else None
         dsk[key] = (
             read_patches, array, base.name, base.chunks, grid, source.group, window.size,
-            tuple(pieces), policy, scope, plan_order, share,
+            tuple(pieces), policy, scope, plan_order, share, pool,
         )  # fmt: skip
         groups[group] = (key, [])
     key, _ = groups[group]

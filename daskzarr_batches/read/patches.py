@@ -31,6 +31,7 @@ from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes
 from ..plan.windows import ChunkPiece, chunk_offsets
 from ..store.layout import block_key
 from ..store.policy import DEFAULT_POLICY, CancelScope, Ledger, ReadPolicy, ReadReport
+from .buffers import BufferPool
 from .tasks import read_block, read_views, run_on_loop
 
 __all__ = ["ChunkShare", "patch_ids", "read_origins", "read_patches"]
@@ -157,6 +158,7 @@ def read_patches(
     scope: CancelScope | None = None,
     plan_order: bool = False,
     share: ChunkShare | None = None,
+    pool: BufferPool | None = None,
 ) -> tuple[tuple[np.ndarray, ReadReport], ...]:
     """Read one window's patches of one array: one ``(patches, report)`` per cut.
 
@@ -180,6 +182,8 @@ def read_patches(
     share : ChunkShare, optional
         Chunks decoded once for the windows of a sequential stream that need
         them (local reads only).
+    pool : BufferPool, optional
+        Where the outputs come from (the stream gives them back once cut).
 
     Returns
     -------
@@ -192,20 +196,30 @@ def read_patches(
     boxes = grid.boxes(ids, groups, cuts) if len(ids) else []
     bounds = [chunk_offsets(sizes) for sizes in chunks]
     dtype = np.dtype(array.dtype)
-    outs = [np.empty((size, *cut.size), dtype=dtype) for cut in cuts]
+    outs = [
+        np.empty((size, *cut.size), dtype=dtype)
+        if pool is None
+        else pool.take((size, *cut.size), dtype)
+        for cut in cuts
+    ]
     ledger = Ledger()
     bad: set[Block] = set()
     origins = cuts[0].place(grid.origin_of(ids))
     starts = np.concatenate([[0], np.cumsum(groups, dtype=np.int64)]).tolist()
     done: set[Block] = set()  # the stored chunks this task decoded
+    edges: frozenset[Block] = frozenset()
+    if share is not None and boxes:  # the chunks other windows may need: its ends'
+        ends = [boxes[0], boxes[-1]]
+        edges = frozenset(box_chunks(ends, bounds)[0])
     for lo, hi in _box_groups(boxes, dtype.itemsize):
         part = boxes[lo:hi]
         if isinstance(array, np.ndarray):
             filled = [array[box] for box in part]
         elif isinstance(array, zarr.Array):
             filled, lost, mine = _read_boxes(
-                array, name, part, bounds, ledger, policy, scope, share, _coverage(grid, cuts)
-            )
+                array, name, part, bounds, ledger, policy, scope, share, _coverage(grid, cuts),
+                edges, pool,
+            )  # fmt: skip
             bad |= lost
             done |= mine
         else:  # a dask array: the boxes in one compute, each shared block once
@@ -218,6 +232,9 @@ def read_patches(
             for cut, out in zip(cuts, outs, strict=True):
                 rel = origins[a:b] + np.asarray(cut.shift) - start
                 _cut(out, where[a:b], data, rel, cut)
+        if pool is not None:
+            for data in filled:  # cut: the boxes serve the next window
+                pool.give(data)
         del filled
     decoded: tuple[tuple[Block, int], ...] = ()
     if isinstance(array, zarr.Array):
@@ -348,6 +365,8 @@ def _read_boxes(
     scope: CancelScope | None,
     share: ChunkShare | None = None,
     coverage: Box = (),
+    edges: frozenset[Block] = frozenset(),
+    pool: BufferPool | None = None,
 ) -> tuple[list[np.ndarray], set[Block], set[Block]]:
     """Fill each box from the chunks it overlaps, each chunk decoded once.
 
@@ -357,7 +376,10 @@ def _read_boxes(
     """
     spans, users = box_chunks(boxes, bounds)
     dtype = np.dtype(array.dtype)
-    filled = [np.empty(tuple(s.stop - s.start for s in box), dtype=dtype) for box in boxes]
+    filled = [
+        np.empty(shape, dtype=dtype) if pool is None else pool.take(shape, dtype)
+        for shape in (tuple(s.stop - s.start for s in box) for box in boxes)
+    ]
 
     def place(block: Block, data: np.ndarray) -> None:
         span = spans[block]
@@ -381,7 +403,7 @@ def _read_boxes(
             raise RuntimeError("not an asynchronous array")
         _decode_concurrently(
             inner, spans, users, boxes, filled, place, dtype.itemsize, scope, share, bounds,
-            decoded, coverage,
+            decoded, coverage, edges,
         )  # fmt: skip
     except ReadCancelledError:
         raise
@@ -411,17 +433,21 @@ def _decode_concurrently(
     bounds: Sequence[np.ndarray] = (),
     decoded: set[Block] | None = None,
     coverage: Box = (),
+    edges: frozenset[Block] = frozenset(),
 ) -> None:
     """Decode every chunk's span on Zarr's event loop.
 
     A chunk whose span only one box needs is decoded straight into that box
     (Zarr's selection with an ``out`` buffer: no copy); one shared by several
-    boxes (a halo) is decoded once and copied into each.  With a ``share``
-    every chunk is decoded once for all the windows that claim it: straight
-    into its box when this window is the only one that can need it all (its
-    span is the part of the chunk inside ``coverage``, the region any patch of
-    the stream reaches), else whole, so a window after can take the rest;
-    ``decoded`` collects the chunks this call decoded.
+    boxes (a halo) is decoded once and copied into each.  With a ``share``,
+    the chunks at the window's edges (``edges``: those of its first and last
+    units, which the windows before and after it may need) and any chunk
+    another window has claimed are decoded once for all the windows that
+    claim them: into its box when this window is the only one that can need
+    it all (its span is the part of the chunk inside ``coverage``, the region
+    any patch of the stream reaches), handed on as a copy, else whole, so a
+    window after can take the rest; ``decoded`` collects the chunks this call
+    decoded.
     """
     decoded = set() if decoded is None else decoded
     from zarr.core.buffer import default_buffer_prototype
@@ -451,30 +477,30 @@ def _decode_concurrently(
 
         async def one(block: Block, span: Box) -> None:
             async with gate:
-                extent = tuple(
-                    slice(int(e[b]), int(e[b + 1])) for b, e in zip(block, bounds, strict=True)
-                )
                 alone = len(users[block]) == 1
-                if share is None:
+                if share is None or (block not in edges and block not in share.entries):
                     if alone:
                         await into(block, span)
                     else:
                         decoded.add(block)
                         place(block, np.asarray(await inner.getitem(span)))
                     return
+                extent = tuple(
+                    slice(int(e[b]), int(e[b + 1])) for b, e in zip(block, bounds, strict=True)
+                )
                 needed = tuple(
                     slice(max(e.start, c.start), min(e.stop, c.stop))
                     for e, c in zip(extent, coverage, strict=True)
                 )
-                if alone and span == needed:  # decoded into its box, handed on from there
-                    mine: list[np.ndarray] = []
+                mine: list[np.ndarray] = []
+                if alone and span == needed:  # decoded into its box, a copy handed on
 
                     async def read() -> np.ndarray:
                         mine.append(await into(block, span))
-                        return mine[0]
+                        return mine[0].copy()  # the box goes back to the pool
 
                     data = await share.decode(block, read)
-                    if mine and data is mine[0]:
+                    if mine:
                         return
                 else:
                     data = await share.decode(block, lambda: whole(block, extent))

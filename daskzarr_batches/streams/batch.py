@@ -27,6 +27,7 @@ from ..plan.batching import count_batches as _count
 from ..plan.epoch import EpochPlan
 from ..plan.summary import PlanSummary
 from ..plan.windows import Window
+from ..read.buffers import shared_pool
 from ..read.graphs import (
     count_tasks,
     read_threads,
@@ -141,6 +142,16 @@ class BatchStream(Stream[Any]):
         # offsets (from ``start``) of the samples left out as undecodable, ascending
         self._skipped: list[np.ndarray] = []
         self._distinct: set[tuple[str, Any]] = set()  # stored chunks a patch stream decoded
+        # a sequential or buffered patch stream read in this process reuses its window
+        # outputs (read.buffers); not the exact shuffle, whose memory_budget counts the
+        # windows alive and whose next window is read before the last one is cut
+        self._pool = (
+            shared_pool()
+            if not runner.plan_order
+            and spec.shuffle != "exact"
+            and any(isinstance(source, PatchSource) for source in spec.sources)
+            else None
+        )
 
     @property
     def seed(self) -> int | None:
@@ -194,10 +205,14 @@ class BatchStream(Stream[Any]):
                 else:
                     reads.top_up(prefetch)
                     batches = batcher.feed(outputs, order)
+                recycled = outputs if self._pool is not None else ()
                 del outputs  # hold at most prefetch + 1 windows (memory_budget relies on it)
                 for batch in batches:
                     yield deliver(batch)
                 del batches
+                for rows in recycled:  # every batch of the window is cut (copied): reused
+                    self._pool.give(rows)  # type: ignore[union-attr]
+                del recycled
                 if spec.decode_bytes is not None:
                     release_free_memory()  # the window's memory, not kept by the C heap
                 if quota is not None and progress.fed >= quota:
@@ -219,6 +234,7 @@ class BatchStream(Stream[Any]):
         spec, runner, policy, token = self.spec, self._runner, self.policy, self._token
         stream = weakref.proxy(self)
         shares = _chunk_shares(spec, sources, runner.plan_order)
+        pool = self._pool
 
         def submit(window: Window, offset: int) -> Any:
             dsk, key = window_graph(
@@ -230,6 +246,7 @@ class BatchStream(Stream[Any]):
                 runner.plan_order,
                 spec.decode_bytes,
                 shares,
+                pool,
             )
             return stream._submit(dsk, key, -window.index, lambda w=window: stream._where(w))
 

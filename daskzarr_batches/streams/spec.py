@@ -46,6 +46,7 @@ from ..store.subsets import ChunkSubset, SubsetSource
 __all__ = [
     "DEFAULT_IO_CONCURRENCY",
     "DEFAULT_MEMORY_BUDGET",
+    "DEFAULT_PATCH_WINDOW_BYTES",
     "DEFAULT_PREFETCH",
     "DEFAULT_WINDOW_BYTES",
     "ChunkSpec",
@@ -68,6 +69,9 @@ __all__ = [
 DEFAULT_PREFETCH = 2
 #: Target decoded bytes of one sequential window (rounded to whole chunks).
 DEFAULT_WINDOW_BYTES = 32 * 2**20
+#: The same for patch streams: their windows' outputs and boxes stay below glibc's 32 MiB
+#: mmap threshold, so freed ones are reused instead of faulted in again (docs/benchmarks.md).
+DEFAULT_PATCH_WINDOW_BYTES = 16 * 2**20
 #: Bytes of samples an exact shuffle may hold in its windows.
 DEFAULT_MEMORY_BUDGET = 2**30
 #: Reads a chunk stream keeps in flight on a store that is not known to be local
