@@ -498,8 +498,8 @@ def patch_stream(
         Target bytes of patches of one sequential window (whole units; a unit
         may hold up to four windows' worth).  Half the row streams' default:
         a window's output and boxes then stay below the C allocator's limit
-        for reusing freed memory (measured: 18,600 page faults per epoch of
-        64 fields at 32 MiB, 30 at 16 MiB).
+        for reusing freed memory (measured: about 18,000 page faults per epoch
+        of 64 fields at 32 MiB, 30-2,300 at 16 MiB).
     return_origins : bool, default False
         Each item gets the patches' origins as its last element: an int64
         array of shape ``(batch, ndim)`` (the first array's axes), or, for
