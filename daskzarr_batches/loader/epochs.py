@@ -37,6 +37,7 @@ from ..plan.batching import (
     share,
     worker_part,
 )
+from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import is_xarray
 from ..store.subsets import ChunkSubset
@@ -81,7 +82,7 @@ class Loader:
         a buffer of ``shuffle_buffer_size`` samples, as
         :func:`shuffled_batch_stream`.
     shuffle_buffer_size, memory_budget, window_bytes, prefetch, client, \
-timeout, missing, on_error, retries, io_concurrency
+timeout, missing, on_error, retries, io_concurrency, cache
         As for the stream constructors.
     seed : int, default 0
         The shuffle's seed; the order of epoch ``e`` comes from ``(seed, e)``
@@ -148,6 +149,7 @@ timeout, missing, on_error, retries, io_concurrency
         on_error: OnError = "raise",
         retries: int = DEFAULT_RETRIES,
         io_concurrency: int | None = None,
+        cache: ChunkCache | None = None,
         input_dims: Mapping[Any, int] | None = None,
         input_overlap: Mapping[Any, int] | None = None,
         target_offset: Mapping[Any, int] | None = None,
@@ -204,6 +206,7 @@ timeout, missing, on_error, retries, io_concurrency
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
             layout=layout,
         )
         self._epoch = 0

@@ -39,7 +39,7 @@ from ..store.policy import (
     ReadReport,
 )
 from ..store.sources import Source
-from .base import SkippedChunk, Stream, StreamStats, T, _aligned
+from .base import SkippedChunk, Stream, StreamStats, T, _aligned, stored_arrays
 from .patch import patch_summary
 from .spec import (
     StreamSpec,
@@ -135,7 +135,7 @@ class BatchStream(Stream[Any]):
         planned = max(self._total - start, 0) if quota is None else quota
         length = _count(planned, spec.batch_size, self._drop)
         # one request limit for all of this stream's reads (io_concurrency)
-        policy = spec.read.policy.limited(spec.io_concurrency)
+        policy = spec.read.policy.limited(spec.io_concurrency).tokened(stored_arrays(spec.sources))
         super().__init__(length, runner, spec.timeout, policy)
         self._created = created
         # offsets (from ``start``) of the samples left out as undecodable, ascending

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import ArgumentValueError
 from ..plan.batching import count_batches as _count
 from ..plan.summary import PlanSummary
+from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .batch import BatchStream, _summary
 from .chunk import ChunkStream, build_chunk_stream
@@ -94,6 +95,7 @@ def chunk_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> ChunkStream:
     """Stream one numpy array per stored chunk, over the whole chunk grid.
 
@@ -130,6 +132,12 @@ def chunk_stream(
         reads in flight hold at most 256 MiB decoded (to no fewer than the
         CPU count); on a cluster, twice its worker threads (futures in
         flight).
+    cache : ChunkCache, optional
+        Serve decoded chunks from this cache when it holds them and keep the
+        chunks read from the store in it, so later epochs (and other streams
+        sharing it) read memory or a local disk instead of the store; see
+        :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
+        Chunks of sharded arrays are not cached.
 
     Returns
     -------
@@ -140,7 +148,7 @@ def chunk_stream(
     """
     read = ReadOptions(
         client, timeout, missing, on_error, retries,
-        merged_io_concurrency(concurrency, io_concurrency),
+        merged_io_concurrency(concurrency, io_concurrency), cache,
     )  # fmt: skip
     return build_chunk_stream(ChunkSpec(array, ordered, with_index, read))
 
@@ -158,6 +166,7 @@ def batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream minibatches along axis 0, in order.
 
@@ -214,6 +223,12 @@ def batch_stream(
         the limit holds within each read task on its worker (a worker's
         tasks together are also bounded by its threads and Zarr's
         ``async.concurrency``).
+    cache : ChunkCache, optional
+        Serve decoded chunks from this cache when it holds them and keep the
+        chunks read from the store in it, so later epochs (and other streams
+        sharing it) read memory or a local disk instead of the store; see
+        :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
+        Chunks of sharded arrays are not cached.
 
     Returns
     -------
@@ -237,6 +252,7 @@ def batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
         )
     )
 
@@ -257,6 +273,7 @@ def shuffled_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream minibatches of shuffled samples.
 
@@ -301,7 +318,7 @@ def shuffled_batch_stream(
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would
         otherwise split ``memory_budget`` and multiply the reads.
-    client, timeout, missing, on_error, retries, io_concurrency
+    client, timeout, missing, on_error, retries, io_concurrency, cache
         As for :func:`batch_stream`.
     """
     return BatchStream(
@@ -321,6 +338,7 @@ def shuffled_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
         )
     )
 
@@ -339,6 +357,7 @@ def paired_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream ``(features_batch, labels_batch)`` pairs in order.
 
@@ -363,6 +382,7 @@ def paired_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
         )
     )
 
@@ -384,6 +404,7 @@ def paired_shuffled_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream shuffled ``(features_batch, labels_batch)`` pairs.
 
@@ -408,6 +429,7 @@ def paired_shuffled_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
         )
     )
 
@@ -436,6 +458,7 @@ def patch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream minibatches of N-D patches: spatial tiles, time windows, forecast pairs.
 
@@ -493,7 +516,7 @@ def patch_stream(
         array of shape ``(batch, ndim)`` (the first array's axes), or, for
         xarray data, a dict of it (``"index"``) and the coordinate values of
         each patched dim at the origins.
-    client, timeout, missing, on_error, retries, io_concurrency
+    client, timeout, missing, on_error, retries, io_concurrency, cache
         As for :func:`batch_stream` (with ``on_error="skip"`` the patches
         touching a chunk that does not decode leave the epoch).
 
@@ -538,6 +561,7 @@ def patch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
             roles=args.roles,
             layout=args.layout,
         )
