@@ -396,8 +396,10 @@ class CachingPipeline(BatchedCodecPipeline):
 
     A chunk the cache holds is copied from it (no fetch, no decode); the
     others are fetched and decoded as Zarr does, and kept in the cache (not
-    a chunk absent from the store: its fill value is not a chunk).  Partial
-    decodes (sharded arrays) go through Zarr's pipeline uncached.
+    a chunk absent from the store: its fill value is not a chunk).  A sharded
+    array read through Zarr's pipeline (patch streams; batch windows and
+    chunk streams use the shard reader, which keeps inner chunks) keeps each
+    shard decoded whole.
     """
 
     cache: Any = None
@@ -417,7 +419,7 @@ class CachingPipeline(BatchedCodecPipeline):
         out: Any,
         drop_axes: tuple[int, ...] = (),
     ) -> None:
-        if self.supports_partial_decode or self.cache is None:
+        if self.cache is None:
             await super().read_batch(batch_info, out, drop_axes)
             return
         import asyncio
@@ -425,6 +427,7 @@ class CachingPipeline(BatchedCodecPipeline):
         from zarr.core.codec_pipeline import fill_value_or_default
 
         batch = list(batch_info)
+        whole_shards = self.supports_partial_decode  # sharded: a shard decoded whole is kept
         cache, counts = self.cache, self.counts
         keys = [cache.key(self.token, getter.path) for getter, *_ in batch]
         found: list[Any] = [None] * len(batch)
@@ -434,14 +437,23 @@ class CachingPipeline(BatchedCodecPipeline):
                 found[i] = await asyncio.to_thread(cache.get, key, counts)
         misses = [i for i, data in enumerate(found) if data is None]
         if misses:
-            fetched = await concurrent_map(
-                [(batch[i][0], batch[i][1].prototype) for i in misses],
-                lambda getter, prototype: getter.get(prototype),
-                zarr_config.get("async.concurrency"),
-            )
-            decoded = await self.decode_batch(
-                [(raw, batch[i][1]) for raw, i in zip(fetched, misses, strict=True)]
-            )
+            if whole_shards:  # every inner chunk of the shard (absent: not kept)
+                decoded = await self.decode_partial_batch(
+                    [
+                        (batch[i][0], tuple(slice(0, n) for n in batch[i][1].shape), batch[i][1])
+                        for i in misses
+                    ]
+                )
+                fetched = [() if chunk is not None else None for chunk in decoded]
+            else:
+                fetched = await concurrent_map(
+                    [(batch[i][0], batch[i][1].prototype) for i in misses],
+                    lambda getter, prototype: getter.get(prototype),
+                    zarr_config.get("async.concurrency"),
+                )
+                decoded = await self.decode_batch(
+                    [(raw, batch[i][1]) for raw, i in zip(fetched, misses, strict=True)]
+                )
             for i, raw, chunk in zip(misses, fetched, decoded, strict=True):
                 if chunk is None or raw is None:
                     continue  # absent from the store: filled, not cached
