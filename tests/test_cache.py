@@ -73,6 +73,8 @@ def test_second_epoch_reads_no_store_and_equals_the_first(
     assert not counting.counts  # nothing fetched from the store
     assert second.stats.cache_misses == 0 and second.stats.cache_hits > 0
     assert second.stats.bytes_from_cache > 0
+    # the caller owns what it gets: never a read-only view of a cached chunk
+    assert all(item.flags.writeable for item in got + again if isinstance(item, np.ndarray))
     for a, b, c in zip(reference, got, again, strict=True):
         for x, y, z in zip(np.atleast_1d(a), np.atleast_1d(b), np.atleast_1d(c), strict=True):
             np.testing.assert_array_equal(x, y)
@@ -166,3 +168,38 @@ def test_bad_cache_arguments_are_named() -> None:
         ChunkCache(disk="1GiB")
     with pytest.raises(dzb.ArgumentTypeError, match="cache must be a ChunkCache"):
         dzb.batch_stream(np.zeros((4, 2)), 2, cache="yes")
+
+
+@pytest.mark.parametrize("shards", [None, (100, 6)], ids=["chunks", "shards"])
+def test_the_plan_says_what_the_cache_holds_and_keeps_its_order(
+    tmp_path: Path, shards: Any
+) -> None:
+    make(tmp_path / "a.zarr", chunks=(25, 3) if shards else (50, 6), shards=shards)
+    array = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
+    cache = ChunkCache("64MiB", directory=tmp_path / "cache")
+    exact = {"shuffle": True, "seed": 1, "memory_budget": 20_000}
+    plain = dzb.plan_epoch(array, 32, **exact)
+    assert plain.chunks_cached is None and "chunks_cached" not in plain.totals()
+    empty = dzb.plan_epoch(array, 32, cache=cache, **exact)
+    assert empty.chunks_cached == 0 and empty.windows[0].chunks_cached == 0
+    assert [w.chunks for w in empty.windows] == [w.chunks for w in plain.windows]
+    half = dzb.chunk_split(array, [0.5, 0.5], seed=0)[0]  # every chunk of half the rows
+    list(dzb.batch_stream(half, 32, cache=cache))
+    rows = dzb.plan_epoch(array, 32, cache=cache)
+    assert 0 < rows.chunks_cached < rows.chunks_read
+    assert "cache holds" in str(rows) and rows.rows()[0]["chunks_cached"] >= 0
+    stream = dzb.batch_stream(array, 32, cache=cache)
+    assert stream.summary().chunks_cached == rows.chunks_cached  # the same function
+    list(stream)
+    per_chunk = 2 if shards else 1  # stored chunks per axis-0 chunk
+    assert stream.stats.cache_hits == rows.chunks_cached * per_chunk
+    assert stream.stats.cache_misses == (rows.chunks_read - rows.chunks_cached) * per_chunk
+    full = dzb.plan_epoch(array, 32, cache=cache, **exact)
+    assert full.chunks_cached == full.chunks_read
+    assert [w.chunks for w in full.windows] == [w.chunks for w in plain.windows]
+    disk = dzb.plan_epoch(array, 32, cache=ChunkCache(0, directory=tmp_path / "cache"), **exact)
+    assert disk.chunks_cached == full.chunks_read  # the directory's files count too
+    patches = dzb.plan_epoch(array, 8, input_dims={0: 10, 1: 3}, cache=cache)
+    # a patch stream reads sharded arrays through Zarr's pipeline: whole shards, not held yet
+    assert patches.chunks_cached == (0 if shards else patches.chunks_read)
+    assert dzb.plan_epoch(np.zeros((10, 2)), 4, cache=cache).chunks_cached == 0

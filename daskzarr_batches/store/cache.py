@@ -45,9 +45,17 @@ from zarr.core.config import config as zarr_config
 from zarr.core.indexing import SelectorTuple
 
 from ..errors import ArgumentTypeError, ArgumentValueError
-from .layout import metadata_key
+from .layout import chunks_per_shard, metadata_key, object_key, shard_of
 
-__all__ = ["CacheCounts", "CachingPipeline", "ChunkCache", "array_token", "byte_size"]
+__all__ = [
+    "CacheCounts",
+    "CachingPipeline",
+    "ChunkCache",
+    "array_token",
+    "byte_size",
+    "chunk_name",
+    "inner_chunk_name",
+]
 
 #: First bytes of a cache file, and its format's version.
 MAGIC = b"DZBCACHE1\n"
@@ -176,6 +184,15 @@ class ChunkCache:
             if key in self._entries:
                 return True
         return self.directory is not None and self._path(key).exists()
+
+    def holds(self, token: str, names: Iterable[str]) -> bool:
+        """Whether every chunk ``names`` (store-side names, :func:`chunk_name`) is held.
+
+        Looks at the memory and the directory's file names only (no file is
+        read or checked), so a plan can say what the cache holds without I/O
+        beyond a directory lookup per chunk.
+        """
+        return all(self.contains(self.key(token, name)) for name in names)
 
     def put(self, key: str, data: np.ndarray) -> None:
         """Keep a decoded chunk (in memory, and in the directory if there is one)."""
@@ -345,6 +362,28 @@ def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | Non
     cache._init_state()
     with _REGISTRY_LOCK:
         return _REGISTRY.setdefault(cache_id, cache)
+
+
+def inner_chunk_name(shard_key: str, coords: Iterable[int]) -> str:
+    """The name an inner chunk (local ``coords`` in shard ``shard_key``) is kept under."""
+    return f"{shard_key}#{','.join(map(str, coords))}"
+
+
+def chunk_name(array: zarr.Array, block: tuple[int, ...], whole_shards: bool = False) -> str:
+    """The name the decoded chunk ``block`` of ``array`` is kept under (before its token).
+
+    An unsharded chunk's store key; a sharded array's inner chunk as the
+    shard reader keeps it (:func:`inner_chunk_name`), or, ``whole_shards``,
+    the shard's store key (Zarr's pipeline keeps shards decoded whole:
+    patch streams).
+    """
+    if array.shards is None:
+        return object_key(array, block)
+    per_shard = chunks_per_shard(array)
+    shard = object_key(array, shard_of(block, per_shard))
+    if whole_shards:
+        return shard
+    return inner_chunk_name(shard, (b % n for b, n in zip(block, per_shard, strict=True)))
 
 
 def array_token(array: zarr.Array) -> str:

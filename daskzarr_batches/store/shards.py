@@ -39,7 +39,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from ..plan.shards import reads_whole_shard
 from ..plan.windows import ChunkPiece
-from .cache import array_token
+from .cache import array_token, inner_chunk_name
 from .layout import chunk_grid, chunks_per_shard, object_key, shard_of
 
 __all__ = ["read_shard_blocks", "read_sharded", "sharding_codec"]
@@ -119,7 +119,7 @@ class _Shards:
     def cache_key(self, key: str, coords: Coords) -> str:
         """The cache key of inner chunk ``coords`` of shard ``key``."""
         assert self.cache is not None
-        return self.cache.key(self.token, f"{key}#{','.join(map(str, coords))}")
+        return self.cache.key(self.token, inner_chunk_name(key, coords))
 
     async def held(self, wanted: Sequence[tuple[str, Coords]]) -> dict[tuple[str, Coords], Any]:
         """The inner chunks of ``wanted`` the cache holds (decoded, cropped to the array)."""
@@ -232,8 +232,8 @@ async def read_shard_blocks(
             return
         kept = tuple(slice(0, n) for n in out.shape)
         await shards.decode([(found.get(coords), kept, kept)], out)
-        if coords in found:  # not an absent chunk's fill value
-            await shards.keep(key, coords, out)
+        if coords in found:  # not an absent chunk's fill value; the caller owns ``out``
+            await shards.keep(key, coords, out.copy() if shards.cache is not None else out)
 
     await _all([one(coords, out) for coords, out in zip(locals_, outs, strict=True)])
     return outs

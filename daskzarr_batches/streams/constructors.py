@@ -137,7 +137,7 @@ def chunk_stream(
         chunks read from the store in it, so later epochs (and other streams
         sharing it) read memory or a local disk instead of the store; see
         :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
-        Chunks of sharded arrays are not cached.
+        Sharded arrays keep their inner chunks.
 
     Returns
     -------
@@ -228,7 +228,7 @@ def batch_stream(
         chunks read from the store in it, so later epochs (and other streams
         sharing it) read memory or a local disk instead of the store; see
         :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
-        Chunks of sharded arrays are not cached.
+        Sharded arrays keep their inner chunks.
 
     Returns
     -------
@@ -586,6 +586,7 @@ def plan_epoch(
     target_offset: Mapping[Any, int] | None = None,
     target_dims: Mapping[Any, int] | None = None,
     target_data: Any = None,
+    cache: ChunkCache | None = None,
 ) -> PlanSummary:
     """What an epoch would read and yield, without reading any data.
 
@@ -616,6 +617,12 @@ drop_remainder, epoch
         The plan of :func:`patch_stream` (``array`` is its ``data``; no
         ``labels``): samples are patches, and ``read_amplification`` is how
         often each stored chunk the epoch needs is decoded.
+    cache : ChunkCache, optional
+        The cache the stream would read through: each window's
+        ``chunks_cached`` (and the total, ``PlanSummary.chunks_cached``) says
+        how many of its chunk reads the cache holds now, looked up without
+        reading them (memory, and file names in its directory).  The plan,
+        and so the order, is the same with a cache or without.
 
     Returns
     -------
@@ -657,6 +664,7 @@ drop_remainder, epoch
         window_bytes=window_bytes,
         prefetch=prefetch,
         drop_remainder=drop_remainder,
+        cache=cache,
     )
     return _summary(spec)
 
