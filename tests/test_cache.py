@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,10 +15,13 @@ import numpy as np
 import pytest
 import zarr
 import zarr.storage
+from hypothesis import given
+from hypothesis import strategies as st
 
 import daskzarr_batches as dzb
 from daskzarr_batches.store.cache import ChunkCache
 from tests.stores import CountingStore, open_wrapped
+from tests.strategies import property_settings
 
 
 def make(
@@ -203,3 +208,138 @@ def test_the_plan_says_what_the_cache_holds_and_keeps_its_order(
     # a patch stream reads sharded arrays through Zarr's pipeline: whole shards, not held yet
     assert patches.chunks_cached == (0 if shards else patches.chunks_read)
     assert dzb.plan_epoch(np.zeros((10, 2)), 4, cache=cache).chunks_cached == 0
+
+
+# --------------------------------------------------------------------------
+# Reliability: shared directories, files gone mid-epoch, a full disk
+
+CHUNK = 50 * 6 * 4  # decoded bytes of one chunk of make()'s array
+#: memory and disk budgets around one chunk: none, less than one, a few, all of them
+budgets = st.sampled_from([0, CHUNK // 2, 3 * CHUNK, 64 * CHUNK])
+disks = st.sampled_from([None, CHUNK // 2, 3 * CHUNK + 600, 64 * CHUNK])
+
+
+def epoch_of(array: Any, cache: ChunkCache | None, epoch: int) -> np.ndarray:
+    stream = dzb.shuffled_batch_stream(
+        array, 32, seed=3, epoch=epoch, shuffle_buffer_size=100, cache=cache
+    )
+    return np.concatenate(list(stream))
+
+
+@property_settings(12)
+@given(memory=st.tuples(budgets, budgets), disk=st.tuples(disks, disks))
+def test_two_caches_sharing_a_directory_always_serve_the_uncached_epoch(
+    memory: tuple[int, int], disk: tuple[int | None, int | None]
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        make(Path(tmp) / "a.zarr")
+        array = zarr.open_array(str(Path(tmp) / "a.zarr"), mode="r")
+        expected = [epoch_of(array, None, epoch) for epoch in range(3)]
+        caches = [
+            ChunkCache(m, directory=Path(tmp) / "cache", disk=d)
+            for m, d in zip(memory, disk, strict=True)
+        ]
+        got: dict[tuple[int, int], np.ndarray] = {}
+
+        def run(i: int) -> None:  # each thread its own cache over the one directory
+            for epoch in range(3):
+                got[(i, epoch)] = epoch_of(array, caches[i], epoch)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(got) == 6
+        for (_, epoch), x in got.items():
+            np.testing.assert_array_equal(x, expected[epoch])
+        assert not list((Path(tmp) / "cache").glob(".*.tmp"))  # no partial file left
+
+
+def test_a_second_process_sharing_the_directory_at_the_same_time(tmp_path: Path) -> None:
+    make(tmp_path / "a.zarr")
+    array = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
+    expected = [epoch_of(array, None, epoch) for epoch in range(4)]
+    np.save(tmp_path / "expected.npy", np.stack(expected))
+    directory = tmp_path / "cache"
+    script = (
+        "import sys, numpy as np, zarr, daskzarr_batches as dzb\n"
+        "a = zarr.open_array(sys.argv[1], mode='r'); expected = np.load(sys.argv[3])\n"
+        "c = dzb.ChunkCache(0, directory=sys.argv[2], disk=3 * 1200 + 600)\n"
+        "for e in range(4):\n"
+        "    s = dzb.shuffled_batch_stream(\n"
+        "        a, 32, seed=3, epoch=e, shuffle_buffer_size=100, cache=c)\n"
+        "    assert (np.concatenate(list(s)) == expected[e]).all(), e\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])}
+    other = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "a.zarr"), str(directory),
+         str(tmp_path / "expected.npy")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    cache = ChunkCache(CHUNK, directory=directory, disk=5 * CHUNK)  # evicts the other's files
+    for _ in range(3):
+        for epoch in range(4):
+            np.testing.assert_array_equal(epoch_of(array, cache, epoch), expected[epoch])
+    out, err = other.communicate(timeout=120)
+    assert other.returncode == 0, err
+    assert out.split() == ["ok"]
+
+
+def test_cache_files_deleted_mid_epoch_are_read_from_the_store(tmp_path: Path) -> None:
+    data = make(tmp_path / "a.zarr")
+    array, counting = counted(tmp_path / "a.zarr")
+    directory = tmp_path / "cache"
+    list(dzb.batch_stream(array, 25, cache=ChunkCache(0, directory=directory)))
+    counting.counts.clear()
+    stream = dzb.batch_stream(
+        array, 25, window_bytes=CHUNK, cache=ChunkCache(0, directory=directory)
+    )
+    batches = [next(stream)]
+    removed = sorted(directory.glob("*.chunk"))
+    for path in removed:  # another rank clears the cache while this epoch runs
+        path.unlink()
+    batches += list(stream)
+    np.testing.assert_array_equal(np.concatenate(batches), data)
+    assert stream.stats.cache_misses > 0 and stream.stats.cache_damaged == 0
+    assert stream.stats.cache_misses + stream.stats.cache_hits == 8
+    assert sum(counting.counts.values()) == stream.stats.cache_misses  # refetched once each
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A 64 KiB tmpfs (as root), which fills as a cache writes to it."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+        if hasattr(os, "geteuid") and os.geteuid() == 0
+        else False
+    )
+    if not mounted:
+        pytest.skip("cannot mount a tmpfs (not root); the unwritable directory is tested above")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def test_a_disk_that_fills_warns_once_and_the_epochs_stay_right(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    data = make(tmp_path / "a.zarr", shape=(4000, 6), chunks=(500, 6))  # 12 KB chunks, 96 KB
+    array = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
+    cache = ChunkCache(0, directory=small_disk / "cache")  # no disk budget: until it is full
+    with pytest.warns(dzb.CacheWarning, match="cannot write") as caught:
+        first = dzb.batch_stream(array, 64, cache=cache)
+        np.testing.assert_array_equal(np.concatenate(list(first)), data)
+    assert len([w for w in caught if w.category is dzb.CacheWarning]) == 1
+    held = len(list((small_disk / "cache").glob("*.chunk")))
+    assert 0 < held < 8 and not list((small_disk / "cache").glob(".*.tmp"))
+    second = dzb.batch_stream(array, 64, cache=cache)  # no second warning (filterwarnings=error)
+    np.testing.assert_array_equal(np.concatenate(list(second)), data)
+    assert (second.stats.cache_hits, second.stats.cache_misses) == (held, 8 - held)
