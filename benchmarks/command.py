@@ -53,6 +53,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "the suite's store cases alone: sharded, 20/100 ms latency, S3 loopback, "
               "codec pipelines, each against x[:] on the same store",
               ("rows", "cols", "chunk_rows", "rounds", "data")),
+    Benchmark("cache", "benchmarks.suite.cache_cases", "run_cache",
+              "the chunk cache: epoch 1 and 2 with a memory cache, a disk cache in a new "
+              "process, on the local, 20/100 ms and S3 stores; the exact shuffle's store reads; "
+              "writes --out/cache.md, cache.json",
+              ("rows", "cols", "chunk_rows", "rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",

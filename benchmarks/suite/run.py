@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import cases, memory, quality, report, stores_cases, targets
+from . import cache_cases, cases, memory, quality, report, stores_cases, targets
 from .dataset import default_shape, make_dataset
 from .measure import MB, Result, SuiteRun, rounds
 
@@ -136,11 +136,12 @@ def run_suite(args: argparse.Namespace) -> None:
         w, quick=args.quick, repeats=repeats, cluster=not args.no_cluster, skipped=skipped
     )
     if args.no_stores:
-        skipped |= dict.fromkeys(stores_cases.SKIP_KEYS, "--no-stores")
+        skipped |= dict.fromkeys((*stores_cases.SKIP_KEYS, "cache"), "--no-stores")
     else:
         results |= stores_cases.measure_stores(
             ds, data_dir, repeats=repeats, threads=w.threads, skipped=skipped
         )
+        results |= cache_cases.measure_cache(ds, data_dir, repeats=repeats, skipped=skipped)
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
     first_batch = measure_fast_start(args, data_dir, results)
     print("memory (fresh process per case)")
