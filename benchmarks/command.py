@@ -53,7 +53,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "the suite's store cases alone: sharded, 20/100 ms latency, S3 loopback, "
               "codec pipelines, each against x[:] on the same store",
               ("rows", "cols", "chunk_rows", "rounds", "data")),
-    Benchmark("cache", "benchmarks.suite.cache_cases", "run_cache",
+    Benchmark("cache", "benchmarks.suite.run", "run_cache",
               "the chunk cache: epoch 1 and 2 with a memory cache, a disk cache in a new "
               "process, on the local, 20/100 ms and S3 stores; the exact shuffle's store reads; "
               "writes --out/cache.md, cache.json",

@@ -120,7 +120,8 @@ def test_every_benchmark_module_is_in_the_command() -> None:
     helpers = {
         "benchmarks", "benchmarks.__main__", "benchmarks.command", "benchmarks.internals",
         "benchmarks.latency_store", "benchmarks.s3_server", "benchmarks.suite",
-        "benchmarks.suite.cases", "benchmarks.suite.dataset", "benchmarks.suite.measure",
+        "benchmarks.suite.cache_cases", "benchmarks.suite.cases", "benchmarks.suite.dataset",
+        "benchmarks.suite.measure",
         "benchmarks.suite.quality", "benchmarks.suite.report", "benchmarks.suite.stores_cases",
         "benchmarks.suite.targets",
     }  # fmt: skip

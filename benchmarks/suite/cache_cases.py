@@ -28,7 +28,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import zarr
 import zarr.storage
@@ -108,7 +107,8 @@ def disk_new_process(small: Dataset, delay: float, directory: Path, repeats: int
     """The best of ``repeats`` epochs, each in a new process reading ``directory``."""
     o = open_local("fill", small, delay)
     buffered(o, dzb.ChunkCache(0, directory=directory))  # filled once
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    extra = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *([extra] if extra else [])])}
     runs = []
     for _ in range(repeats):
         out = subprocess.run(
@@ -238,40 +238,3 @@ def cache_section(results: dict[str, Result]) -> list[str]:
 
 
 SUBSET_CHUNKS_TEXT = "the stores' smaller dataset (64 chunks)"
-
-
-def run_cache(options: Any) -> None:
-    """Only the cache cases; print their table and targets, write ``--out``/cache.md, .json."""
-    from . import targets
-    from .dataset import default_shape, make_dataset
-    from .measure import SuiteRun
-
-    data_dir = Path(options.data)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    rows, cols, chunk_rows = default_shape(False)
-    ds = make_dataset(
-        data_dir, options.rows or rows, options.cols or cols, options.chunk_rows or chunk_rows
-    )
-    skipped: dict[str, str] = {}
-    repeats = options.rounds or STORE_REPEATS
-    results = measure_cache(ds, data_dir, repeats=repeats, skipped=skipped)
-    section = cache_section(results)
-    run = SuiteRun(ds, False, repeats, results, skipped, {}, {}, [])
-    lines = [*section, "", "| target | measured | status |", "|---|---:|---|"]
-    for target in targets.evaluate(run, targets.CACHE_TARGETS):
-        why = f" ({target.why})" if target.why else ""
-        lines.append(f"| {target.what} | {target.measured} | {target.status}{why} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cache.md").write_text(
-        f"<!-- python -m benchmarks --only cache; load {os.getloadavg()} -->\n\n{text}"
-    )
-    (out / "cache.json").write_text(
-        json.dumps(
-            {k: {"mb_s": r.mb_s, "seconds": r.seconds, **r.extra} for k, r in results.items()},
-            indent=1,
-            default=str,
-        )
-    )

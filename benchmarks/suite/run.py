@@ -19,6 +19,7 @@ S3, codec pipelines) on the suite's dataset and prints their table and targets.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from pathlib import Path
@@ -183,3 +184,36 @@ def run_stores(options: argparse.Namespace) -> None:
     for target in targets.evaluate(run, targets.STORE_TARGETS):
         why = f" ({target.why})" if target.why else ""
         print(f"  {target.status}  {target.what}: {target.measured}{why}")
+
+
+def run_cache(options: Any) -> None:
+    """Only the cache cases; print their table and targets, write ``--out``/cache.md, .json."""
+    data_dir = Path(options.data)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rows, cols, chunk_rows = default_shape(False)
+    ds = make_dataset(
+        data_dir, options.rows or rows, options.cols or cols, options.chunk_rows or chunk_rows
+    )
+    skipped: dict[str, str] = {}
+    repeats = options.rounds or stores_cases.STORE_REPEATS
+    results = cache_cases.measure_cache(ds, data_dir, repeats=repeats, skipped=skipped)
+    section = cache_cases.cache_section(results)
+    run = SuiteRun(ds, False, repeats, results, skipped, {}, {}, [])
+    lines = [*section, "", "| target | measured | status |", "|---|---:|---|"]
+    for target in targets.evaluate(run, targets.CACHE_TARGETS):
+        why = f" ({target.why})" if target.why else ""
+        lines.append(f"| {target.what} | {target.measured} | {target.status}{why} |")
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cache.md").write_text(
+        f"<!-- python -m benchmarks --only cache; load {os.getloadavg()} -->\n\n{text}"
+    )
+    (out / "cache.json").write_text(
+        json.dumps(
+            {k: {"mb_s": r.mb_s, "seconds": r.seconds, **r.extra} for k, r in results.items()},
+            indent=1,
+            default=str,
+        )
+    )
