@@ -61,6 +61,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "issue 16: 64 x 64 patches (overlap 16) and forecast pairs over a (T, 721, 1440) "
               "field in two chunkings, against L0 and xbatcher; writes --out/patches.md",
               ("steps", "rounds", "out", "data")),
+    Benchmark("cache", "benchmarks.suite.run", "run_cache",
+              "the chunk cache: epoch 1 and 2 with a memory cache, a disk cache in a new "
+              "process, on the local, 20/100 ms and S3 stores; the exact shuffle's store reads; "
+              "writes --out/cache.md, cache.json",
+              ("rows", "cols", "chunk_rows", "rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",

@@ -20,6 +20,7 @@ from .errors import (
     ArgumentTypeError,
     ArgumentValueError,
     ArrayNotFoundError,
+    CacheWarning,
     ChunkReadError,
     CorruptChunkError,
     DaskZarrBatchesError,
@@ -39,6 +40,7 @@ from .mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from .plan.epoch import EpochPlan
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
+from .store.cache import ChunkCache
 from .store.open import open_array
 from .store.subsets import ChunkSubset
 from .streams.base import SkippedChunk, Stream, StreamStats
@@ -75,6 +77,8 @@ __all__ = [
     "ArgumentValueError",
     "ArrayNotFoundError",
     "BatchStream",
+    "CacheWarning",
+    "ChunkCache",
     "ChunkPiece",
     "ChunkReadError",
     "ChunkStream",

@@ -46,6 +46,7 @@ __all__ = [
     "ArgumentTypeError",
     "ArgumentValueError",
     "ArrayNotFoundError",
+    "CacheWarning",
     "ChunkReadError",
     "CorruptChunkError",
     "DaskZarrBatchesError",
@@ -169,6 +170,14 @@ class MissingChunksWarning(UserWarning):
         self.array = array
         self.key = key
         self.count = count
+
+
+class CacheWarning(UserWarning):
+    """A chunk cache's directory cannot be written (full, or not writable).
+
+    Reads go on, from the store, without writing to it (warned once per cache
+    and process).
+    """
 
 
 class SkippedChunksWarning(UserWarning):

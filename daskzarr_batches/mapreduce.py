@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
+from .store.cache import ChunkCache
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
 from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency
@@ -64,6 +65,7 @@ def map_chunks(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> ChunkStream:
     """Stream ``func(chunk)`` for every stored chunk of ``array``.
 
@@ -95,6 +97,9 @@ def map_chunks(
         chunks or shards), twice the cluster's worker threads on a cluster.
     with_index : bool, default False
         Yield ``(block_index, result)`` tuples.
+    cache : ChunkCache, optional
+        Decoded chunks served from (and kept in) this cache, as for
+        :func:`chunk_stream`: a second pass over the array reads it.
     timeout : float, optional
         Seconds to wait for one result before raising
         :class:`WindowTimeoutError`.
@@ -126,7 +131,7 @@ def map_chunks(
         raise ArgumentTypeError(f"func must be callable, got {func!r}")
     read = ReadOptions(
         client, timeout, missing, on_error, retries,
-        merged_io_concurrency(concurrency, io_concurrency),
+        merged_io_concurrency(concurrency, io_concurrency), cache,
     )  # fmt: skip
     return build_chunk_stream(ChunkSpec(array, ordered, with_index, read), transform=func)
 
@@ -144,6 +149,7 @@ def reduce_chunks(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> R:
     """Reduce ``func(chunk)`` over every stored chunk with ``combine``.
 
@@ -164,7 +170,7 @@ def reduce_chunks(
     initial : optional
         Placed before the first result, as in :func:`functools.reduce`; it is
         also the result for an array without chunks.
-    client, concurrency, io_concurrency, timeout, missing, on_error, retries
+    client, concurrency, io_concurrency, timeout, missing, on_error, retries, cache
         As for :func:`map_chunks`.
 
     Returns
@@ -204,6 +210,7 @@ def reduce_chunks(
         on_error=on_error,
         retries=retries,
         io_concurrency=io_concurrency,
+        cache=cache,
     ) as results:
         name = results.source.name
         for result in results:
@@ -335,6 +342,7 @@ def feature_moments(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> Moments:
     """Per-feature count, mean and variance of ``array``'s samples, in one pass.
 
@@ -347,7 +355,7 @@ def feature_moments(
     ----------
     array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0, features along the other axes.
-    client, concurrency, io_concurrency, timeout, missing, on_error, retries
+    client, concurrency, io_concurrency, timeout, missing, on_error, retries, cache
         As for :func:`map_chunks`.
 
     Returns
@@ -375,6 +383,7 @@ def feature_moments(
         on_error=on_error,
         retries=retries,
         io_concurrency=io_concurrency,
+        cache=cache,
     ) as results:
         layout = tuple(len(sizes) for sizes in results.source.chunks[1:])
         shape, dtype = results.source.shape, results.source.dtype

@@ -25,6 +25,7 @@ __all__ = [
     "FaultStore",
     "HangStore",
     "LatencyStore",
+    "NamedCountingStore",
     "chunk_keys",
     "is_chunk_key",
     "open_wrapped",
@@ -51,6 +52,43 @@ class CountingStore(zarr.storage.WrapperStore[Any]):
     ) -> Buffer | None:
         if is_chunk_key(key):
             with self._lock:
+                self.counts[key] += 1
+        return await self._store.get(key, prototype, byte_range)
+
+
+#: The counters of every :class:`NamedCountingStore` in this process, by name.
+NAMED_COUNTS: dict[str, collections.Counter[str]] = {}
+_NAMED_LOCK = threading.Lock()
+
+
+class NamedCountingStore(zarr.storage.WrapperStore[Any]):
+    """Counts chunk ``get`` calls in ``NAMED_COUNTS[name]``, wherever a copy of it reads.
+
+    It pickles as its inner store and its name (deterministically, so dask
+    can tokenize graphs holding it): copies sent to an in-process cluster's
+    workers count in the same counter as the client's.
+    """
+
+    def __init__(self, store: Any, name: str) -> None:
+        super().__init__(store)
+        self.name = name
+        with _NAMED_LOCK:
+            self.counts = NAMED_COUNTS.setdefault(name, collections.Counter())
+
+    def _with_store(self, store: Any) -> NamedCountingStore:
+        return type(self)(store, self.name)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self._store, self.name))
+
+    def __dask_tokenize__(self) -> Any:
+        return (type(self).__name__, self.name, str(self._store))
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        if is_chunk_key(key):
+            with _NAMED_LOCK:
                 self.counts[key] += 1
         return await self._store.get(key, prototype, byte_range)
 

@@ -120,8 +120,8 @@ def test_every_benchmark_module_is_in_the_command() -> None:
     helpers = {
         "benchmarks", "benchmarks.__main__", "benchmarks.command", "benchmarks.internals",
         "benchmarks.latency_store", "benchmarks.s3_server", "benchmarks.suite",
-        "benchmarks.suite.cases", "benchmarks.suite.dataset", "benchmarks.suite.measure",
-        "benchmarks.suite.patch_cases",
+        "benchmarks.suite.cache_cases", "benchmarks.suite.cases", "benchmarks.suite.dataset",
+        "benchmarks.suite.measure", "benchmarks.suite.patch_cases",
         "benchmarks.suite.quality", "benchmarks.suite.report", "benchmarks.suite.stores_cases",
         "benchmarks.suite.targets", "benchmarks.suite.big_samples",
     }  # fmt: skip

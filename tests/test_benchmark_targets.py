@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.suite import cases, report, stores_cases, targets
+from benchmarks.suite import cache_cases, cases, report, stores_cases, targets
 from benchmarks.suite.dataset import Dataset
 from benchmarks.suite.measure import L0, MiB, Result, SuiteRun
 
@@ -135,6 +135,30 @@ def test_store_targets_against_x_all_on_the_same_store() -> None:
     assert rows["S3 loopback >= 0.9x x[:]"] == ("skipped", "--no-stores")
     measured = [name for name in rows if name.startswith(("sharded", "20 ms", "100 ms", "S3 lo"))]
     assert measured == [targets.STORES, "S3 loopback >= 0.9x x[:]", "S3 loopback via obstore"]
+    assert rows[targets.CACHE] == ("skipped", "")  # the chunk cache's cases were not run
+
+
+def test_cache_targets() -> None:
+    cc = cache_cases
+    speeds = dict(SPEEDS)
+    speeds[cc.name(cc.LOCAL, cc.UNCACHED)] = 400.0
+    for delay in stores_cases.LATENCIES:
+        label = cc.store_label(delay)
+        speeds |= {cc.name(label, cc.UNCACHED): 200.0, cc.name(label, cc.EPOCH_1): 200.0,
+                   cc.name(label, cc.EPOCH_2): 1200.0, cc.name(label, cc.DISK): 500.0}  # fmt: skip
+    run = fabricated(speeds, {"S3": "not installed"})
+    key = cc.name(cc.store_label(stores_cases.LATENCIES[0]), cc.EXACT_READS)
+    run.results[key] = Result(key, "this", 1.0, 1, 1, extra={"reads_per_chunk": [1.0, 0.0]})
+    rows = {t.what: (t.measured, t.status) for t in targets.evaluate(run)}
+    assert rows["20 ms: cache epoch 2 >= 5x epoch 1"] == ("6.00x", "PASS")
+    assert rows["100 ms: cache epoch 2 >= 0.8x local store uncached"] == ("3.00x", "PASS")
+    assert rows["20 ms: disk cache, new process >= 3x uncached"] == ("2.50x", "MISS")
+    assert rows["exact 1/4 budget + cache: store reads in epoch 1 <= 1.0x the chunks"] == (
+        "1.00x",
+        "PASS",
+    )
+    assert rows["exact 1/4 budget + cache: store reads in epoch 2 <= 0"] == ("0.00x", "PASS")
+    assert rows[targets.CACHE] == ("skipped", "SKIP")  # S3 not installed: its rows
 
 
 def test_report_has_every_target_row_and_section() -> None:

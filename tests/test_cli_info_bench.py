@@ -393,6 +393,46 @@ def test_bench_library_errors_are_one_line_with_status_2(
     assert message in err
 
 
+def test_bench_with_a_cache_reads_later_epochs_and_runs_from_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = make_training_store(tmp_path / "t.zarr")
+    argv = ["bench", str(store), "--array", "features", "--batch-size", "64", "--epochs", "2"]
+    argv += ["--cache-dir", str(tmp_path / "cache")]
+    assert main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["stream"]["cache"] == {
+        "memory": 2**30, "directory": str(tmp_path / "cache"), "disk": None
+    }  # fmt: skip
+    first, second = summary["epochs"]
+    chunks = first["cache_misses"]
+    assert chunks > 0 and first["cache_hits"] == 0 and first["bytes_from_cache"] == 0
+    assert (second["cache_hits"], second["cache_misses"]) == (chunks, 0)
+    assert second["bytes_from_cache"] == chunks * 128 * 3 * 4  # decoded chunks (edge: whole)
+    assert summary["total"]["cache_hits"] == chunks
+    # a new run (a new cache over the directory, memory 0): every chunk from the files
+    assert main([*argv, "--cache-memory", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(
+        line.startswith("cache:        ChunkCache, memory 0 bytes, directory") for line in lines
+    )
+    table = lines[lines.index("") + 1 :]
+    assert table[0].split()[-5:] == ["cache", "hits", "MB", "from", "cache"]
+    assert [row.split()[-2] for row in table[1:4]] == [f"{chunks}/{chunks}"] * 2 + [
+        f"{2 * chunks}/{2 * chunks}"
+    ]
+    assert main(["bench", "--batch-size", "64", "--json", *SMALL]) == 0  # no cache: no columns
+    assert "cache_hits" not in json.loads(capsys.readouterr().out)["total"]
+
+
+def test_bench_names_a_bad_cache_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--batch-size", "8", "--cache-memory", "lots", *SMALL]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_one_line_error(err)
+    assert "memory='lots'" in err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

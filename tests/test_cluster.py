@@ -403,6 +403,52 @@ def test_corrupt_chunk_raises_chunk_read_error_from_the_worker(client: Any, tmp_
 
 
 # --------------------------------------------------------------------------
+# A chunk cache on a cluster
+
+
+def test_exact_shuffle_with_a_cache_reads_each_chunk_once_then_never(
+    client: Any, tmp_path: Any
+) -> None:
+    """A quarter-size budget reads the data ~4 times an epoch; with a cache holding the
+    array, epoch 1 fetches each chunk from the store once and epoch 2 none.
+
+    The in-process cluster's workers share this process's ``ChunkCache`` (its twin is
+    itself); with process workers each keeps its own memory cache (docs/cache.md).
+    """
+    from tests.stores import NamedCountingStore
+
+    _, data = make_zarr(tmp_path / "c.zarr", (1000, 6), (50, 6))
+    name = f"cluster-cache-{tmp_path.name}"
+    store = NamedCountingStore(
+        zarr.storage.LocalStore(str(tmp_path / "c.zarr"), read_only=True), name
+    )
+    array = zarr.open_array(store=store, mode="r")
+    budget = data.nbytes // 4
+
+    def stream(cache: Any = None, **kw: Any) -> Any:
+        return dzb.shuffled_batch_stream(array, 32, seed=4, memory_budget=budget, cache=cache, **kw)
+
+    plan = stream().summary()
+    assert plan.read_amplification > 3  # without a cache: the data about 4 times an epoch
+    expected = local(stream)
+    store.counts.clear()
+    cache = dzb.ChunkCache("64MiB")
+    for epoch in range(2):
+        with stream(cache, client=client) as remote:
+            assert remote.summary().chunks_cached == (0 if epoch == 0 else plan.chunks_read)
+            got = list(remote)
+        assert_same_batches(got, expected)
+        assert dict(store.counts) == ({key: 1 for key in store.counts} if epoch == 0 else {})
+        if epoch == 0:
+            assert len(store.counts) == 20  # every chunk, once
+            assert remote.stats.cache_misses == 20
+        else:
+            assert remote.stats.cache_misses == 0
+            assert remote.stats.cache_hits == plan.chunks_read
+        store.counts.clear()
+
+
+# --------------------------------------------------------------------------
 # Process workers: a worker killed mid-epoch, and a cluster that gives up
 
 

@@ -16,6 +16,7 @@ import zarr
 
 import daskzarr_batches as dzb
 
+from .cache_cases import cache_section
 from .dataset import default_shape
 from .measure import MB, MiB, Result, SuiteRun
 from .memory import MMAP_ENV
@@ -178,6 +179,7 @@ def markdown(run: SuiteRun, targets: list[Target], *, command: str, now: str) ->
         cases_table(run),
         targets_table(targets),
         stores_section(run.results),
+        cache_section(run.results),
         prefetch_section(run.prefetch),
         first_batch_section(run.first_batch),
         memory_section(run.memory),

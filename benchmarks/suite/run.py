@@ -31,7 +31,7 @@ import numpy as np
 import zarr
 
 from . import big_samples as big
-from . import cases, memory, patch_cases, quality, report, stores_cases, targets
+from . import cache_cases, cases, memory, patch_cases, quality, report, stores_cases, targets
 from .dataset import Dataset, default_shape, make_dataset
 from .measure import MB, Result, SuiteRun, rounds
 
@@ -141,11 +141,12 @@ def run_suite(args: argparse.Namespace) -> None:
         w, quick=args.quick, repeats=repeats, cluster=not args.no_cluster, skipped=skipped
     )
     if args.no_stores:
-        skipped |= dict.fromkeys(stores_cases.SKIP_KEYS, "--no-stores")
+        skipped |= dict.fromkeys((*stores_cases.SKIP_KEYS, "cache"), "--no-stores")
     else:
         results |= stores_cases.measure_stores(
             ds, data_dir, repeats=repeats, threads=w.threads, skipped=skipped
         )
+        results |= cache_cases.measure_cache(ds, data_dir, repeats=repeats, skipped=skipped)
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
     first_batch = measure_fast_start(args, data_dir, results)
     print("memory (fresh process per case)")
@@ -264,3 +265,36 @@ def run_patches(options: argparse.Namespace) -> None:
     if options.rounds:
         command += f" --rounds {repeats}"
     print("\n" + patch_cases.write_outputs(results, evaluated, out, command=command, steps=steps))
+
+
+def run_cache(options: Any) -> None:
+    """Only the cache cases; print their table and targets, write ``--out``/cache.md, .json."""
+    data_dir = Path(options.data)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rows, cols, chunk_rows = default_shape(False)
+    ds = make_dataset(
+        data_dir, options.rows or rows, options.cols or cols, options.chunk_rows or chunk_rows
+    )
+    skipped: dict[str, str] = {}
+    repeats = options.rounds or stores_cases.STORE_REPEATS
+    results = cache_cases.measure_cache(ds, data_dir, repeats=repeats, skipped=skipped)
+    section = cache_cases.cache_section(results)
+    run = SuiteRun(ds, False, repeats, results, skipped, {}, {}, [])
+    lines = [*section, "", "| target | measured | status |", "|---|---:|---|"]
+    for target in targets.evaluate(run, targets.CACHE_TARGETS):
+        why = f" ({target.why})" if target.why else ""
+        lines.append(f"| {target.what} | {target.measured} | {target.status}{why} |")
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cache.md").write_text(
+        f"<!-- python -m benchmarks --only cache; load {os.getloadavg()} -->\n\n{text}"
+    )
+    (out / "cache.json").write_text(
+        json.dumps(
+            {k: {"mb_s": r.mb_s, "seconds": r.seconds, **r.extra} for k, r in results.items()},
+            indent=1,
+            default=str,
+        )
+    )

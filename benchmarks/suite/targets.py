@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from . import big_samples as big
+from . import cache_cases as cc
 from . import patch_cases as pc
 from . import stores_cases as sc
 from .cases import (
@@ -198,6 +199,7 @@ BIG_SAMPLE_TARGETS: tuple[TargetSpec, ...] = tuple(
     for k in big.PER_CHUNK
     for kind, limit in ((big.SEQUENTIAL, 1.5), (big.BUFFERED, 1.0), (big.EXACT, 1.0))
 )
+
 #: issue 16: patches and forecast pairs over a (T, 721, 1440) field (``patch_cases``)
 PATCH_TARGETS: tuple[TargetSpec, ...] = tuple(
     spec
@@ -215,6 +217,43 @@ PATCH_TARGETS: tuple[TargetSpec, ...] = tuple(
                    "(summary)", pair_amplification(chunks, plan=True), "<=", 1.05,
                    "{value:.2f}", skip=pc.SKIP_KEY),
     )
+)  # fmt: skip
+
+
+def exact_reads(epoch: int) -> Value:
+    """Store requests per stored chunk of the exact shuffle at 1/4 budget with a cache."""
+    key = cc.name(cc.store_label(sc.LATENCIES[0]), cc.EXACT_READS)
+    return lambda run: float(run.result(key).extra["reads_per_chunk"][epoch])
+
+
+CACHE = "chunk cache (issue 17)"
+
+#: the cases of issue 17 (``cache_cases``): epoch 2 from the cache
+CACHE_TARGETS: tuple[TargetSpec, ...] = (
+    *(TargetSpec(f"{delay * 1000:.0f} ms: cache epoch 2 >= 5x epoch 1",
+                 ratio(cc.name(cc.store_label(delay), cc.EPOCH_2),
+                       cc.name(cc.store_label(delay), cc.EPOCH_1)),
+                 ">=", 5.0, skip="cache", skip_name=CACHE)
+      for delay in sc.LATENCIES),
+    *(TargetSpec(f"{delay * 1000:.0f} ms: cache epoch 2 >= 0.8x local store uncached",
+                 ratio(cc.name(cc.store_label(delay), cc.EPOCH_2), cc.name(cc.LOCAL, cc.UNCACHED)),
+                 ">=", 0.8, skip="cache", skip_name=CACHE)
+      for delay in sc.LATENCIES),
+    *(TargetSpec(f"{delay * 1000:.0f} ms: disk cache, new process >= 3x uncached",
+                 ratio(cc.name(cc.store_label(delay), cc.DISK),
+                       cc.name(cc.store_label(delay), cc.UNCACHED)),
+                 ">=", 3.0, skip="cache", skip_name=CACHE)
+      for delay in sc.LATENCIES),
+    TargetSpec("S3 loopback: cache epoch 2 >= 5x epoch 1",
+               ratio(cc.name(cc.S3_STORE, cc.EPOCH_2), cc.name(cc.S3_STORE, cc.EPOCH_1)),
+               ">=", 5.0, skip="S3", skip_name=CACHE),
+    TargetSpec("S3 loopback: cache epoch 2 >= 0.8x local store uncached",
+               ratio(cc.name(cc.S3_STORE, cc.EPOCH_2), cc.name(cc.LOCAL, cc.UNCACHED)),
+               ">=", 0.8, skip="S3", skip_name=CACHE),
+    TargetSpec("exact 1/4 budget + cache: store reads in epoch 1 <= 1.0x the chunks",
+               exact_reads(0), "<=", 1.0, "{value:.2f}x", skip="cache", skip_name=CACHE),
+    TargetSpec("exact 1/4 budget + cache: store reads in epoch 2 <= 0",
+               exact_reads(1), "<=", 0.0, "{value:.2f}x", skip="cache", skip_name=CACHE),
 )  # fmt: skip
 
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.
@@ -257,6 +296,7 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec(f">= 20x {DASK_SLICES}", ratio(SEQUENTIAL, DASK_SLICES), ">=", 20, "{value:.0f}x"),
     *STORE_TARGETS,
     *BIG_SAMPLE_TARGETS,
+    *CACHE_TARGETS,
     TargetSpec("prefetch: wait <= 5% of epoch (consumer 1.2x load)",
                lambda run: run.prefetch["fraction"], "<=", 0.05, "{value:.1%}"),
     TargetSpec("buffered peak RSS <= 1.5 x windows + 300 MB",

@@ -37,6 +37,7 @@ from ..plan.batching import (
     share,
     worker_part,
 )
+from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import is_xarray
 from ..store.subsets import ChunkSubset
@@ -83,7 +84,7 @@ class Loader:
         such as ``"256MiB"``, the samples that many bytes hold), as
         :func:`shuffled_batch_stream`.
     shuffle_buffer_size, memory_budget, window_bytes, prefetch, client, \
-timeout, missing, on_error, retries, io_concurrency
+timeout, missing, on_error, retries, io_concurrency, cache
         As for the stream constructors (``window_bytes=None``: 32 MiB, or
         16 MiB for patches, as ``patch_stream``).
     seed : int, default 0
@@ -151,6 +152,7 @@ timeout, missing, on_error, retries, io_concurrency
         on_error: OnError = "raise",
         retries: int = DEFAULT_RETRIES,
         io_concurrency: int | None = None,
+        cache: ChunkCache | None = None,
         input_dims: Mapping[Any, int] | None = None,
         input_overlap: Mapping[Any, int] | None = None,
         target_offset: Mapping[Any, int] | None = None,
@@ -211,6 +213,7 @@ timeout, missing, on_error, retries, io_concurrency
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
             layout=layout,
         )
         self._epoch = 0

@@ -67,6 +67,10 @@ class WindowSummary:
         shard geometry: a chunk of an unsharded array or a shard read whole
         is one request, a shard read in part is its index plus one request per
         run of adjacent needed chunks.  0 for arrays not read from a store.
+    chunks_cached : int or None
+        Of ``chunks``, those a chunk cache held when the plan was made (every
+        stored chunk of it in the cache's memory or directory): read from the
+        cache, not the store.  ``None``: no cache was given.
     """
 
     index: int
@@ -78,6 +82,7 @@ class WindowSummary:
     tasks: int | None = None
     shards: int = 0
     requests: int = 0
+    chunks_cached: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,10 @@ class PlanSummary:
         reads (each once), the base of their read amplification (patches may
         overlap, so the bytes yielded are no measure of the data read);
         ``None`` for row streams.
+    cached : bool
+        Whether a chunk cache was given: then each window's ``chunks_cached``
+        says how many of its chunk reads the cache held when the plan was
+        made (chunks the epoch itself puts in the cache are not counted).
     """
 
     windows: tuple[WindowSummary, ...]
@@ -111,6 +120,7 @@ class PlanSummary:
     bytes_yielded: int
     dataset_bytes: int
     bytes_distinct: int | None = None
+    cached: bool = False
 
     @property
     def n_windows(self) -> int:
@@ -121,6 +131,13 @@ class PlanSummary:
     def chunks_read(self) -> int:
         """Chunk reads of the epoch, summed over arrays."""
         return sum(sum(len(c) for c in w.chunks) for w in self.windows)
+
+    @property
+    def chunks_cached(self) -> int | None:
+        """Chunk reads the cache held when the plan was made (``None``: no cache given)."""
+        if not self.cached:
+            return None
+        return sum(w.chunks_cached or 0 for w in self.windows)
 
     @property
     def shards_read(self) -> int:
@@ -167,13 +184,17 @@ class PlanSummary:
         return sum(c for c in counts if c is not None)
 
     def rows(self) -> list[dict[str, int]]:
-        """One dict per window, e.g. for ``pandas.DataFrame(summary.rows())``."""
+        """One dict per window, e.g. for ``pandas.DataFrame(summary.rows())``.
+
+        With a cache given, each also has ``chunks_cached``.
+        """
         return [
             {
                 "window": w.index,
                 "samples": w.samples,
                 "batches": w.batches,
                 "chunks_read": sum(len(c) for c in w.chunks),
+                **({"chunks_cached": w.chunks_cached or 0} if self.cached else {}),
                 "shards": w.shards,
                 "requests": w.requests,
                 "bytes_decoded": w.bytes_decoded,
@@ -190,6 +211,7 @@ class PlanSummary:
             "samples": self.n_samples,
             "batches": self.n_batches,
             "chunks_read": self.chunks_read,
+            **({"chunks_cached": self.chunks_cached} if self.cached else {}),
             "shards_read": self.shards_read,
             "requests": self.requests,
             "bytes_decoded": self.bytes_decoded,
@@ -211,14 +233,22 @@ class PlanSummary:
             f"{self.chunks_read} chunk reads, {self.shards_read} shard reads, "
             f"{self.requests} store requests, dask tasks {self.n_tasks}",
         ]
+        if self.cached:
+            lines.append(
+                f"  the cache holds {self.chunks_cached} of the {self.chunks_read} chunk reads "
+                "(read from it, not the store)"
+            )
         shown = self.windows if len(self.windows) <= 12 else self.windows[:10]
+        cached = "  cached" if self.cached else ""
         lines.append(
-            "  window  samples  batches  chunks  shards  requests  decoded MiB  held MiB  tasks"
+            f"  window  samples  batches  chunks{cached}  shards  requests  decoded MiB  "
+            "held MiB  tasks"
         )
         for w in shown:
+            held = f"  {w.chunks_cached or 0:6d}" if self.cached else ""
             lines.append(
                 f"  {w.index:6d}  {w.samples:7d}  {w.batches:7d}  "
-                f"{sum(len(c) for c in w.chunks):6d}  {w.shards:6d}  {w.requests:8d}  "
+                f"{sum(len(c) for c in w.chunks):6d}{held}  {w.shards:6d}  {w.requests:8d}  "
                 f"{w.bytes_decoded / mib:11.1f}  {w.bytes_held / mib:8.1f}  {w.tasks}"
             )
         if len(shown) < len(self.windows):

@@ -248,6 +248,7 @@ def read_patches(
         outs = [np.delete(out, where[drop], axis=0) for out in outs]
     missing_keys = tuple(dict.fromkeys(ledger.missing))
     first = ReadReport(
+        cache=ledger.cache,
         missing_keys=missing_keys,
         missing_chunks=_missing_blocks(array, boxes, bounds, missing_keys),
         retries=ledger.retries,

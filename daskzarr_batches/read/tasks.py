@@ -132,6 +132,7 @@ def read_block(
             result, skipped = None, ((block[0], piece.start, piece.stop),)
     missing = tuple(dict.fromkeys(ledger.missing))
     return result, ReadReport(
+        cache=ledger.cache,
         missing_keys=missing,
         missing_chunks=(block[0],) if missing else (),
         retries=ledger.retries,
@@ -198,6 +199,7 @@ def read_shard(
         else:
             item = outs[number]
             report = ReadReport(
+                cache=ledger.cache if number == 0 else None,
                 missing_keys=missing,
                 missing_chunks=(block[0],) if missing else (),
                 retries=ledger.retries if number == 0 else 0,  # counted once per shard

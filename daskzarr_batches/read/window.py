@@ -343,6 +343,7 @@ def _report(
             if absent.intersection(storage_keys(array, piece.start, piece.stop))
         )
     return ReadReport(
+        cache=ledger.cache,
         missing_keys=missing_keys,
         missing_chunks=missing_chunks,
         retries=ledger.retries,

@@ -22,7 +22,7 @@ import dataclasses
 import errno
 import os
 import random
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
@@ -30,6 +30,7 @@ import zarr
 import zarr.storage
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+from zarr.core.codec_pipeline import BatchedCodecPipeline
 
 from ..errors import (
     ArgumentTypeError,
@@ -38,6 +39,7 @@ from ..errors import (
     StoreGoneError,
 )
 from .backends import obstore_fault
+from .cache import CacheCounts, CachingPipeline, ChunkCache, array_token
 from .layout import is_metadata_key, metadata_key
 from .pipelines import array_view, codec_pipeline_of, is_zarrs_pipeline, zarr_pipeline
 from .threads import zarr_loop
@@ -143,12 +145,17 @@ class ReadPolicy:
         Store requests the reads sharing this policy keep in flight at most
         (a stream's ``io_concurrency``, see :meth:`limited`); ``None``: no
         limit beyond Zarr's own.
+    cache : ChunkCache, optional
+        Decoded chunks served from (and kept in) this cache: reads through
+        :func:`policy_view` use a :class:`CachingPipeline`.
     """
 
     missing: MissingMode = "warn"
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
     requests: RequestLimit | None = field(default=None, compare=False)
+    cache: ChunkCache | None = field(default=None, compare=False)
+    cache_tokens: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.missing not in get_args(MissingMode):
@@ -166,6 +173,21 @@ class ReadPolicy:
             )
         if self.retries < 0:
             raise ArgumentValueError(f"retries must be >= 0, got {self.retries}")
+
+    def tokened(self, arrays: Iterable[Any]) -> ReadPolicy:
+        """This policy with the cache tokens of ``arrays`` (Zarr arrays) looked up once.
+
+        A stream calls it on the client, so a remote array's version (an
+        ETag) is asked for once per stream, not once per read task.
+        """
+        if self.cache is None:
+            return self
+        tokens = tuple(
+            (str(array.store_path), array_token(array))
+            for array in arrays
+            if isinstance(array, zarr.Array)
+        )
+        return dataclasses.replace(self, cache_tokens=tokens)
 
     def limited(self, requests: int | None) -> ReadPolicy:
         """This policy with a fresh :class:`RequestLimit` of ``requests`` (``None``: none).
@@ -195,6 +217,8 @@ class ReadReport:
         Axis-0 chunks left out because they do not decode (``on_error="skip"``),
         with the samples they hold (patch streams: a chunk's block index and a
         run of patch ids it took out; a chunk may have several runs).
+    cache : CacheCounts, optional
+        What the task's lookups in the stream's :class:`ChunkCache` found.
     decoded : tuple of (chunk, bytes), optional
         The stored chunks decoded (block index) and their decoded bytes, when
         the task lists them itself (patch streams); ``None``: the stream
@@ -206,6 +230,7 @@ class ReadReport:
     retries: int = 0
     skipped: tuple[tuple[Any, int, int], ...] = ()
     decoded: tuple[tuple[Any, int], ...] | None = None
+    cache: CacheCounts | None = None
 
 
 NO_REPORT = ReadReport()
@@ -223,6 +248,8 @@ class Ledger:
         Reads retried after a transient fault.
     failed : dict of str to BaseException
         Keys whose read failed for good (after the retries), with the error.
+    cache : CacheCounts
+        What the lookups in a :class:`ChunkCache` found (a policy with a cache).
     gone : str or None
         Set when the array's metadata was looked up (once per task, at the
         first absent chunk key): ``""`` if it is there, else the message of
@@ -232,6 +259,7 @@ class Ledger:
     missing: list[str] = field(default_factory=list)
     retries: int = 0
     failed: dict[str, Exception] = field(default_factory=dict)
+    cache: CacheCounts = field(default_factory=CacheCounts)
     gone: str | None = None
     _looking: asyncio.Lock | None = field(default=None, repr=False)
 
@@ -371,10 +399,16 @@ def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> An
     inner = array._async_array
     store = PolicyStore(inner.store_path.store, policy, ledger, name, metadata_key(array))
     zarrs = is_zarrs_pipeline(inner.codec_pipeline)
+    pipeline = zarr_pipeline(inner.metadata) if zarrs else None
+    if policy.cache is not None:  # chunks the cache holds are neither fetched nor decoded
+        base = pipeline if pipeline is not None else inner.codec_pipeline
+        if isinstance(base, BatchedCodecPipeline):
+            token = dict(policy.cache_tokens).get(str(array.store_path)) or array_token(array)
+            pipeline = CachingPipeline.of(base, policy.cache, token, ledger.cache)
     return array_view(
         array,
         store_path=StorePath(store, inner.store_path.path),
-        codec_pipeline=zarr_pipeline(inner.metadata) if zarrs else None,
+        codec_pipeline=pipeline,
     )
 
 
@@ -399,6 +433,8 @@ def native_view(
     retries transient faults and names (or skips) the chunk that fails.
     """
     if not isinstance(array, zarr.Array) or codec_pipeline_of(array) != "zarrs":
+        return None
+    if policy.cache is not None:  # a cache is consulted by zarr-python's pipeline only
         return None
     wanted = list(dict.fromkeys(keys()))
     store = array.store_path.store

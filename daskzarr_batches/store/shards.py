@@ -39,6 +39,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from ..plan.shards import reads_whole_shard
 from ..plan.windows import ChunkPiece
+from .cache import array_token, inner_chunk_name
 from .layout import chunk_grid, chunks_per_shard, object_key, shard_of
 
 __all__ = ["read_shard_blocks", "read_sharded", "sharding_codec"]
@@ -107,6 +108,40 @@ class _Shards:
         self.shape = tuple(array.shape)
         self.index_size = codec._shard_index_size(self.per_shard)
         self.index_at_start = codec.index_location == ShardingCodecIndexLocation.start
+        # a read policy's chunk cache (the store is its PolicyStore): inner chunks kept
+        policy = getattr(self.store, "policy", None)
+        self.cache = None if policy is None else policy.cache
+        if self.cache is not None:
+            tokens = dict(policy.cache_tokens)
+            self.token = tokens.get(getattr(self.store, "name", "")) or array_token(array)
+            self.counts = self.store.ledger.cache
+
+    def cache_key(self, key: str, coords: Coords) -> str:
+        """The cache key of inner chunk ``coords`` of shard ``key``."""
+        assert self.cache is not None
+        return self.cache.key(self.token, inner_chunk_name(key, coords))
+
+    async def held(self, wanted: Sequence[tuple[str, Coords]]) -> dict[tuple[str, Coords], Any]:
+        """The inner chunks of ``wanted`` the cache holds (decoded, cropped to the array)."""
+        found: dict[tuple[str, Coords], Any] = {}
+        if self.cache is None:
+            return found
+        for key, coords in wanted:
+            name = self.cache_key(key, coords)
+            data = self.cache.get(name, self.counts, disk=False)
+            if data is None and self.cache.directory is not None:
+                data = await asyncio.to_thread(self.cache.get, name, self.counts)
+            if data is not None:
+                self.counts.hits += 1
+                self.counts.bytes_hit += data.nbytes
+                found[(key, coords)] = data
+        return found
+
+    async def keep(self, key: str, coords: Coords, data: np.ndarray) -> None:
+        """Put a decoded inner chunk (cropped to the array) in the cache."""
+        if self.cache is not None:
+            self.counts.misses += 1
+            await asyncio.to_thread(self.cache.put, self.cache_key(key, coords), data)
 
     def key(self, block: tuple[int, ...]) -> str:
         """The store key of the shard holding chunk ``block`` (global chunk coordinates)."""
@@ -181,16 +216,24 @@ async def read_shard_blocks(
     A missing shard reads as the fill value (the policy store records it).
     """
     shards = _Shards(array)
+    key = shards.key(blocks[0])
     locals_ = [shards.local(block) for block in blocks]
-    found = await shards.fetch(shards.key(blocks[0]), locals_, whole=True)
+    held = await shards.held([(key, coords) for coords in locals_])
+    missing = [coords for coords in locals_ if (key, coords) not in held]
+    found = await shards.fetch(key, missing, whole=True) if missing else {}
     outs = [
         np.empty(tuple(s.stop - s.start for s in where), dtype=np.dtype(array.dtype))
         for where in slices
     ]
 
     async def one(coords: Coords, out: np.ndarray) -> None:
+        if (key, coords) in held:
+            out[...] = held[(key, coords)]
+            return
         kept = tuple(slice(0, n) for n in out.shape)
         await shards.decode([(found.get(coords), kept, kept)], out)
+        if coords in found:  # not an absent chunk's fill value; the caller owns ``out``
+            await shards.keep(key, coords, out.copy() if shards.cache is not None else out)
 
     await _all([one(coords, out) for coords, out in zip(locals_, outs, strict=True)])
     return outs
@@ -244,6 +287,8 @@ class _Window:
         #: global chunk indices along the other axes, every combination
         self.others = list(itertools.product(*(range(n) for n in counts)))
         self.total = total  # axis-0 chunks
+        #: inner chunks the cache held, by (shard key, local coordinates)
+        self.held: dict[tuple[str, Coords], Any] = {}
 
     async def read_row(self, row: int, items: list[tuple[ChunkPiece, int]]) -> None:
         """Fetch shard row ``row`` once (each of its objects) and decode its pieces."""
@@ -253,7 +298,11 @@ class _Window:
         whole = reads_whole_shard(len(locals_), existing)
         keys = {self._key(row, rest): None for rest in self.others}
         coords = _coords(locals_, per_shard)
-        found = await _all([self.shards.fetch(key, coords, whole) for key in keys])
+        self.held.update(await self.shards.held([(k, c) for k in keys for c in coords]))
+        wanted = {k: [c for c in coords if (k, c) not in self.held] for k in keys}
+        found = await _all(
+            [self.shards.fetch(k, wanted[k], whole) if wanted[k] else _nothing() for k in keys]
+        )
         chunks = dict(zip(keys, found, strict=True))
         await _all([self._decode(piece, at, chunks) for piece, at in items])
 
@@ -269,6 +318,7 @@ class _Window:
         target, lo = (out, at) if whole else (self._temp(piece), 0)
         row = piece.chunk // shards.per_shard[0]
         batch: list[Decode] = []
+        kept: list[tuple[str, Coords, tuple[slice, ...], tuple[slice, ...]]] = []
         for rest in self.others:
             widths = [
                 min(c, s - g * c)
@@ -282,9 +332,18 @@ class _Window:
                     for g, c, w in zip(rest, shards.chunk_shape[1:], widths, strict=True)
                 ),
             )
-            data = chunks[self._key(row, rest)].get(shards.local((piece.chunk, *rest)))
+            key, coords = self._key(row, rest), shards.local((piece.chunk, *rest))
+            if (key, coords) in self.held:
+                target[out_selection] = self.held[(key, coords)]
+                continue
+            data = chunks[key].get(coords)
+            if shards.cache is not None and data is not None:  # decoded apart, then kept
+                kept.append((key, coords, chunk_selection, out_selection))
             batch.append((data, chunk_selection, out_selection))
-        await shards.decode(batch, target)
+        if kept:
+            await self._decode_kept(batch, kept, target, chunks)
+        else:
+            await shards.decode(batch, target)
         if not whole:
             kept = target[piece.take]
             if self.scatter is not None:
@@ -292,9 +351,33 @@ class _Window:
             else:
                 out[at : at + len(kept)] = kept
 
+    async def _decode_kept(
+        self,
+        batch: list[Decode],
+        kept: list[tuple[str, Coords, tuple[slice, ...], tuple[slice, ...]]],
+        target: np.ndarray,
+        chunks: dict[str, dict[Coords, Buffer]],
+    ) -> None:
+        """Decode a chunk row's inner chunks each into its own array, keep them, then place them."""
+        shards = self.shards
+        caching = {id(out_selection) for *_, out_selection in kept}
+        rest = [item for item in batch if id(item[2]) not in caching]
+        if rest:
+            await shards.decode(rest, target)
+        for key, coords, chunk_selection, out_selection in kept:
+            shape = tuple(s.stop - s.start for s in chunk_selection)
+            alone = np.empty(shape, dtype=target.dtype)
+            await shards.decode([(chunks[key][coords], chunk_selection, chunk_selection)], alone)
+            await shards.keep(key, coords, alone)
+            target[out_selection] = alone
+
     def _temp(self, piece: ChunkPiece) -> np.ndarray:
         """A chunk-sized buffer for a chunk of which the window keeps some rows."""
         return np.empty((piece.rows, *self.shards.shape[1:]), dtype=self.out.dtype)
+
+
+async def _nothing() -> dict[Coords, Buffer]:
+    return {}
 
 
 async def _all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
+import zarr
 
 from ..errors import (
+    CacheWarning,
     ChunkReadError,
     MissingChunksWarning,
     StreamFailedError,
@@ -95,6 +97,14 @@ class StreamStats:
         the first chunk) handed out; ``None`` before it.  The start-up cost:
         sequential and buffered streams read a one-unit window first, so it is
         about one chunk read (``docs/architecture.md``, *Fast start*).
+    cache_hits, cache_misses : int
+        Stored chunks served by the stream's ``cache`` (neither fetched nor
+        decoded), and chunks it did not hold (read from the store, then kept).
+    bytes_from_cache : int
+        Decoded bytes of the chunks served by the cache.
+    cache_damaged : int
+        Cache files found damaged (truncated, altered): dropped and read
+        again from the store.
     bytes_distinct : int or None
         Patch streams: decoded bytes of the distinct stored chunks read so far
         (each counted once); ``None`` for other streams, whose samples do not
@@ -114,6 +124,10 @@ class StreamStats:
     samples_filled: int = 0
     time_to_first_batch: float | None = None
     bytes_distinct: int | None = None
+    cache_hits: int = 0
+    cache_misses: int = 0
+    bytes_from_cache: int = 0
+    cache_damaged: int = 0
 
     @property
     def read_amplification(self) -> float:
@@ -249,6 +263,15 @@ class Stream(abc.ABC, Generic[T]):
         several).
         """
         self.stats.retries += report.retries
+        if report.cache is not None:
+            cache = self.policy.cache
+            problem = None if cache is None else cache.take_write_error()
+            if problem is not None:
+                warn_caller(CacheWarning(problem))
+            self.stats.cache_hits += report.cache.hits
+            self.stats.cache_misses += report.cache.misses
+            self.stats.bytes_from_cache += report.cache.bytes_hit
+            self.stats.cache_damaged += report.cache.damaged
         if not report.missing_keys:
             return
         found = report.missing_chunks if chunks is None else chunks
@@ -336,6 +359,17 @@ class Stream(abc.ABC, Generic[T]):
             raise WindowError(f"{what()} failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self.stats.wait_seconds += time.perf_counter() - started
+
+
+def stored_arrays(sources: Sequence[Source]) -> list[Any]:
+    """The Zarr arrays behind ``sources`` (patch and subset sources: their base's)."""
+    found = []
+    for source in sources:
+        base = getattr(source, "base", None) or source
+        array = getattr(base, "array", None)
+        if isinstance(array, zarr.Array):
+            found.append(array)
+    return found
 
 
 def _aligned(value: Any) -> Any:

@@ -6,14 +6,17 @@ rank's shortfall, and cuts owned batches (``plan.batching.Batcher``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import zarr
 
 from ..errors import (
     ArgumentValueError,
@@ -35,12 +38,14 @@ from ..read.graphs import (
 )
 from ..read.patches import ChunkShare
 from ..read.window import release_free_memory
+from ..store.cache import ChunkCache, array_token, chunk_name
+from ..store.layout import chunk_grid
 from ..store.patches import PatchSource
 from ..store.policy import (
     ReadReport,
 )
 from ..store.sources import Source
-from .base import SkippedChunk, Stream, StreamStats, T, _aligned
+from .base import SkippedChunk, Stream, StreamStats, T, _aligned, stored_arrays
 from .patch import patch_summary
 from .spec import (
     StreamSpec,
@@ -58,8 +63,82 @@ def _summary(spec: StreamSpec, shared: bool = True) -> PlanSummary:
     plan = spec.plan()
     summary = plan.summary(task_count=lambda window: count_tasks(spec.sources, window))
     if any(isinstance(source, PatchSource) for source in spec.sources):
-        return patch_summary(spec.sources, plan, summary, shared)
+        summary = patch_summary(spec.sources, plan, summary, shared)
+    if spec.cache is not None:
+        summary = _cached_summary(summary, spec.sources, spec.cache)
     return summary
+
+
+def _cached_summary(
+    summary: PlanSummary, sources: Sequence[Source], cache: ChunkCache
+) -> PlanSummary:
+    """``summary`` with each window's chunk reads the cache holds now (no data read).
+
+    A window's chunk (an axis-0 chunk of a row source, a stored block of a
+    patch source's base array) counts when every stored chunk of it is in
+    the cache's memory or directory, under the name its read would look up
+    (:func:`chunk_name`: a sharded array's inner chunks, or whole shards for
+    patches, which Zarr's pipeline reads).  Arrays not in a Zarr store
+    (numpy, dask) are never cached.
+    """
+    known: dict[str, bool] = {}
+    tokens: dict[int, str] = {}
+
+    def held(array: zarr.Array, blocks: Iterable[tuple[int, ...]], whole: bool) -> bool:
+        token = tokens.get(id(array))
+        if token is None:
+            token = tokens[id(array)] = array_token(array)
+        for block in blocks:
+            key = cache.key(token, chunk_name(array, block, whole))
+            if key not in known:
+                known[key] = cache.contains(key)
+            if not known[key]:
+                return False
+        return True
+
+    def counter(source: Source) -> Callable[[int], bool] | None:
+        if isinstance(source, PatchSource):  # chunks: raveled blocks of the base array
+            base = source.base
+            stored = getattr(base, "base", base)  # a subset's stored array
+            array = getattr(stored, "array", None)
+            if base is None or not isinstance(array, zarr.Array):
+                return None
+            grid = tuple(len(sizes) for sizes in base.chunks)
+            return lambda chunk: held(
+                array,
+                [base.block_index(tuple(int(i) for i in np.unravel_index(chunk, grid)))],
+                True,
+            )
+        stored = getattr(source, "base", source)  # a subset's chunks map to stored chunks
+        array = getattr(stored, "array", None)
+        if not isinstance(array, zarr.Array):
+            return None
+        rest = [range(n) for n in chunk_grid(array)[1:]]
+        spans = getattr(source, "spans", None)
+
+        def row(chunk: int) -> bool:
+            first = chunk if spans is None else spans[chunk][0]
+            if array.shards is not None:  # the shard reader keeps inner chunks
+                per = array.chunks[0]
+                size = stored.chunks[0][first]
+                start = sum(stored.chunks[0][:first])
+                rows = range(start // per, (start + size - 1) // per + 1)
+            else:
+                rows = range(first, first + 1)
+            return held(array, ((r, *b) for r in rows for b in itertools.product(*rest)), False)
+
+        return row
+
+    counters = [counter(source) for source in sources]
+    rows = []
+    for window in summary.windows:
+        count = sum(
+            sum(1 for chunk in chunks if count_held(chunk))
+            for count_held, chunks in zip(counters, window.chunks, strict=True)
+            if count_held is not None
+        )
+        rows.append(dataclasses.replace(window, chunks_cached=count))
+    return dataclasses.replace(summary, windows=tuple(rows), cached=True)
 
 
 class BatchStream(Stream[Any]):
@@ -136,7 +215,7 @@ class BatchStream(Stream[Any]):
         planned = max(self._total - start, 0) if quota is None else quota
         length = _count(planned, spec.batch_size, self._drop)
         # one request limit for all of this stream's reads (io_concurrency)
-        policy = spec.read.policy.limited(spec.io_concurrency)
+        policy = spec.read.policy.limited(spec.io_concurrency).tokened(stored_arrays(spec.sources))
         super().__init__(length, runner, spec.timeout, policy)
         self._created = created
         # offsets (from ``start``) of the samples left out as undecodable, ascending

@@ -26,7 +26,7 @@ from ..read.tasks import ShardItem
 from ..store.layout import blocks_by_shard
 from ..store.sources import SliceSource, Source
 from ..store.subsets import SubsetSource
-from .base import SkippedChunk, Stream, _aligned
+from .base import SkippedChunk, Stream, _aligned, stored_arrays
 from .spec import DEFAULT_IO_BYTES, DEFAULT_IO_CONCURRENCY, ChunkSpec
 
 __all__ = ["ChunkStream", "build_chunk_stream"]
@@ -119,7 +119,8 @@ class ChunkStream(Stream[Any]):
         threads = concurrency if isinstance(_stored(source), SliceSource) else os.cpu_count() or 1
         runner = make_runner(read.client, in_flight=concurrency, read_workers=threads)
         # reads in flight and store requests share the one number (io_concurrency)
-        super().__init__(len(self._blocks), runner, read.timeout, read.policy.limited(concurrency))
+        policy = read.policy.limited(concurrency).tokened(stored_arrays([self.source]))
+        super().__init__(len(self._blocks), runner, read.timeout, policy)
         self._created = created
         self._concurrency = concurrency
         self._ordered = spec.ordered

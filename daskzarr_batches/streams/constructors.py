@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import ArgumentValueError
 from ..plan.batching import count_batches as _count
 from ..plan.summary import PlanSummary
+from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .batch import BatchStream, _summary
 from .chunk import ChunkStream, build_chunk_stream
@@ -95,6 +96,7 @@ def chunk_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> ChunkStream:
     """Stream one numpy array per stored chunk, over the whole chunk grid.
 
@@ -131,6 +133,12 @@ def chunk_stream(
         reads in flight hold at most 256 MiB decoded (to no fewer than the
         CPU count); on a cluster, twice its worker threads (futures in
         flight).
+    cache : ChunkCache, optional
+        Serve decoded chunks from this cache when it holds them and keep the
+        chunks read from the store in it, so later epochs (and other streams
+        sharing it) read memory or a local disk instead of the store; see
+        :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
+        Sharded arrays keep their inner chunks.
 
     Returns
     -------
@@ -141,7 +149,7 @@ def chunk_stream(
     """
     read = ReadOptions(
         client, timeout, missing, on_error, retries,
-        merged_io_concurrency(concurrency, io_concurrency),
+        merged_io_concurrency(concurrency, io_concurrency), cache,
     )  # fmt: skip
     return build_chunk_stream(ChunkSpec(array, ordered, with_index, read))
 
@@ -159,6 +167,7 @@ def batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream minibatches along axis 0, in order.
 
@@ -215,6 +224,12 @@ def batch_stream(
         the limit holds within each read task on its worker (a worker's
         tasks together are also bounded by its threads and Zarr's
         ``async.concurrency``).
+    cache : ChunkCache, optional
+        Serve decoded chunks from this cache when it holds them and keep the
+        chunks read from the store in it, so later epochs (and other streams
+        sharing it) read memory or a local disk instead of the store; see
+        :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
+        Sharded arrays keep their inner chunks.
 
     Returns
     -------
@@ -238,6 +253,7 @@ def batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
         )
     )
 
@@ -258,6 +274,7 @@ def shuffled_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream minibatches of shuffled samples.
 
@@ -307,7 +324,7 @@ def shuffled_batch_stream(
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would
         otherwise split ``memory_budget`` and multiply the reads.
-    client, timeout, missing, on_error, retries, io_concurrency
+    client, timeout, missing, on_error, retries, io_concurrency, cache
         As for :func:`batch_stream`.
     """
     return BatchStream(
@@ -327,6 +344,7 @@ def shuffled_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
         )
     )
 
@@ -345,6 +363,7 @@ def paired_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream ``(features_batch, labels_batch)`` pairs in order.
 
@@ -369,6 +388,7 @@ def paired_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
         )
     )
 
@@ -390,6 +410,7 @@ def paired_shuffled_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream shuffled ``(features_batch, labels_batch)`` pairs.
 
@@ -414,6 +435,7 @@ def paired_shuffled_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
         )
     )
 
@@ -442,6 +464,7 @@ def patch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
 ) -> BatchStream:
     """Stream minibatches of N-D patches: spatial tiles, time windows, forecast pairs.
 
@@ -505,7 +528,7 @@ def patch_stream(
         array of shape ``(batch, ndim)`` (the first array's axes), or, for
         xarray data, a dict of it (``"index"``) and the coordinate values of
         each patched dim at the origins.
-    client, timeout, missing, on_error, retries, io_concurrency
+    client, timeout, missing, on_error, retries, io_concurrency, cache
         As for :func:`batch_stream` (with ``on_error="skip"`` the patches
         touching a chunk that does not decode leave the epoch).
 
@@ -550,6 +573,7 @@ def patch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            cache=cache,
             roles=args.roles,
             layout=args.layout,
         )
@@ -574,6 +598,7 @@ def plan_epoch(
     target_offset: Mapping[Any, int] | None = None,
     target_dims: Mapping[Any, int] | None = None,
     target_data: Any = None,
+    cache: ChunkCache | None = None,
 ) -> PlanSummary:
     """What an epoch would read and yield, without reading any data.
 
@@ -605,6 +630,12 @@ drop_remainder, epoch
         The plan of :func:`patch_stream` (``array`` is its ``data``; no
         ``labels``): samples are patches, and ``read_amplification`` is how
         often each stored chunk the epoch needs is decoded.
+    cache : ChunkCache, optional
+        The cache the stream would read through: each window's
+        ``chunks_cached`` (and the total, ``PlanSummary.chunks_cached``) says
+        how many of its chunk reads the cache holds now, looked up without
+        reading them (memory, and file names in its directory).  The plan,
+        and so the order, is the same with a cache or without.
 
     Returns
     -------
@@ -648,6 +679,7 @@ drop_remainder, epoch
         window_bytes=window_bytes,
         prefetch=prefetch,
         drop_remainder=drop_remainder,
+        cache=cache,
     )
     return _summary(spec)
 

@@ -36,6 +36,7 @@ from ..execute.runners import resolve_client
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.windows import ShuffleMode, chunk_offsets
+from ..store.cache import ChunkCache
 from ..store.layout import shard_layout
 from ..store.open import open_array
 from ..store.patches import PatchSource
@@ -266,6 +267,9 @@ class ReadOptions:
         Store requests in flight at most: locally for the whole stream; on a
         cluster within each read task (a chunk stream also keeps that many
         reads in flight).  ``None``: the stream's default.
+    cache : ChunkCache, optional
+        Decoded chunks served from this cache when it holds them, and kept in
+        it when read from the store.
     """
 
     client: Any = field(default=None, compare=False)
@@ -274,6 +278,7 @@ class ReadOptions:
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
     io_concurrency: int | None = None
+    cache: ChunkCache | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         put = functools.partial(object.__setattr__, self)
@@ -282,11 +287,16 @@ class ReadOptions:
         put("io_concurrency", io_concurrency(self.io_concurrency))
         ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
         put("client", resolve_client(self.client))
+        if self.cache is not None and not isinstance(self.cache, ChunkCache):
+            raise ArgumentTypeError(
+                f"cache must be a ChunkCache or None, got {self.cache!r} of type "
+                f"{type(self.cache).__name__}"
+            )
 
     @property
     def policy(self) -> ReadPolicy:
         """The read policy, without a request limit (a stream adds its own: ``limited``)."""
-        return ReadPolicy(self.missing, self.on_error, self.retries)
+        return ReadPolicy(self.missing, self.on_error, self.retries, cache=self.cache)
 
 
 # --------------------------------------------------------------------------
@@ -363,6 +373,8 @@ class StreamSpec:
         windows of 1, 1, 2, 4, ... units (``EpochPlan.ramp``).  ``False``
         gives the flat windows of earlier versions (and, for the buffered
         shuffle, a first buffer mixed as well as the others).
+    cache : ChunkCache, optional
+        Decoded chunks served from (and kept in) this cache.
     layout : streams.patch.Layout, optional
         How a batch's arrays are packed for the caller (patch streams: pairs,
         dicts, origins); ``None``: an array, or a tuple for several.
@@ -392,6 +404,7 @@ class StreamSpec:
     io_concurrency: int | None = None
     ramp: bool = True
     layout: Any = field(default=None, compare=False)
+    cache: ChunkCache | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -421,7 +434,7 @@ class StreamSpec:
         put("ramp", flag("ramp", self.ramp))
         read = ReadOptions(
             self.client, self.timeout, self.missing, self.on_error, self.retries,
-            self.io_concurrency,
+            self.io_concurrency, self.cache,
         )  # fmt: skip
         for name in ("client", "timeout", "retries", "io_concurrency"):  # as normalised
             put(name, getattr(read, name))
@@ -456,7 +469,7 @@ class StreamSpec:
         """The spec's read options (``client`` ... ``io_concurrency``) as one value."""
         return ReadOptions(
             self.client, self.timeout, self.missing, self.on_error, self.retries,
-            self.io_concurrency,
+            self.io_concurrency, self.cache,
         )  # fmt: skip
 
     @property

@@ -37,6 +37,7 @@ from .. import (
     ArgumentValueError,
     ArrayNotFoundError,
     BatchStream,
+    ChunkCache,
     DaskZarrBatchesError,
     batch_stream,
     open_array,
@@ -89,6 +90,9 @@ class BenchSettings:
     client : distributed.Client or None
     timeout : float or None
         Seconds per window.
+    cache : ChunkCache or None
+        Every epoch's stream reads through this cache (``--cache-dir``,
+        ``--cache-memory``): the first epoch fills it, later ones read it.
     """
 
     batch_size: int
@@ -102,6 +106,7 @@ class BenchSettings:
     missing: str = "warn"
     on_error: str = "raise"
     retries: int = 3
+    cache: ChunkCache | None = None
 
     @property
     def shuffle(self) -> str:
@@ -122,6 +127,7 @@ class BenchSettings:
             "missing": self.missing,
             "on_error": self.on_error,
             "retries": self.retries,
+            "cache": self.cache,
         }
         if self.shuffle == "none":
             if labels is None:
@@ -165,6 +171,10 @@ class EpochResult:
     chunks_missing: int = 0
     skipped: list[Any] = field(default_factory=list)
     time_to_first_batch: float | None = None
+    #: the stream's cache counters (``None``: no cache)
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    bytes_from_cache: int | None = None
 
     @property
     def samples_per_second(self) -> float:
@@ -205,6 +215,9 @@ class EpochResult:
             time_to_first_batch=_mean(
                 [e.time_to_first_batch for e in epochs if e.time_to_first_batch is not None]
             ),
+            cache_hits=_sum([e.cache_hits for e in epochs]),
+            cache_misses=_sum([e.cache_misses for e in epochs]),
+            bytes_from_cache=_sum([e.bytes_from_cache for e in epochs]),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -226,6 +239,12 @@ class EpochResult:
             skipped=_jsonable(self.skipped),
             time_to_first_batch=self.time_to_first_batch,
         )
+        if self.cache_hits is not None:
+            record.update(
+                cache_hits=self.cache_hits,
+                cache_misses=self.cache_misses,
+                bytes_from_cache=self.bytes_from_cache,
+            )
         return record
 
 
@@ -322,6 +341,7 @@ def run_bench(
             "memory_budget": settings.memory_budget,
             "seed": None if settings.shuffle == "none" else settings.seed,
             "batches_per_epoch": epochs[0].batches if epochs else 0,
+            "cache": None if settings.cache is None else _describe_cache(settings.cache),
         },
         "computing_on": where,
         "epochs": [epoch.to_json() for epoch in epochs],
@@ -332,6 +352,14 @@ def run_bench(
     else:
         print(format_summary(summary, epochs), file=out)
     return summary
+
+
+def _describe_cache(cache: ChunkCache) -> dict[str, Any]:
+    return {
+        "memory": cache.memory,
+        "directory": None if cache.directory is None else str(cache.directory),
+        "disk": cache.disk,
+    }
 
 
 def generate_dataset(path: Path | str, *, rows: int, features: int, chunk_rows: int) -> None:
@@ -431,7 +459,20 @@ def _run_epoch(
         chunks_missing=int(getattr(stats, "chunks_missing", 0)),
         skipped=list(getattr(stats, "skipped", [])),
         time_to_first_batch=getattr(stats, "time_to_first_batch", None),
+        **(
+            {}
+            if settings.cache is None
+            else {
+                "cache_hits": stats.cache_hits,
+                "cache_misses": stats.cache_misses,
+                "bytes_from_cache": stats.bytes_from_cache,
+            }
+        ),
     )
+
+
+def _sum(values: Sequence[int | None]) -> int | None:
+    return None if any(v is None for v in values) or not values else sum(v or 0 for v in values)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -466,10 +507,17 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
         f"arrays:       {'; '.join(arrays)}",
         f"stream:       {stream['call']}, {stream['batches_per_epoch']} batches per epoch",
         f"computing on: {summary['computing_on']}",
-        "",
     ]
+    cache = stream.get("cache")
+    if cache is not None:
+        disk = "" if cache["disk"] is None else f" (at most {cache['disk']:,} bytes)"
+        where = "" if cache["directory"] is None else f", directory {cache['directory']}{disk}"
+        lines.append(f"cache:        ChunkCache, memory {cache['memory']:,} bytes{where}")
+    lines.append("")
     header = ["epoch", "batches", "samples", "seconds", "samples/s", "MB/s", "read amp", "wait"]
     header.append("first batch")
+    if cache is not None:
+        header += ["cache hits", "MB from cache"]
     total = EpochResult.total(epochs)
     rows = [
         [
@@ -484,6 +532,7 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
             "-"
             if result.time_to_first_batch is None
             else f"{result.time_to_first_batch * 1e3:.1f} ms",
+            *_cache_cells(result, cache is not None),
         ]
         for result in [*epochs, total]
     ]
@@ -499,6 +548,14 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
         f"skipped={len(skipped)}{shown}{more}"
     )
     return "\n".join(lines)
+
+
+def _cache_cells(result: EpochResult, cached: bool) -> list[str]:
+    """An epoch's cache columns: chunks from the cache of all it looked up, and MB from it."""
+    if not cached:
+        return []
+    hits, misses = result.cache_hits or 0, result.cache_misses or 0
+    return [f"{hits:,}/{hits + misses:,}", f"{(result.bytes_from_cache or 0) / 1e6:.1f}"]
 
 
 def _shape(values: Sequence[int]) -> str:

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from .. import (
     ArgumentValueError,
+    ChunkCache,
     DaskZarrBatchesError,
     MissingChunksWarning,
     __version__,
@@ -265,6 +266,18 @@ def _add_bench_stream_options(stream: Any) -> None:
         "--seed", type=int, help="seed of a shuffle (default 0, so runs repeat the same order)"
     )
     stream.add_argument("--epochs", type=_positive_int, default=1, help="epochs to run (default 1)")
+    stream.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="read through a ChunkCache that keeps decoded chunks in DIR too (kept across "
+        "runs, shared by processes): the first epoch fills it, later epochs and runs read it",
+    )
+    stream.add_argument(
+        "--cache-memory",
+        metavar="SIZE",
+        help="read through a ChunkCache holding SIZE of decoded chunks in memory (e.g. 2GiB; "
+        "0 with --cache-dir: the directory alone); default 1GiB when --cache-dir is given",
+    )
 
 
 def _add_read_policy_options(policy: Any) -> None:
@@ -405,6 +418,7 @@ def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             missing=args.missing,
             on_error=args.on_error,
             retries=args.retries,
+            cache=_cache(args.cache_dir, args.cache_memory),
         )
         with _missing_chunks_reported(err) as summary:
             summary.update(
@@ -423,6 +437,16 @@ def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 )
             )
     return 0
+
+
+def _cache(directory: str | None, memory: str | None) -> ChunkCache | None:
+    """The bench's ``ChunkCache`` (``None`` without ``--cache-dir`` or ``--cache-memory``)."""
+    if directory is None and memory is None:
+        return None
+    size: int | str = "1GiB" if memory is None else memory
+    if isinstance(size, str) and size.strip().isdigit():
+        size = int(size)
+    return ChunkCache(size, directory=directory)
 
 
 @contextlib.contextmanager

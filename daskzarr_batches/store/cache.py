@@ -1,0 +1,517 @@
+"""A cache of decoded chunks: later epochs read memory or a local disk, not the store.
+
+:class:`ChunkCache` keeps decoded chunks in a least-recently-used store in
+memory and, with a ``directory``, spills them to files there (LRU within the
+disk budget too) that survive the process and can be shared by several
+processes at once (ranks and DataLoader workers on one node).  Reads consult
+it through :class:`CachingPipeline`, Zarr's own codec pipeline with a
+chunk's fetch and decode replaced by a cache lookup when the cache holds it,
+so every read path that goes through Zarr's pipeline (batch windows, chunk
+streams, patches) is served alike.
+
+Keys are made of the store's identity, the array's path, a hash of its
+metadata (shape, chunks, dtype, codecs, fill value) and the chunk's store
+key: a changed array is never served from the cache.  Files are written to a
+temporary name and renamed into place (a reader never sees a partial file)
+and carry their key, shape, dtype, size and a CRC-32 of their bytes, checked
+on every read: a damaged file is dropped, counted and read again from the
+store.  A disk that fills stops the cache's writes with one warning; a chunk
+larger than a budget is not cached there.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import struct
+import threading
+import uuid
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+import zarr.storage
+from zarr.core.codec_pipeline import BatchedCodecPipeline
+from zarr.core.common import concurrent_map
+from zarr.core.config import config as zarr_config
+from zarr.core.indexing import SelectorTuple
+
+from ..errors import ArgumentTypeError, ArgumentValueError
+from .layout import chunks_per_shard, metadata_key, object_key, shard_of
+
+__all__ = [
+    "CacheCounts",
+    "CachingPipeline",
+    "ChunkCache",
+    "array_token",
+    "byte_size",
+    "chunk_name",
+    "inner_chunk_name",
+]
+
+#: First bytes of a cache file, and its format's version.
+MAGIC = b"DZBCACHE1\n"
+_HEADER = struct.Struct("<I")  # the JSON header's length
+#: This process's identity in keys of in-memory stores (not shared between processes).
+_PROCESS = f"{os.getpid()}-{uuid.uuid4().hex}"
+#: Every cache made in this process, by id: a cache sent to a worker finds its twin there.
+_REGISTRY: dict[str, ChunkCache] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def byte_size(name: str, value: object, allow_none: bool = False) -> int | None:
+    """``value`` (bytes as an int, or a string such as ``"2GiB"``) as an int >= 0."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, str):
+        from dask.utils import parse_bytes
+
+        try:
+            value = parse_bytes(value)
+        except (ValueError, TypeError) as error:
+            raise ArgumentValueError(f"{name}={value!r} is not a size like '2GiB'") from error
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ArgumentTypeError(
+            f"{name} must be bytes (an int) or a size like '2GiB', got {value!r}"
+        )
+    if int(value) < 0:
+        raise ArgumentValueError(f"{name} must be >= 0 bytes, got {value!r}")
+    return int(value)
+
+
+@dataclass
+class CacheCounts:
+    """What one read task's cache lookups found (travels back with its report)."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_hit: int = 0
+    damaged: int = 0
+
+
+class ChunkCache:
+    """Decoded chunks kept in memory and, optionally, on a local disk.
+
+    Parameters
+    ----------
+    memory : int or str, default "1GiB"
+        Bytes of decoded chunks kept in memory (``0``: none), least recently
+        used first out.
+    directory : str or os.PathLike, optional
+        Where chunks spill to (and are kept across processes and runs);
+        several processes may share it.  ``None``: memory only.
+    disk : int or str, optional
+        Bytes the directory may hold; ``None``: until the disk is full.
+
+    Notes
+    -----
+    Pass it as ``cache=`` to a stream, a ``Loader`` or a per-chunk job; one
+    cache can serve several streams, epochs and arrays.  It holds chunks as
+    decoded (the codecs' output), keyed so that an array rewritten with other
+    metadata is never served from it; an array rewritten in place with the
+    same metadata is detected by the key only if its store or path differs,
+    so clear the directory (``cache.clear()``) after such a rewrite.
+    """
+
+    def __init__(
+        self,
+        memory: int | str = "1GiB",
+        directory: str | os.PathLike[str] | None = None,
+        disk: int | str | None = None,
+    ) -> None:
+        self.memory = byte_size("memory", memory)
+        self.disk = byte_size("disk", disk, allow_none=True)
+        if directory is not None and not isinstance(directory, str | os.PathLike):
+            raise ArgumentTypeError(f"directory must be a path or None, got {directory!r}")
+        if disk is not None and directory is None:
+            raise ArgumentValueError(f"disk={disk!r} needs a directory to spill to")
+        self.directory = None if directory is None else Path(directory)
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self.id = uuid.uuid4().hex
+        self._init_state()
+        with _REGISTRY_LOCK:
+            _REGISTRY[self.id] = self
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+        self._held = 0
+        self._writable = True
+        self._write_error: str | None = None
+        self._warned = False
+        self._disk_used = self._scan() if self.directory is not None else 0
+
+    def __reduce__(self) -> Any:
+        return (_cache_of, (self.id, self.memory, str(self.directory) if self.directory else None,
+                            self.disk))  # fmt: skip
+
+    def __repr__(self) -> str:
+        where = f", directory={str(self.directory)!r}, disk={self.disk}" if self.directory else ""
+        return f"ChunkCache(memory={self.memory}{where}; {len(self._entries)} chunks in memory)"
+
+    # ---------------------------------------------------------------- lookups
+
+    def key(self, token: str, chunk_key: str) -> str:
+        """The cache key of store key ``chunk_key`` of the array ``token`` names."""
+        return hashlib.blake2b(f"{token}\0{chunk_key}".encode(), digest_size=16).hexdigest()
+
+    def get(
+        self, key: str, counts: CacheCounts | None = None, disk: bool = True
+    ) -> np.ndarray | None:
+        """The chunk ``key`` from memory or (``disk``) the directory, else ``None``."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+        if found is None and disk and self.directory is not None:
+            found = self._load(key, counts)
+            if found is not None:
+                self._remember(key, found)
+        return found
+
+    def contains(self, key: str) -> bool:
+        """Whether the chunk is in memory or has a file (not checked)."""
+        with self._lock:
+            if key in self._entries:
+                return True
+        return self.directory is not None and self._path(key).exists()
+
+    def holds(self, token: str, names: Iterable[str]) -> bool:
+        """Whether every chunk ``names`` (store-side names, :func:`chunk_name`) is held.
+
+        Looks at the memory and the directory's file names only (no file is
+        read or checked), so a plan can say what the cache holds without I/O
+        beyond a directory lookup per chunk.
+        """
+        return all(self.contains(self.key(token, name)) for name in names)
+
+    def put(self, key: str, data: np.ndarray) -> None:
+        """Keep a decoded chunk (in memory, and in the directory if there is one)."""
+        data = np.ascontiguousarray(data)
+        data.setflags(write=False)
+        self._remember(key, data)
+        if self.directory is not None:
+            self._store(key, data)
+
+    def take_write_error(self) -> str | None:
+        """Why the directory could not be written, the first time it is asked (else ``None``).
+
+        Streams ask on the consumer's side and warn (:class:`CacheWarning`),
+        once per cache in a process; the reads never warn from their threads.
+        """
+        with self._lock:
+            if self._write_error is None or self._warned:
+                return None
+            self._warned = True
+            return self._write_error
+
+    def clear(self) -> None:
+        """Forget every chunk, in memory and in the directory."""
+        with self._lock:
+            self._entries.clear()
+            self._held = 0
+        if self.directory is not None:
+            for path in self.directory.glob("*.chunk"):
+                path.unlink(missing_ok=True)
+            self._disk_used = 0
+
+    # ---------------------------------------------------------------- memory
+
+    def _remember(self, key: str, data: np.ndarray) -> None:
+        if data.nbytes > self.memory:
+            return  # larger than the budget: not kept (reads bypass the memory)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return
+            self._entries[key] = data
+            self._held += data.nbytes
+            while self._held > self.memory:
+                _, old = self._entries.popitem(last=False)
+                self._held -= old.nbytes
+
+    # ---------------------------------------------------------------- disk
+
+    def _path(self, key: str) -> Path:
+        assert self.directory is not None
+        return self.directory / f"{key}.chunk"
+
+    def _scan(self) -> int:
+        assert self.directory is not None
+        total = 0
+        if not self.directory.is_dir():
+            return 0
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if entry.name.endswith(".chunk"):
+                    with contextlib.suppress(FileNotFoundError):  # removed by another process
+                        total += entry.stat().st_size
+        return total
+
+    def _load(self, key: str, counts: CacheCounts | None) -> np.ndarray | None:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as file:
+                data = _read_file(file, key)
+            os.utime(path)  # recently used: the last to be evicted
+            return data
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, ValueError, KeyError, struct.error, json.JSONDecodeError):
+            with contextlib.suppress(OSError):  # damaged: dropped and read again from the store
+                path.unlink(missing_ok=True)
+            if counts is not None:
+                counts.damaged += 1
+            return None
+
+    def _store(self, key: str, data: np.ndarray) -> None:
+        if not self._writable:
+            return
+        header = json.dumps(
+            {"key": key, "dtype": data.dtype.str, "shape": list(data.shape),
+             "nbytes": data.nbytes, "crc32": zlib.crc32(memoryview(data).cast("B"))}
+        ).encode()  # fmt: skip
+        size = len(MAGIC) + _HEADER.size + len(header) + data.nbytes
+        if self.disk is not None and size > self.disk:
+            return  # larger than the budget: not kept on disk
+        path = self._path(key)
+        temporary = path.with_name(f".{key}.{_PROCESS}.{threading.get_ident()}.tmp")
+        try:
+            with open(temporary, "wb") as file:
+                file.write(MAGIC)
+                file.write(_HEADER.pack(len(header)))
+                file.write(header)
+                file.write(memoryview(data).cast("B"))
+            os.replace(temporary, path)  # atomic: a reader sees the old file or the new one
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+            self._writable = False  # the stream that meets it warns (take_write_error)
+            self._write_error = (
+                f"cannot write to the chunk cache's directory {str(self.directory)!r} "
+                f"({type(error).__name__}: {error}); reads go on without writing to it"
+            )
+            return
+        self._disk_used += size
+        if self.disk is not None and self._disk_used > self.disk:
+            self._evict_files()
+
+    def _evict_files(self) -> None:
+        """Remove the least recently used files until the directory fits its budget."""
+        assert self.directory is not None and self.disk is not None
+        files = []
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if entry.name.endswith(".chunk"):
+                    try:
+                        stat = entry.stat()
+                    except FileNotFoundError:
+                        continue
+                    files.append((stat.st_mtime, stat.st_size, entry.path))
+        files.sort()
+        total = sum(size for _, size, _ in files)
+        target = int(self.disk * 0.9)
+        for _, size, where in files:
+            if total <= target:
+                break
+            Path(where).unlink(missing_ok=True)  # another process may have removed it
+            total -= size
+        self._disk_used = total
+
+
+def _read_file(file: Any, key: str) -> np.ndarray:
+    """A cache file's chunk, checked (raises ``ValueError`` if it is damaged)."""
+    if file.read(len(MAGIC)) != MAGIC:
+        raise ValueError("not a cache file")
+    (length,) = _HEADER.unpack(file.read(_HEADER.size))
+    header = json.loads(file.read(length))
+    if header["key"] != key:
+        raise ValueError("another key")
+    data = np.empty(tuple(header["shape"]), dtype=np.dtype(header["dtype"]))
+    if data.nbytes != header["nbytes"]:
+        raise ValueError("size")
+    view = memoryview(data).cast("B")
+    if file.readinto(view) != data.nbytes or file.read(1):
+        raise ValueError("truncated or too long")
+    if zlib.crc32(view) != header["crc32"]:
+        raise ValueError("checksum")
+    data.setflags(write=False)
+    return data
+
+
+def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | None) -> ChunkCache:
+    """The cache ``cache_id`` in this process: itself, or its twin made here (a worker's)."""
+    with _REGISTRY_LOCK:
+        found = _REGISTRY.get(cache_id)
+    if found is not None:
+        return found
+    cache = ChunkCache.__new__(ChunkCache)
+    cache.memory, cache.disk, cache.id = memory, disk, cache_id
+    cache.directory = None if directory is None else Path(directory)
+    if cache.directory is not None:
+        cache.directory.mkdir(parents=True, exist_ok=True)
+    cache._init_state()
+    with _REGISTRY_LOCK:
+        return _REGISTRY.setdefault(cache_id, cache)
+
+
+def inner_chunk_name(shard_key: str, coords: Iterable[int]) -> str:
+    """The name an inner chunk (local ``coords`` in shard ``shard_key``) is kept under."""
+    return f"{shard_key}#{','.join(map(str, coords))}"
+
+
+def chunk_name(array: zarr.Array, block: tuple[int, ...], whole_shards: bool = False) -> str:
+    """The name the decoded chunk ``block`` of ``array`` is kept under (before its token).
+
+    An unsharded chunk's store key; a sharded array's inner chunk as the
+    shard reader keeps it (:func:`inner_chunk_name`), or, ``whole_shards``,
+    the shard's store key (Zarr's pipeline keeps shards decoded whole:
+    patch streams).
+    """
+    if array.shards is None:
+        return object_key(array, block)
+    per_shard = chunks_per_shard(array)
+    shard = object_key(array, shard_of(block, per_shard))
+    if whole_shards:
+        return shard
+    return inner_chunk_name(shard, (b % n for b, n in zip(block, per_shard, strict=True)))
+
+
+def array_token(array: zarr.Array) -> str:
+    """What identifies an array's chunks in a cache: its store, path, metadata and version.
+
+    The version is when the array's metadata document was last written (a
+    local file's modification time, an object's ETag or last-modified date),
+    so an array written again (``create_array(..., overwrite=True)``) gets
+    new keys even with the same metadata.  In-memory stores exist in one
+    process only: their token names the process (and the store object).
+    Computed once per stream, on the client (a request to a remote store).
+    """
+    store = array.store_path.store
+    while isinstance(store, zarr.storage.WrapperStore):
+        store = store._store
+    where = str(store)
+    if isinstance(store, zarr.storage.MemoryStore):
+        where += f"@{_PROCESS}"
+    metadata = json.dumps(array.metadata.to_dict(), sort_keys=True, default=str)
+    version = _version(store, metadata_key(array) or "")
+    text = f"{type(store).__name__}\0{where}\0{array.store_path.path}\0{metadata}\0{version}"
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _version(store: Any, key: str) -> str:
+    """When the document ``key`` of ``store`` was last written, if the store can tell."""
+    try:
+        if isinstance(store, zarr.storage.LocalStore):
+            stat = os.stat(Path(store.root) / key)
+            return f"{stat.st_mtime_ns}-{stat.st_size}"
+        if isinstance(store, zarr.storage.ZipStore):
+            return str(os.stat(store.path).st_mtime_ns)
+        if isinstance(store, zarr.storage.FsspecStore):
+            info = store.fs.info(f"{store.path.rstrip('/')}/{key}")
+            return str(info.get("ETag") or info.get("LastModified") or info.get("mtime") or "")
+        if type(store).__name__ == "ObjectStore":
+            import obstore
+
+            meta = obstore.head(store.store, key)
+            return f"{meta.get('e_tag')}-{meta.get('last_modified')}"
+    except Exception:  # no version: the key is the metadata's alone
+        return ""
+    return ""
+
+
+@dataclass(frozen=True)
+class CachingPipeline(BatchedCodecPipeline):
+    """Zarr's codec pipeline, with chunks served from a :class:`ChunkCache` when held.
+
+    A chunk the cache holds is copied from it (no fetch, no decode); the
+    others are fetched and decoded as Zarr does, and kept in the cache (not
+    a chunk absent from the store: its fill value is not a chunk).  A sharded
+    array read through Zarr's pipeline (patch streams; batch windows and
+    chunk streams use the shard reader, which keeps inner chunks) keeps each
+    shard decoded whole.
+    """
+
+    cache: Any = None
+    token: str = ""
+    counts: Any = None
+
+    @classmethod
+    def of(
+        cls, inner: BatchedCodecPipeline, cache: ChunkCache, token: str, counts: CacheCounts
+    ) -> CachingPipeline:
+        fields = {f.name: getattr(inner, f.name) for f in dataclasses.fields(inner)}
+        return cls(**fields, cache=cache, token=token, counts=counts)
+
+    async def read_batch(
+        self,
+        batch_info: Iterable[tuple[Any, Any, SelectorTuple, SelectorTuple, bool]],
+        out: Any,
+        drop_axes: tuple[int, ...] = (),
+    ) -> None:
+        if self.cache is None:
+            await super().read_batch(batch_info, out, drop_axes)
+            return
+        import asyncio
+
+        from zarr.core.codec_pipeline import fill_value_or_default
+
+        batch = list(batch_info)
+        whole_shards = self.supports_partial_decode  # sharded: a shard decoded whole is kept
+        cache, counts = self.cache, self.counts
+        keys = [cache.key(self.token, getter.path) for getter, *_ in batch]
+        found: list[Any] = [None] * len(batch)
+        for i, key in enumerate(keys):
+            found[i] = cache.get(key, counts, disk=False)
+            if found[i] is None and cache.directory is not None:  # a blocking file read
+                found[i] = await asyncio.to_thread(cache.get, key, counts)
+        misses = [i for i, data in enumerate(found) if data is None]
+        if misses:
+            if whole_shards:  # every inner chunk of the shard (absent: not kept)
+                decoded = await self.decode_partial_batch(
+                    [
+                        (batch[i][0], tuple(slice(0, n) for n in batch[i][1].shape), batch[i][1])
+                        for i in misses
+                    ]
+                )
+                fetched = [() if chunk is not None else None for chunk in decoded]
+            else:
+                fetched = await concurrent_map(
+                    [(batch[i][0], batch[i][1].prototype) for i in misses],
+                    lambda getter, prototype: getter.get(prototype),
+                    zarr_config.get("async.concurrency"),
+                )
+                decoded = await self.decode_batch(
+                    [(raw, batch[i][1]) for raw, i in zip(fetched, misses, strict=True)]
+                )
+            for i, raw, chunk in zip(misses, fetched, decoded, strict=True):
+                if chunk is None or raw is None:
+                    continue  # absent from the store: filled, not cached
+                data = np.asarray(chunk.as_ndarray_like())
+                found[i] = data
+                await asyncio.to_thread(cache.put, keys[i], data)
+        for i, ((_, spec, chunk_selection, out_selection, _), data) in enumerate(
+            zip(batch, found, strict=True)
+        ):
+            if data is None:
+                out[out_selection] = fill_value_or_default(spec)
+                continue
+            if counts is not None:
+                if i in misses:
+                    counts.misses += 1
+                else:
+                    counts.hits += 1
+                    counts.bytes_hit += data.nbytes
+            part = data[chunk_selection]
+            if drop_axes:
+                part = part.squeeze(axis=drop_axes)
+            out[out_selection] = part
