@@ -39,6 +39,7 @@ from .mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from .plan.epoch import EpochPlan
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
+from .store.collections import Collection, concat, open_collection
 from .store.open import open_array
 from .store.subsets import ChunkSubset
 from .streams.base import SkippedChunk, Stream, StreamStats
@@ -79,6 +80,7 @@ __all__ = [
     "ChunkReadError",
     "ChunkStream",
     "ChunkSubset",
+    "Collection",
     "CorruptChunkError",
     "DaskZarrBatchesError",
     "EpochPlan",
@@ -105,10 +107,12 @@ __all__ = [
     "batch_stream",
     "chunk_split",
     "chunk_stream",
+    "concat",
     "count_batches",
     "feature_moments",
     "map_chunks",
     "open_array",
+    "open_collection",
     "paired_batch_stream",
     "paired_shuffled_batch_stream",
     "patch_stream",

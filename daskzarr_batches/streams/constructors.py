@@ -64,7 +64,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1).
@@ -99,8 +99,9 @@ def chunk_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
-        Any number of dimensions >= 1.  Numpy arrays are split along axis 0
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
+        Any number of dimensions >= 1 (a collection: each member's own blocks,
+        member after member).  Numpy arrays are split along axis 0
         into blocks of dask's default chunk size.
     concurrency : int, optional
         The former name of ``io_concurrency`` (the same meaning); prefer
@@ -158,6 +159,7 @@ def batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    return_sources: bool = False,
 ) -> BatchStream:
     """Stream minibatches along axis 0, in order.
 
@@ -167,7 +169,7 @@ def batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1; numpy integers accepted).
@@ -214,6 +216,12 @@ def batch_stream(
         the limit holds within each read task on its worker (a worker's
         tasks together are also bounded by its threads and Zarr's
         ``async.concurrency``).
+    return_sources : bool, default False
+        For a collection (:func:`concat`, :func:`open_collection`): each item
+        is ``(batch, sources)``, ``sources`` an int64 array of shape
+        ``(batch, 2)``: the member each sample comes from and its position
+        within that member (paired streams: the last element of the tuple).
+        Computed from the sample ids; nothing more is read.
 
     Returns
     -------
@@ -237,6 +245,7 @@ def batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            return_sources=return_sources,
         )
     )
 
@@ -257,6 +266,7 @@ def shuffled_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    return_sources: bool = False,
 ) -> BatchStream:
     """Stream minibatches of shuffled samples.
 
@@ -264,7 +274,7 @@ def shuffled_batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch.
@@ -306,7 +316,7 @@ def shuffled_batch_stream(
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would
         otherwise split ``memory_budget`` and multiply the reads.
-    client, timeout, missing, on_error, retries, io_concurrency
+    client, timeout, missing, on_error, retries, io_concurrency, return_sources
         As for :func:`batch_stream`.
     """
     return BatchStream(
@@ -326,6 +336,7 @@ def shuffled_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            return_sources=return_sources,
         )
     )
 
@@ -344,6 +355,7 @@ def paired_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    return_sources: bool = False,
 ) -> BatchStream:
     """Stream ``(features_batch, labels_batch)`` pairs in order.
 
@@ -368,6 +380,7 @@ def paired_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            return_sources=return_sources,
         )
     )
 
@@ -389,6 +402,7 @@ def paired_shuffled_batch_stream(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    return_sources: bool = False,
 ) -> BatchStream:
     """Stream shuffled ``(features_batch, labels_batch)`` pairs.
 
@@ -413,6 +427,7 @@ def paired_shuffled_batch_stream(
             on_error=on_error,
             retries=retries,
             io_concurrency=io_concurrency,
+            return_sources=return_sources,
         )
     )
 
@@ -577,7 +592,7 @@ def plan_epoch(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
         Samples along axis 0 (the features of a paired stream).
     batch_size : int
         Samples per batch.
