@@ -374,6 +374,11 @@ def _check_paired(members: Sequence[Any], keys: Sequence[Any]) -> None:
             )
 
 
+def _label(path: Any) -> str:
+    """How errors name a member given as ``path`` (a path, URL or store object)."""
+    return os.fspath(path) if isinstance(path, str | os.PathLike) else repr(path)
+
+
 def open_collection(
     urls_or_glob: str | os.PathLike[str] | Sequence[Any],
     array_path: str | None = None,
@@ -442,6 +447,6 @@ def open_collection(
             members = list(pool.map(one, paths))
         finally:
             pool.shutdown(wait=False)
-    collection = Collection(members, names=[os.fspath(p) for p in paths])
+    collection = Collection(members, names=[_label(path) for path in paths])
     collection.describe("collection")  # the mismatch errors now, naming the store
     return collection
