@@ -57,6 +57,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "181 x 360 float32 fields, 1/4/32 per chunk: sequential, buffered (64MiB) "
               "and exact vs L0, medians; targets; writes --out/big_samples.md",
               ("fields", "rounds", "out", "data")),
+    Benchmark("collection", "benchmarks.suite.run", "run_collection",
+              "50 stores of 20,000 rows (open_collection) vs one of 1,000,000: every "
+              "stream kind, medians; opening 1,000 stores; writes --out/collection.md",
+              ("rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",
