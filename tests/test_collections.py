@@ -263,3 +263,23 @@ def test_open_collection_reads_metadata_concurrently(tmp_path: Any) -> None:
     )
     with pytest.raises(dzb.ArgumentValueError, match="matches no path"):
         dzb.open_collection(str(tmp_path / "none*.zarr"))
+
+
+def test_info_and_bench_take_several_stores(tmp_path: Any, capsys: Any) -> None:
+    from daskzarr_batches.tools.cli import main
+
+    paths = []
+    for i, rows in enumerate([40, 25]):
+        path = str(tmp_path / f"m{i}.zarr")
+        to_zarr(np.ones((rows, WIDTH), "f4"), (10, WIDTH), store=path)
+        paths.append(path)
+    assert main(["info", *paths]) == 0
+    assert "2 stores as a collection along axis 0" in capsys.readouterr().out
+    assert main(["info", *paths, "--json"]) == 0
+    import json
+
+    assert [r["store"] for r in json.loads(capsys.readouterr().out)] == paths
+    assert main(["bench", *paths, "--batch-size", "8", "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["data"]["features"]["shape"] == [65, WIDTH]
+    assert summary["total"]["samples"] == 65
