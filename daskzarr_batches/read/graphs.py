@@ -170,15 +170,19 @@ def _add_members(
     """Add a collection's rows: one read per member the window touches, then one join.
 
     Each member is read by the reader it would have alone (in ascending
-    order, with its part of ``decode_bytes``); the join places the members'
+    order; ``decode_bytes`` shared by the member reads that run at once); the join places the members'
     rows one after another (ascending sample order) or, with ``plan_order``,
     at the pieces' ``dest``, and maps the reports to the collection's chunks.
     """
     parts, maps, placed = [], [], []
-    for member, member_pieces in source.split(pieces):
+    touched = source.split(pieces)
+    # the member reads that run at once (read_threads) share the window's decode bytes
+    share = None
+    if decode_bytes is not None:
+        share = max(1, decode_bytes // min(len(touched), 4 * MEMBER_READS))
+    for member, member_pieces in touched:
         rows = sum(_taken(piece) for piece in member_pieces)
         key = (f"dzb-member-{where[0]}", *where[1:], member)
-        share = None if decode_bytes is None else max(1, decode_bytes * rows // max(size, 1))
         _add_rows(
             dsk, source.members[member], member_pieces, rows, key,
             (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share,
@@ -262,8 +266,21 @@ def read_threads(sources: Sequence[Source]) -> int | None:
         reads = {id(s.base) for s in sources if isinstance(s, PatchSource) and s.cut is not None}
         return 4 * max(len(reads), 1)
     if all(_sliced(source) for source in sources):
-        return 4 * len(sources)
+        return 4 * sum(_reads(source) for source in sources)
     return None
+
+
+#: A collection's window reads up to this many members at once per array (each member
+#: read is one task; a window of an exact shuffle touches every member).
+MEMBER_READS = 8
+
+
+def _reads(source: Source) -> int:
+    """Read tasks of one array a window may run at once: a collection's members, capped."""
+    base = source.base if isinstance(source, SubsetSource) else source
+    if isinstance(base, ConcatSource):
+        return max(1, min(len(base.members), MEMBER_READS))
+    return 1
 
 
 def _sliced(source: Source) -> bool:
