@@ -8,8 +8,6 @@ stores overlaps their metadata reads.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 
 import dask.array as da
@@ -221,36 +219,18 @@ def test_cluster_gives_what_local_threads_give(client: Any) -> None:
             assert np.array_equal(a, b) and np.array_equal(s, t)
 
 
-class SlowMetadata(zarr.storage.WrapperStore[Any]):
-    """Answers metadata reads after 20 ms, counting how many are in flight at once."""
-
-    live = 0
-    most = 0
-    lock = threading.Lock()
-
-    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        cls = type(self)
-        with cls.lock:
-            cls.live += 1
-            cls.most = max(cls.most, cls.live)
-        try:
-            await asyncio.sleep(0.02)
-            return await self._store.get(key, prototype, byte_range)
-        finally:
-            with cls.lock:
-                cls.live -= 1
-
-
 def test_open_collection_reads_metadata_concurrently(tmp_path: Any) -> None:
+    from benchmarks.latency_store import LatencyStore
+
+    state = {"requests": 0, "now": 0, "peak": 0}  # shared: requests in flight over all stores
     stores = []
     for i in range(200):
         store = zarr.storage.MemoryStore()
         to_zarr(np.full((3, WIDTH), i, dtype="i2"), (2, WIDTH), store=store)
-        stores.append(SlowMetadata(store))
-    SlowMetadata.most = 0
+        stores.append(LatencyStore(store, 0.02, state, metadata=True))
     data = dzb.open_collection(stores)
     assert data.lengths == (3,) * 200
-    assert SlowMetadata.most >= 4  # sequential opening would keep one read in flight
+    assert state["peak"] >= 4  # opening one store after another keeps one read in flight
     rows = np.concatenate(list(dzb.batch_stream(data, 50)))
     assert np.array_equal(rows[::3, 0], np.arange(200))
     # a glob of local paths, sorted

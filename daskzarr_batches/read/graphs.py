@@ -170,9 +170,10 @@ def _add_members(
     """Add a collection's rows: one read per member the window touches, then one join.
 
     Each member is read by the reader it would have alone (in ascending
-    order; ``decode_bytes`` shared by the member reads that run at once); the join places the members'
-    rows one after another (ascending sample order) or, with ``plan_order``,
-    at the pieces' ``dest``, and maps the reports to the collection's chunks.
+    order; ``decode_bytes`` shared by the member reads that run at once); the
+    join places the members' rows one after another (ascending sample order)
+    or, with ``plan_order``, at the pieces' ``dest``, and maps the reports to the
+    collection's chunks.
     """
     parts, maps, placed = [], [], []
     touched = source.split(pieces)
