@@ -66,6 +66,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "process, on the local, 20/100 ms and S3 stores; the exact shuffle's store reads; "
               "writes --out/cache.md, cache.json",
               ("rows", "cols", "chunk_rows", "rounds", "out", "data")),
+    Benchmark("collection", "benchmarks.suite.run", "run_collection",
+              "50 stores of 20,000 rows (open_collection) vs one of 1,000,000: every "
+              "stream kind, medians; opening 1,000 stores; writes --out/collection.md",
+              ("rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",

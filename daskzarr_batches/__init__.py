@@ -41,6 +41,7 @@ from .plan.epoch import EpochPlan
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
 from .store.cache import ChunkCache
+from .store.collections import Collection, concat, open_collection
 from .store.open import open_array
 from .store.subsets import ChunkSubset
 from .streams.base import SkippedChunk, Stream, StreamStats
@@ -83,6 +84,7 @@ __all__ = [
     "ChunkReadError",
     "ChunkStream",
     "ChunkSubset",
+    "Collection",
     "CorruptChunkError",
     "DaskZarrBatchesError",
     "EpochPlan",
@@ -109,10 +111,12 @@ __all__ = [
     "batch_stream",
     "chunk_split",
     "chunk_stream",
+    "concat",
     "count_batches",
     "feature_moments",
     "map_chunks",
     "open_array",
+    "open_collection",
     "paired_batch_stream",
     "paired_shuffled_batch_stream",
     "patch_stream",

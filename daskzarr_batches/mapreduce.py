@@ -35,6 +35,7 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
 from .store.cache import ChunkCache
+from .store.collections import ConcatSource
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
 from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency
@@ -385,20 +386,32 @@ def feature_moments(
         io_concurrency=io_concurrency,
         cache=cache,
     ) as results:
-        layout = tuple(len(sizes) for sizes in results.source.chunks[1:])
-        shape, dtype = results.source.shape, results.source.dtype
+        source = results.source
+        shape, dtype = source.shape, source.dtype
+        # a collection's members may tile the features differently: fold per member
+        members = source.members if isinstance(source, ConcatSource) else (source,)
+        owner = source.chunk_member if isinstance(source, ConcatSource) else None
         for block, moments in results:
-            folds.setdefault(block[1:], _PairwiseFold(Moments.merge)).push(moments)
+            member = 0 if owner is None else int(owner[block[0]])
+            folds.setdefault((member, *block[1:]), _PairwiseFold(Moments.merge)).push(moments)
     if not folds:
         # No non-empty chunk: either no samples, or samples without features
         # (a zero-length feature axis), which still count.
         empty = np.zeros(shape[1:], dtype=np.float64)
         return Moments(shape[0], empty.astype(_mean_dtype(dtype)), empty)
-    tiles = {where: fold.result() for where, fold in folds.items()}
-    if len(tiles) == 1:
-        return next(iter(tiles.values()))
-    count = next(iter(tiles.values())).count
-    return Moments(count, _join(layout, tiles, "mean"), _join(layout, tiles, "m2"))
+    per_member: dict[int, dict[tuple[int, ...], Moments]] = {}
+    for (member, *where), fold in folds.items():
+        per_member.setdefault(member, {})[tuple(where)] = fold.result()
+    total = _PairwiseFold(Moments.merge)
+    for member in sorted(per_member):
+        tiles = per_member[member]
+        if len(tiles) == 1:
+            total.push(next(iter(tiles.values())))
+            continue
+        layout = tuple(len(sizes) for sizes in members[member].chunks[1:])
+        count = next(iter(tiles.values())).count
+        total.push(Moments(count, _join(layout, tiles, "mean"), _join(layout, tiles, "m2")))
+    return total.result()
 
 
 def _mean_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:

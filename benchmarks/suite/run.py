@@ -32,6 +32,7 @@ import zarr
 
 from . import big_samples as big
 from . import cache_cases, cases, memory, patch_cases, quality, report, stores_cases, targets
+from . import collection as coll
 from .dataset import Dataset, default_shape, make_dataset
 from .measure import MB, Result, SuiteRun, rounds
 
@@ -298,3 +299,50 @@ def run_cache(options: Any) -> None:
             default=str,
         )
     )
+
+
+def run_collection(options: argparse.Namespace) -> None:
+    """Measure, evaluate ``COLLECTION_TARGETS``, write ``collection.md`` / ``.json``."""
+    data_dir, out = Path(options.data), Path(options.out)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    repeats = options.rounds or coll.ROUNDS
+    load = os.getloadavg()
+    results = coll.measure(data_dir, coll.STORES, repeats)
+    load_after = os.getloadavg()
+    run = SuiteRun(None, False, repeats, results, {}, {}, {}, [])  # type: ignore[arg-type]  # no dataset
+    evaluated = targets.evaluate(run, targets.COLLECTION_TARGETS)
+    command = "python -m benchmarks --only collection" + (
+        f" --rounds {repeats}" if repeats != coll.ROUNDS else ""
+    )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Collections (issue 18)",
+        "",
+        f"`{command}` on {now}: {coll.STORES} stores of {coll.ROWS:,} x {coll.COLS} float32 "
+        f"joined by `open_collection` against one store of {coll.STORES * coll.ROWS:,} rows, "
+        f"all in {coll.CHUNK_ROWS}-row chunks, zarr's default codec (zstd), local directory "
+        f"stores; {os.cpu_count()} CPUs, Python {platform.python_version()}, zarr "
+        f"{zarr.__version__}, numpy {np.__version__}; load average (1 min) {load[0]:.1f} at "
+        f"the start, {load_after[0]:.1f} at the end.  Ratios of the medians of {repeats} "
+        "interleaved rounds.",
+        "",
+        *coll.table(results),
+        "",
+        "| target | measured | result |",
+        "|---|---|---|",
+        *(f"| {t.what} | {t.measured} | {t.status} |" for t in evaluated),
+    ]
+    text = "\n".join(lines) + "\n"
+    (out / "collection.md").write_text(text)
+    payload = {
+        "command": command,
+        "date": now,
+        "load": [load, load_after],
+        "cases": {
+            r.name: {"bytes": r.bytes, "seconds": r.extra["seconds"]} for r in results.values()
+        },
+        "targets": [t.__dict__ for t in evaluated],
+    }
+    (out / "collection.json").write_text(json.dumps(payload, indent=1) + "\n")
+    print("\n" + text)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from . import big_samples as big
 from . import cache_cases as cc
+from . import collection as coll
 from . import patch_cases as pc
 from . import stores_cases as sc
 from .cases import (
@@ -255,6 +256,29 @@ CACHE_TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("exact 1/4 budget + cache: store reads in epoch 2 <= 0",
                exact_reads(1), "<=", 0.0, "{value:.2f}x", skip="cache", skip_name=CACHE),
 )  # fmt: skip
+#: issue 18: 50 stores of 20,000 rows joined by open_collection against one store of
+#: 1,000,000, every stream kind, medians of the rounds (``collection``); opening 1,000
+#: tiny stores; evaluated by ``python -m benchmarks --only collection``
+COLLECTION_TARGETS: tuple[TargetSpec, ...] = (
+    *(
+        TargetSpec(
+            f"collection of {coll.STORES} stores: {kind.split(',')[0]} >= 0.9x one store (medians)",
+            median_ratio(coll.name(coll.MANY, kind), coll.name(coll.SINGLE, kind)),
+            ">=",
+            0.9,
+            skip=None,
+        )
+        for kind in coll.KINDS
+    ),
+    TargetSpec(
+        f"open_collection of {coll.OPEN_STORES} stores <= 10 s (median)",
+        lambda run: coll.median_seconds(run.result(f"open {coll.OPEN_STORES} stores")),
+        "<=",
+        10.0,
+        "{value:.2f} s",
+        skip=None,
+    ),
+)
 
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.
 TARGETS: tuple[TargetSpec, ...] = (

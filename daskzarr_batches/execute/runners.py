@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import dask.threaded
 
 from ..errors import ArgumentTypeError
+from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
 from ..store.policy import CancelScope
 from ..store.sources import SliceSource, Source
@@ -179,6 +180,9 @@ class ClientRunner:
         """One source, scattered to every worker if its pickle carries its data."""
         if isinstance(source, SubsetSource):  # a chunk subset reads its base array
             return dataclasses.replace(source, base=self._placed(source.base, timeout))
+        if isinstance(source, ConcatSource):  # a collection reads its members
+            members = tuple(self._placed(member, timeout) for member in source.members)
+            return dataclasses.replace(source, members=members)
         if isinstance(source, SliceSource) and source.carries_data:
             key = f"dzb-scattered-{source.token}"
             if key not in self._scattered:

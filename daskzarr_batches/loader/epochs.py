@@ -75,7 +75,9 @@ class Loader:
         same structure: an array, a tuple, or a dict with the same names.  A
         ``ChunkSubset`` of ``chunk_split`` stands for its data (a subset of a
         tuple or dict of arrays for that structure) and reads only its chunks.  An
-        ``xarray.Dataset`` is the dict of its data variables by name.
+        ``xarray.Dataset`` is the dict of its data variables by name.  A
+        :class:`Collection` (:func:`concat`, :func:`open_collection`) is one
+        array of many members; ``concat`` of dicts gives a dict of them.
     batch_size : int
         Samples per batch.
     shuffle : bool, default False
@@ -109,6 +111,11 @@ timeout, missing, on_error, retries, io_concurrency, cache
         :func:`patch_stream`: ``arrays`` is then its ``data`` (an
         ``xarray.Dataset`` gives a dict of patch batches), and epochs, ranks,
         resume and ``transform`` work on patches as on rows.
+    return_sources : bool, default False
+        For collections: each batch also carries ``sources``, an int64
+        ``(batch, 2)`` array of each sample's member and position within it;
+        a dict batch gets the key ``"sources"``, a tuple or an array batch
+        becomes ``(..., sources)``.
 
     Notes
     -----
@@ -159,6 +166,7 @@ timeout, missing, on_error, retries, io_concurrency, cache
         target_dims: Mapping[Any, int] | None = None,
         target_data: Any = None,
         return_origins: bool = False,
+        return_sources: bool = False,
     ) -> None:
         layout = None
         if input_dims is None:
@@ -215,7 +223,13 @@ timeout, missing, on_error, retries, io_concurrency, cache
             io_concurrency=io_concurrency,
             cache=cache,
             layout=layout,
+            return_sources=return_sources,
         )
+        if self.spec.return_sources and self._names is not None and "sources" in self._names:
+            raise ArgumentValueError(
+                "return_sources=True adds the key 'sources' to each batch, but the arrays "
+                "already have one of that name; rename it"
+            )
         self._epoch = 0
         self._batches = 0  # batches of the current epoch this rank has yielded
         self._position = 0  # where this rank is in its share (skipped samples included)
@@ -491,6 +505,15 @@ timeout, missing, on_error, retries, io_concurrency, cache
         return _size(self._positions())
 
     def _shape(self, batch: Any) -> Any:
+        if self.spec.return_sources:
+            *arrays, sources = batch
+            if self._names is not None:
+                batch = {**dict(zip(self._names, arrays, strict=True)), "sources": sources}
+            elif self._wrap or len(arrays) > 1:
+                batch = (*arrays, sources)
+            else:
+                batch = (arrays[0], sources)
+            return batch if self.transform is None else self.transform(batch)
         if self._wrap:
             batch = (batch,)
         if self._names is not None:

@@ -15,6 +15,7 @@ import numpy as np
 from dask.optimization import cull
 
 from ..plan.windows import ChunkPiece, Window
+from ..store.collections import ConcatSource, SourcesSource
 from ..store.patches import PatchSource
 from ..store.policy import (
     DEFAULT_POLICY,
@@ -29,11 +30,13 @@ from .tasks import (
     Key,
     apply_transform,
     assemble_rows,
+    join_members,
     join_pieces,
     read_block,
     read_block_part,
     read_block_result,
     read_shard,
+    read_sources,
 )
 from .window import read_subset_window, read_window
 
@@ -87,35 +90,119 @@ def window_graph(
             _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
                          scope, plan_order, shares.get(id(source.base)), pool)  # fmt: skip
             continue
-        if isinstance(source, SubsetSource):  # its pieces read in place in the base array
-            pieces = tuple(source.base_piece(piece) for piece in pieces)
-            if isinstance(source.base, SliceSource):
-                base = source.base
-                dsk[out_key] = (
-                    read_subset_window, source.local_chunks(), base.array, base.name,
-                    window.size, base.row_bytes, pieces, policy, scope, plan_order,
-                    _share(decode_bytes, source, sources),
-                )  # fmt: skip
-                continue
-            source = source.base
-        if isinstance(source, SliceSource):
+        if isinstance(source, SourcesSource):  # provenance: computed from the sample ids
+            if isinstance(source.rows, SubsetSource):
+                pieces = [source.rows.base_piece(piece) for piece in pieces]
             dsk[out_key] = (
-                read_window, source.array, source.name, window.size, source.row_bytes,
-                tuple(pieces), policy, scope, plan_order,
-                _share(decode_bytes, source, sources),
+                read_sources, source.collection.offsets, tuple(pieces), window.size, plan_order,
             )  # fmt: skip
             continue
-        assert isinstance(source, DaskSource)
-        piece_keys = []
-        for piece in pieces:
-            key = (f"dzb-read-{token}", window.index, position, piece.chunk)
-            _add_dask_rows(dsk, source, key, piece)
-            piece_keys.append(key)
-        dests = [piece.dest for piece in pieces] if plan_order else None
-        dsk[out_key] = (join_pieces, piece_keys, dests)
+        _add_rows(
+            dsk, source, tuple(pieces), window.size, out_key, (token, window.index, position),
+            policy, scope, plan_order, _share(decode_bytes, source, sources),
+        )  # fmt: skip
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
+
+
+def _add_rows(
+    dsk: dict[Key, Any],
+    source: Source,
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    out_key: Key,
+    where: tuple[Any, ...],
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+    plan_order: bool,
+    decode_bytes: int | None,
+    local: dict[int, tuple[int, int, int]] | None = None,
+) -> None:
+    """Add task ``out_key``: ``(rows, ReadReport)`` of ``pieces`` of one array.
+
+    ``where`` (token, window, output) makes the keys of helper tasks unique.
+    """
+    if isinstance(source, SubsetSource):  # its pieces read in place in the base array
+        pieces = tuple(source.base_piece(piece) for piece in pieces)
+        base = source.base
+        if isinstance(base, SliceSource):
+            dsk[out_key] = (
+                read_subset_window, source.local_chunks(), base.array, base.name,
+                size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes,
+            )  # fmt: skip
+            return
+        if isinstance(base, ConcatSource):
+            _add_members(dsk, base, pieces, size, out_key, where, policy, scope, plan_order,
+                         decode_bytes, source.local_chunks())  # fmt: skip
+            return
+        source = base
+    if isinstance(source, ConcatSource):
+        _add_members(dsk, source, pieces, size, out_key, where, policy, scope, plan_order,
+                     decode_bytes, local)  # fmt: skip
+        return
+    if isinstance(source, SliceSource):
+        dsk[out_key] = (
+            read_window, source.array, source.name, size, source.row_bytes,
+            tuple(pieces), policy, scope, plan_order, decode_bytes,
+        )  # fmt: skip
+        return
+    assert isinstance(source, DaskSource)
+    piece_keys = []
+    for piece in pieces:
+        key = (f"dzb-read-{where[0]}", *where[1:], piece.chunk)
+        _add_dask_rows(dsk, source, key, piece)
+        piece_keys.append(key)
+    dests = [piece.dest for piece in pieces] if plan_order else None
+    dsk[out_key] = (join_pieces, piece_keys, dests)
+
+
+def _add_members(
+    dsk: dict[Key, Any],
+    source: ConcatSource,
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    out_key: Key,
+    where: tuple[Any, ...],
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+    plan_order: bool,
+    decode_bytes: int | None,
+    local: dict[int, tuple[int, int, int]] | None,
+) -> None:
+    """Add a collection's rows: one read per member the window touches, then one join.
+
+    Each member is read by the reader it would have alone (in ascending
+    order; ``decode_bytes`` shared by the member reads that run at once); the
+    join places the members' rows one after another (ascending sample order)
+    or, with ``plan_order``, at the pieces' ``dest``, and maps the reports to the
+    collection's chunks.
+    """
+    parts, maps, placed = [], [], []
+    touched = source.split(pieces)
+    # the member reads that run at once (read_threads) share the window's decode bytes
+    share = None
+    if decode_bytes is not None:
+        share = max(1, decode_bytes // min(len(touched), 4 * MEMBER_READS))
+    for member, member_pieces in touched:
+        rows = sum(_taken(piece) for piece in member_pieces)
+        key = (f"dzb-member-{where[0]}", *where[1:], member)
+        _add_rows(
+            dsk, source.members[member], member_pieces, rows, key,
+            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share,
+        )  # fmt: skip
+        parts.append(key)
+        to_global = source._grid[2][member]
+        maps.append((to_global, int(source.offsets[member])))
+        if plan_order:
+            placed.append([(p.chunk, p.dest, _taken(p)) for p in member_pieces])
+    placement = (size, placed) if plan_order else None
+    dsk[out_key] = (join_members, parts, maps, placement, local)
+
+
+def _taken(piece: ChunkPiece) -> int:
+    take = piece.take
+    return len(range(piece.rows)[take]) if isinstance(take, slice) else len(take)
 
 
 def _add_patches(
@@ -183,10 +270,33 @@ def read_threads(sources: Sequence[Source]) -> int | None:
     if any(isinstance(source, PatchSource) for source in sources):
         reads = {id(s.base) for s in sources if isinstance(s, PatchSource) and s.cut is not None}
         return 4 * max(len(reads), 1)
-    bases = [source.base if isinstance(source, SubsetSource) else source for source in sources]
-    if all(isinstance(source, SliceSource) for source in bases):
-        return 4 * len(sources)
+    if all(_sliced(source) for source in sources):
+        return 4 * sum(_reads(source) for source in sources)
     return None
+
+
+#: A collection's window reads up to this many members at once per array (each member
+#: read is one task; a window of an exact shuffle touches every member).
+MEMBER_READS = 8
+
+
+def _reads(source: Source) -> int:
+    """Read tasks of one array a window may run at once: a collection's members, capped."""
+    base = source.base if isinstance(source, SubsetSource) else source
+    if isinstance(base, ConcatSource):
+        return max(1, min(len(base.members), MEMBER_READS))
+    return 1
+
+
+def _sliced(source: Source) -> bool:
+    """Whether ``source`` is read by slicing arrays (Zarr or numpy), whatever wraps them."""
+    if isinstance(source, SourcesSource):
+        return True
+    if isinstance(source, SubsetSource):
+        return _sliced(source.base)
+    if isinstance(source, ConcatSource):
+        return all(_sliced(member) for member in source.members)
+    return isinstance(source, SliceSource)
 
 
 def block_graph(
@@ -205,33 +315,53 @@ def block_graph(
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
     if isinstance(source, SubsetSource):  # the stored block, cropped to the subset's ranges
-        base, stored, where = source.base, source.block_index(block), source.block_slices(block)
-        if isinstance(base, SliceSource):
-            dsk[key] = (read_block, base.array, base.name, stored, where, policy, scope)
-        else:
-            assert isinstance(base, DaskSource)
-            block_key = (base.array.name, *stored)
-            dsk.update(cull(base.graph, [block_key])[0])
-            whole = base.block_slices(stored)
-            local = tuple(
-                slice(w.start - s.start, w.stop - s.start)
-                for w, s in zip(where, whole, strict=True)
-            )
-            dsk[key] = (read_block_part, block_key, local)
-    elif isinstance(source, SliceSource):
-        dsk[key] = (
-            read_block, source.array, source.name, block, source.block_slices(block), policy, scope
-        )  # fmt: skip
+        _add_block(dsk, key, source.base, source.block_index(block), source.block_slices(block),
+                   policy, scope)  # fmt: skip
     else:
-        assert isinstance(source, DaskSource)
-        block_key = (source.array.name, *block)
-        dsk.update(cull(source.graph, [block_key])[0])
-        dsk[key] = (read_block_result, block_key)
+        _add_block(dsk, key, source, block, None, policy, scope)
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
     dsk[mapped] = (apply_transform, transform, key)
     return dsk, mapped
+
+
+def _add_block(
+    dsk: dict[Key, Any],
+    key: Key,
+    source: Source,
+    block: tuple[int, ...],
+    where: tuple[slice, ...] | None,
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+) -> None:
+    """Add task ``key``: stored ``block`` of ``source``, cropped to ``where`` if given.
+
+    ``where`` is in ``source``'s coordinates (``None``: the whole block).  A
+    collection's block is its member's block, read as that member would be.
+    """
+    if isinstance(source, ConcatSource):
+        member, local = source.member_block(block)
+        if where is not None:
+            shift = int(source.offsets[member])
+            first = slice(where[0].start - shift, where[0].stop - shift)
+            where = (first, *where[1:])
+        _add_block(dsk, key, source.members[member], local, where, policy, scope)
+    elif isinstance(source, SliceSource):
+        where = source.block_slices(block) if where is None else where
+        dsk[key] = (read_block, source.array, source.name, block, where, policy, scope)
+    else:
+        assert isinstance(source, DaskSource)
+        block_key = (source.array.name, *block)
+        dsk.update(cull(source.graph, [block_key])[0])
+        if where is None:
+            dsk[key] = (read_block_result, block_key)
+            return
+        whole = source.block_slices(block)
+        local_part = tuple(
+            slice(w.start - s.start, w.stop - s.start) for w, s in zip(where, whole, strict=True)
+        )
+        dsk[key] = (read_block_part, block_key, local_part)
 
 
 def shard_graph(

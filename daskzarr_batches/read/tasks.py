@@ -35,6 +35,7 @@ axes) for chunk streams, optionally followed by a transform task.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -312,3 +313,119 @@ def _owned(array: np.ndarray) -> np.ndarray:
     if array.flags.owndata and array.flags.writeable:
         return array
     return array.copy()
+
+
+# --------------------------------------------------------------------------
+# Collections: a window's rows read per member, joined
+
+
+#: How :func:`join_members` places a member's rows in plan order: per piece of the
+#: member, its chunk (the member's), its ``dest`` in the window and its row count.
+Placement = tuple[int, Sequence[Sequence[tuple[int, Selector, int]]]]
+
+
+def join_members(
+    parts: Sequence[tuple[np.ndarray, ReadReport]],
+    maps: Sequence[tuple[Sequence[int], int]],
+    placement: Placement | None = None,
+    local: dict[int, tuple[int, int, int]] | None = None,
+) -> tuple[np.ndarray, ReadReport]:
+    """Join the reads of a collection's members touched by one window.
+
+    ``parts`` are the members' reads, in ascending member order, each in
+    ascending sample order (less its skipped chunks); ``maps`` gives, per
+    part, its member's chunk -> global chunk and where the member starts, so
+    the report names the collection's chunks and samples.  Without
+    ``placement`` the rows are concatenated (ascending sample order of the
+    collection); with it (``(size, pieces per part)``: a cluster) each
+    piece's rows go to its ``dest``, the window's plan order, and the rows of
+    skipped chunks are then left out.  ``local`` maps the collection's
+    chunks to a chunk subset's (``SubsetSource.local_chunks``).
+    """
+    report = _merged(
+        [
+            _global(rep, to_global, shift)
+            for (_, rep), (to_global, shift) in zip(parts, maps, strict=True)
+        ]
+    )
+    rows = [part for part, _ in parts]
+    if placement is None:
+        out = join_rows(rows)
+    else:
+        size, per_part = placement
+        first = rows[0]
+        out = np.empty((size, *first.shape[1:]), dtype=first.dtype)
+        dropped = []
+        for part, pieces, (_, rep) in zip(rows, per_part, parts, strict=True):
+            gone = {chunk for chunk, _, _ in rep.skipped}
+            at = 0
+            for chunk, dest, count in pieces:
+                if chunk in gone:
+                    dropped.append(np.arange(size)[dest])
+                    continue
+                put_rows(out, dest, part[at : at + count])
+                at += count
+        if dropped:
+            out = np.delete(out, np.concatenate(dropped), axis=0)
+    if local is not None and (report.missing_chunks or report.skipped):
+        report = dataclasses.replace(
+            report,
+            missing_chunks=tuple(local[chunk][0] for chunk in report.missing_chunks),
+            skipped=tuple(local[chunk] for chunk, _, _ in report.skipped),
+        )
+    return out, report
+
+
+def _global(report: ReadReport, to_global: Sequence[int], shift: int) -> ReadReport:
+    """A member's report in the collection's chunks and samples."""
+    if not (report.missing_chunks or report.skipped):
+        return report
+    return dataclasses.replace(
+        report,
+        missing_chunks=tuple(int(to_global[chunk]) for chunk in report.missing_chunks),
+        skipped=tuple(
+            (int(to_global[chunk]), lo + shift, hi + shift) for chunk, lo, hi in report.skipped
+        ),
+    )
+
+
+def _merged(reports: Sequence[ReadReport]) -> ReadReport:
+    if len(reports) == 1:
+        return reports[0]
+    if all(report is NO_REPORT or report == NO_REPORT for report in reports):
+        return NO_REPORT
+    return ReadReport(
+        missing_keys=tuple(key for report in reports for key in report.missing_keys),
+        missing_chunks=tuple(chunk for report in reports for chunk in report.missing_chunks),
+        retries=sum(report.retries for report in reports),
+        skipped=tuple(item for report in reports for item in report.skipped),
+    )
+
+
+#: Nothing decoded: the provenance output counts no chunk and no byte read.
+NOTHING_DECODED = ReadReport(decoded=())
+
+
+def read_sources(
+    offsets: np.ndarray, pieces: Sequence[ChunkPiece], size: int, plan_order: bool
+) -> tuple[np.ndarray, ReadReport]:
+    """``(member, position within it)`` of a window's samples, from their ids: no I/O.
+
+    ``pieces`` are in the collection's coordinates (a chunk subset's mapped
+    to them); ``offsets`` where each member starts.  Rows in ascending
+    sample order, or with ``plan_order`` at the pieces' ``dest``.
+    """
+    ids = np.empty(size, dtype=np.int64)
+    at = 0
+    for piece in pieces:
+        taken = piece.start + np.arange(piece.rows, dtype=np.int64)[piece.take]
+        if plan_order:
+            ids[piece.dest] = taken
+        else:
+            ids[at : at + len(taken)] = taken
+        at += len(taken)
+    member = np.searchsorted(offsets, ids, side="right") - 1
+    out = np.empty((size, 2), dtype=np.int64)
+    out[:, 0] = member
+    out[:, 1] = ids - offsets[member]
+    return out, NOTHING_DECODED

@@ -256,6 +256,8 @@ class BatchStream(Stream[Any]):
         assert prefetch is not None
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
         deliver = _Delivery(self.stats, spec.paired, self._created, spec.layout)
+        if spec.return_sources:  # the provenance is computed, not read: not counted
+            deliver.counted = len(spec.sources) - 1
         progress = _Progress()
         windows = _WindowSource(self.plan, self.positions, self._start, self._fill)
         quota = self._quota
@@ -633,13 +635,14 @@ RAMP_WINDOWS = 8
 class _Delivery:
     """Counts a batch in ``stats`` and hands it out (the per-batch hot path)."""
 
-    __slots__ = ("created", "layout", "paired", "stats")
+    __slots__ = ("counted", "created", "layout", "paired", "stats")
 
     def __init__(self, stats: StreamStats, paired: bool, created: float, layout: Any) -> None:
         self.stats = stats
         self.paired = paired
         self.created = created
         self.layout = layout
+        self.counted: int | None = None  # the outputs counted in bytes_yielded (None: all)
 
     def __call__(self, batch: tuple[np.ndarray, ...]) -> Any:
         stats = self.stats
@@ -652,7 +655,7 @@ class _Delivery:
             stats.bytes_yielded += sum(part.nbytes for part in batch)
             return self.layout.pack(batch)
         if self.paired:
-            stats.bytes_yielded += sum(part.nbytes for part in batch)
+            stats.bytes_yielded += sum(part.nbytes for part in batch[: self.counted])
             return batch
         stats.bytes_yielded += first.nbytes
         return first

@@ -23,6 +23,7 @@ from ..read.graphs import (
     shard_graph,
 )
 from ..read.tasks import ShardItem
+from ..store.collections import ConcatSource
 from ..store.layout import blocks_by_shard
 from ..store.sources import SliceSource, Source
 from ..store.subsets import SubsetSource
@@ -71,16 +72,22 @@ _LOCAL_STORES = ("LocalStore", "MemoryStore", "ZipStore", "GpuMemoryStore")
 def _is_local(source: Source) -> bool:
     """Whether ``source`` is read without request latency: a numpy or dask array, or a
     Zarr array on a local store (a wrapper store may add latency: it is not local)."""
-    source = _stored(source)
-    if not isinstance(source, SliceSource):
-        return True  # a dask array computes its own graph
-    store = getattr(source.array, "store", None)
-    return store is None or type(store).__name__ in _LOCAL_STORES
+    for stored in _stored(source):
+        if not isinstance(stored, SliceSource):
+            continue  # a dask array computes its own graph
+        store = getattr(stored.array, "store", None)
+        if store is not None and type(store).__name__ not in _LOCAL_STORES:
+            return False
+    return True
 
 
-def _stored(source: Source) -> Source:
-    """The source of the stored array: a chunk subset's base, else ``source``."""
-    return source.base if isinstance(source, SubsetSource) else source
+def _stored(source: Source) -> list[Source]:
+    """The sources of the stored arrays: a chunk subset's base, a collection's members."""
+    if isinstance(source, SubsetSource):
+        return _stored(source.base)
+    if isinstance(source, ConcatSource):
+        return [stored for member in source.members for stored in _stored(member)]
+    return [source]
 
 
 class ChunkStream(Stream[Any]):
@@ -116,7 +123,8 @@ class ChunkStream(Stream[Any]):
         )
         # reads wait on the store in their threads, so a Zarr or numpy source gets one
         # thread per read in flight; a dask array computes its graph on one per CPU
-        threads = concurrency if isinstance(_stored(source), SliceSource) else os.cpu_count() or 1
+        sliced = all(isinstance(stored, SliceSource) for stored in _stored(source))
+        threads = concurrency if sliced else os.cpu_count() or 1
         runner = make_runner(read.client, in_flight=concurrency, read_workers=threads)
         # reads in flight and store requests share the one number (io_concurrency)
         policy = read.policy.limited(concurrency).tokened(stored_arrays([self.source]))
@@ -272,7 +280,10 @@ class ChunkStream(Stream[Any]):
         stats = self.stats
         if stats.time_to_first_batch is None:
             stats.time_to_first_batch = time.perf_counter() - self._created
-        sizes = [axis[i] for axis, i in zip(self.source.chunks, block, strict=True)]
+        if isinstance(self.source, ConcatSource):  # a member's block: its own grid
+            sizes = [s.stop - s.start for s in self.source.block_slices(block)]
+        else:
+            sizes = [axis[i] for axis, i in zip(self.source.chunks, block, strict=True)]
         stats.windows_read += 1
         if not missing:
             stats.chunks_read += 1

@@ -66,7 +66,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1).
@@ -102,8 +102,9 @@ def chunk_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
-        Any number of dimensions >= 1.  Numpy arrays are split along axis 0
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
+        Any number of dimensions >= 1 (a collection: each member's own blocks,
+        member after member).  Numpy arrays are split along axis 0
         into blocks of dask's default chunk size.
     concurrency : int, optional
         The former name of ``io_concurrency`` (the same meaning); prefer
@@ -168,6 +169,7 @@ def batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    return_sources: bool = False,
 ) -> BatchStream:
     """Stream minibatches along axis 0, in order.
 
@@ -177,7 +179,7 @@ def batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch (>= 1; numpy integers accepted).
@@ -230,6 +232,12 @@ def batch_stream(
         sharing it) read memory or a local disk instead of the store; see
         :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
         Sharded arrays keep their inner chunks.
+    return_sources : bool, default False
+        For a collection (:func:`concat`, :func:`open_collection`): each item
+        is ``(batch, sources)``, ``sources`` an int64 array of shape
+        ``(batch, 2)``: the member each sample comes from and its position
+        within that member (paired streams: the last element of the tuple).
+        Computed from the sample ids; nothing more is read.
 
     Returns
     -------
@@ -254,6 +262,7 @@ def batch_stream(
             retries=retries,
             io_concurrency=io_concurrency,
             cache=cache,
+            return_sources=return_sources,
         )
     )
 
@@ -275,6 +284,7 @@ def shuffled_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    return_sources: bool = False,
 ) -> BatchStream:
     """Stream minibatches of shuffled samples.
 
@@ -282,7 +292,7 @@ def shuffled_batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
         Samples along axis 0.
     batch_size : int
         Samples per batch.
@@ -324,7 +334,7 @@ def shuffled_batch_stream(
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would
         otherwise split ``memory_budget`` and multiply the reads.
-    client, timeout, missing, on_error, retries, io_concurrency, cache
+    client, timeout, missing, on_error, retries, io_concurrency, cache, return_sources
         As for :func:`batch_stream`.
     """
     return BatchStream(
@@ -345,6 +355,7 @@ def shuffled_batch_stream(
             retries=retries,
             io_concurrency=io_concurrency,
             cache=cache,
+            return_sources=return_sources,
         )
     )
 
@@ -364,6 +375,7 @@ def paired_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    return_sources: bool = False,
 ) -> BatchStream:
     """Stream ``(features_batch, labels_batch)`` pairs in order.
 
@@ -389,6 +401,7 @@ def paired_batch_stream(
             retries=retries,
             io_concurrency=io_concurrency,
             cache=cache,
+            return_sources=return_sources,
         )
     )
 
@@ -411,6 +424,7 @@ def paired_shuffled_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    return_sources: bool = False,
 ) -> BatchStream:
     """Stream shuffled ``(features_batch, labels_batch)`` pairs.
 
@@ -436,6 +450,7 @@ def paired_shuffled_batch_stream(
             retries=retries,
             io_concurrency=io_concurrency,
             cache=cache,
+            return_sources=return_sources,
         )
     )
 
@@ -609,7 +624,7 @@ def plan_epoch(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
+    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
         Samples along axis 0 (the features of a paired stream).
     batch_size : int
         Samples per batch.

@@ -26,8 +26,10 @@ from ..plan.patches import Cut, PatchGrid, box_chunks, chunk_bytes, patch_origin
 from ..plan.summary import PlanSummary
 from ..plan.windows import chunk_offsets
 from ..read.patches import patch_ids
+from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
 from ..store.sources import Source, as_source, is_xarray
+from ..store.subsets import SubsetSource
 from .spec import as_array, non_negative_int, positive_int
 
 __all__ = ["Layout", "PatchArguments", "patch_arguments", "patch_summary"]
@@ -281,6 +283,14 @@ def _array(name: str, value: Any) -> _Array:
             str(dim): np.asarray(value[dim].values) for dim in value.dims if dim in value.coords
         }
     source = as_source(as_array(value), name)
+    stored = source.base if isinstance(source, SubsetSource) else source
+    if isinstance(stored, ConcatSource):
+        raise ArgumentTypeError(
+            f"{name} is a collection ({stored.name}); patch streams take one array per "
+            "input: a patch would span two members at their border, so collections are "
+            "refused here. Stream each member with its own patch_stream, or concatenate "
+            "the members along the patched dims into one array first"
+        )
     return _Array(name, source, dims, coords or {})
 
 

@@ -37,6 +37,7 @@ from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.windows import ShuffleMode, chunk_offsets
 from ..store.cache import ChunkCache
+from ..store.collections import ConcatSource, SourcesSource, sources_source
 from ..store.layout import shard_layout
 from ..store.open import open_array
 from ..store.patches import PatchSource
@@ -405,6 +406,7 @@ class StreamSpec:
     ramp: bool = True
     layout: Any = field(default=None, compare=False)
     cache: ChunkCache | None = field(default=None, compare=False)
+    return_sources: bool = False
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -413,13 +415,21 @@ class StreamSpec:
         arrays = tuple(self.sources) if isinstance(self.sources, tuple | list) else ()
         if not arrays:
             raise ArgumentTypeError(f"sources must be a tuple of arrays, got {self.sources!r}")
+        roles = tuple(self.roles)
+        if isinstance(arrays[-1], SourcesSource):  # made by this spec: made again below
+            arrays = arrays[:-1]
+            roles = roles[: len(arrays)]
         arrays = _unpaired(arrays)
-        roles = self.roles or _default_roles(len(arrays))
+        roles = roles or _default_roles(len(arrays))
         if len(roles) != len(arrays):
             raise ArgumentValueError(f"roles {roles!r} do not match {len(arrays)} arrays")
         sources = tuple(row_source(a, r) for a, r in zip(arrays, roles, strict=True))
         _check_subsets(sources, roles)
         _check_lengths(sources, roles)
+        put("return_sources", flag("return_sources", self.return_sources))
+        if self.return_sources:
+            sources = (*sources, _provenance(sources[0], roles[0]))
+            roles = (*roles, "sources")
         put("sources", sources)
         put("roles", tuple(roles))
         put("batch_size", positive_int("batch_size", self.batch_size))
@@ -535,6 +545,17 @@ class StreamSpec:
     def with_epoch(self, epoch: int) -> StreamSpec:
         """The same spec for another epoch (same seed: a new order)."""
         return dataclasses.replace(self, epoch=epoch)
+
+
+def _provenance(first: Source, role: str) -> SourcesSource:
+    """The ``return_sources`` output of a stream whose first array is ``first``."""
+    collection = first.base if isinstance(first, SubsetSource) else first
+    if not isinstance(collection, ConcatSource):
+        raise ArgumentValueError(
+            f"return_sources=True needs a collection (concat or open_collection), but "
+            f"{role} is {first.name}; a single array's samples come from that array"
+        )
+    return sources_source(first, collection)
 
 
 def _sized(source: Source, rows: int) -> Source:

@@ -24,6 +24,7 @@ from ..plan.splits import (
     usable_ranges,
 )
 from ..plan.windows import chunk_offsets
+from ..store.collections import Collection
 from ..store.sources import SourceLike, as_source, is_xarray
 from ..store.subsets import ChunkSubset
 from .spec import as_array, non_negative_int
@@ -153,7 +154,7 @@ def chunk_split(
 
 def _opened(data: Any) -> Any:
     """``data`` with every path opened: an array, a tuple or a dict of arrays."""
-    if isinstance(data, SourceLike):
+    if isinstance(data, SourceLike) and not isinstance(data, Collection):
         raise ArgumentTypeError(
             f"data is already a chunk subset ({data!r}); split the whole data instead"
         )

@@ -38,9 +38,11 @@ from .. import (
     ArrayNotFoundError,
     BatchStream,
     ChunkCache,
+    Collection,
     DaskZarrBatchesError,
     batch_stream,
     open_array,
+    open_collection,
     paired_batch_stream,
     paired_shuffled_batch_stream,
     shuffled_batch_stream,
@@ -252,7 +254,7 @@ def run_bench(
     out: TextIO,
     settings: BenchSettings,
     *,
-    store: str | None = None,
+    store: str | Sequence[str] | None = None,
     array: str | None = None,
     labels: str | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -272,8 +274,9 @@ def run_bench(
         Where the summary goes.
     settings : BenchSettings
         The stream's settings.
-    store : str, optional
-        Directory, ``.zip`` or URL of the data; ``None`` generates a
+    store : str or sequence of str, optional
+        Directory, ``.zip`` or URL of the data (several: one collection of
+        the same arrays of each, :func:`open_collection`); ``None`` generates a
         temporary dataset of ``rows`` x ``features`` float32 features and int64
         labels in ``chunk_rows``-row chunks, streamed as pairs.
     array, labels : str, optional
@@ -324,7 +327,7 @@ def run_bench(
         x = _open(store, array, storage_options, backend, "--array")
         y = None if labels is None else _open(store, labels, storage_options, backend, "--labels")
         data = {
-            "store": store,
+            "store": store if isinstance(store, str) else list(store),
             "generated": None,
             "features": _describe(array or "", x),
             "labels": None if y is None else _describe(labels or "", y),
@@ -382,13 +385,15 @@ def generate_dataset(path: Path | str, *, rows: int, features: int, chunk_rows: 
 
 
 def _open(
-    store: str,
+    store: str | Sequence[str],
     path: str | None,
     storage_options: dict[str, Any] | None,
     backend: Backend,
     flag: str,
 ) -> Any:
     try:
+        if not isinstance(store, str):
+            return open_collection(list(store), path, storage_options=storage_options or None)
         return open_array(store, path, storage_options=storage_options or None, backend=backend)
     except ArrayNotFoundError as exc:  # open_array speaks of path=, the command of --array
         raise ArrayNotFoundError(str(exc).replace("pass path=", f"pass {flag}")) from exc
@@ -399,6 +404,15 @@ def _open(
 
 
 def _describe(path: str, array: Any) -> dict[str, Any]:
+    if isinstance(array, Collection):  # the first member's chunks, and the member count
+        first = array.members[0]
+        return {
+            "path": path,
+            "shape": list(array.shape),
+            "dtype": str(array.dtype),
+            "chunks": list(first.chunksize) if hasattr(first, "chunksize") else None,
+            "members": len(array.members),
+        }
     return {
         "path": path,
         "shape": list(array.shape),
@@ -493,14 +507,18 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
     data = summary["data"]
 
     def array_line(role: str, described: dict[str, Any]) -> str:
-        shape, chunks = _shape(described["shape"]), _shape(described["chunks"])
+        shape, chunks = _shape(described["shape"]), _shape(described["chunks"] or [])
         name = f" {described['path']!r}" if described["path"] else ""
-        return f"{role}{name} {shape} {described['dtype']}, chunks {chunks}"
+        members = described.get("members")
+        of = f" of {members} stores (first member's chunks)" if members else ""
+        return f"{role}{name} {shape} {described['dtype']}, chunks {chunks}{of}"
 
     arrays = [array_line("features", data["features"])]
     if data["labels"] is not None:
         arrays.append(array_line("labels", data["labels"]))
     where = f"generated {data['generated']}" if data["store"] is None else data["store"]
+    if isinstance(where, list):
+        where = f"{len(where)} stores ({where[0]}, ...)"
     stream = summary["stream"]
     lines = [
         f"data:         {where}",

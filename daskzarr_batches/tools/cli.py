@@ -184,7 +184,12 @@ def _add_info_parser(commands: Any) -> None:
             "the exit status is then 1 if there is any."
         ),
     )
-    info.add_argument("store", metavar="STORE", help="a directory, a .zip file or a URL")
+    info.add_argument(
+        "store",
+        metavar="STORE",
+        nargs="+",
+        help="a directory, a .zip file or a URL; several: each, then their arrays as a collection",
+    )
     info.add_argument(
         "--check",
         action="store_true",
@@ -212,7 +217,11 @@ def _add_bench_parser(commands: Any) -> None:
     )
     bench.set_defaults(subparser=bench)
     bench.add_argument(
-        "store", metavar="STORE", nargs="?", help="a directory, a .zip file or a URL (optional)"
+        "store",
+        metavar="STORE",
+        nargs="*",
+        help="a directory, a .zip file or a URL (optional); several: one collection "
+        "(open_collection) of their arrays",
     )
     _add_bench_data_options(bench.add_argument_group("data"))
     _add_bench_stream_options(bench.add_argument_group("stream"))
@@ -306,7 +315,7 @@ def _check_combinations(args: argparse.Namespace) -> None:
     parser = getattr(args, "subparser", None)
     if parser is None:
         return
-    if args.store is None:
+    if not args.store:
         for flag, value in (("--array", args.array), ("--labels", args.labels)):
             if value is not None:
                 parser.error(f"{flag} names an array in STORE; give STORE too")
@@ -387,6 +396,13 @@ def _progress(err: TextIO, quiet: bool) -> Callable[..., Any] | None:
     return functools.partial(tqdm, file=err, dynamic_ncols=True)
 
 
+def _one_or_many(stores: Sequence[str]) -> str | list[str] | None:
+    """``bench``'s STORE arguments: none, one path, or several (a collection)."""
+    if not stores:
+        return None
+    return stores[0] if len(stores) == 1 else list(stores)
+
+
 def _info_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return run_info(
         args.store,
@@ -425,7 +441,7 @@ def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 run_bench(
                     out,
                     settings,
-                    store=args.store,
+                    store=_one_or_many(args.store),
                     array=args.array,
                     labels=args.labels,
                     storage_options=dict(args.storage_options) or None,

@@ -22,6 +22,7 @@ not reported as corrupt: Zarr returns the fill value for them.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 import os
@@ -151,7 +152,7 @@ class ArrayReport:
 
 
 def run_info(
-    source: str,
+    source: str | Sequence[str],
     out: TextIO,
     *,
     storage_options: dict[str, Any] | None = None,
@@ -164,8 +165,12 @@ def run_info(
 
     Parameters
     ----------
-    source : str
-        A directory, a ``.zip`` file or an fsspec URL.
+    source : str or sequence of str
+        A directory, a ``.zip`` file or an fsspec URL; several: each store
+        in turn, then each array path they all hold as a collection (total
+        rows, or the first member whose trailing shape or dtype differs).
+        With ``as_json``, one list of every store's arrays, each object with
+        its ``"store"``.
     out : text stream
         Where the table (or JSON) goes.
     storage_options : dict, optional
@@ -190,6 +195,12 @@ def run_info(
     DaskZarrBatchesError
         The store cannot be opened, holds no array, or has invalid metadata.
     """
+    if not isinstance(source, str):
+        sources = list(source)
+        if len(sources) == 1:
+            return run_info(sources[0], out, storage_options=storage_options, check=check,
+                            as_json=as_json, progress=progress, backend=backend)  # fmt: skip
+        return _run_many(sources, out, storage_options, check, as_json, progress)
     store = open_store(source, storage_options, backend)
     try:
         arrays = find_arrays(store, source, storage_options, backend)
@@ -526,3 +537,71 @@ def format_check(reports: Sequence[ArrayReport]) -> str:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _run_many(
+    sources: Sequence[str],
+    out: TextIO,
+    storage_options: dict[str, Any] | None,
+    check: bool,
+    as_json: bool,
+    progress: Callable[..., Any] | None,
+) -> int:
+    """``info`` of several stores: each in turn, then their common arrays as collections."""
+    status = 0
+    records: list[dict[str, Any]] = []
+    for source in sources:
+        text = io.StringIO()
+        status = max(
+            status,
+            run_info(source, text, storage_options=storage_options, check=check,
+                     as_json=as_json, progress=progress),
+        )  # fmt: skip
+        if as_json:
+            records += [{"store": source, **record} for record in json.loads(text.getvalue())]
+        else:
+            out.write(text.getvalue() + "\n")
+    if as_json:
+        print(json.dumps(records, indent=2), file=out)
+        return status
+    by_path: dict[str, list[dict[str, Any]]] = {}
+    for record in _records(sources, storage_options):
+        by_path.setdefault(record["path"], []).append(record)
+    print(f"{len(sources)} stores as a collection along axis 0:", file=out)
+    for path, found in by_path.items():
+        label = path or "(root array)"
+        if len(found) < len(sources):
+            print(f"  {label}: in {len(found)} of {len(sources)} stores only", file=out)
+            continue
+        first = found[0]
+        clash = next(
+            (
+                (i, r)
+                for i, r in enumerate(found)
+                if r["shape"][1:] != first["shape"][1:] or r["dtype"] != first["dtype"]
+            ),
+            None,
+        )
+        if clash is not None:
+            i, r = clash
+            print(
+                f"  {label}: member {i} ({sources[i]}) has trailing shape {tuple(r['shape'][1:])} "
+                f"and dtype {r['dtype']}, member 0 {tuple(first['shape'][1:])} and "
+                f"{first['dtype']}: not joinable",
+                file=out,
+            )
+            continue
+        rows = sum(r["shape"][0] for r in found)
+        shape = (rows, *first["shape"][1:])
+        print(f"  {label}: shape {shape}, dtype {first['dtype']}", file=out)
+    return status
+
+
+def _records(sources: Sequence[str], storage_options: dict[str, Any] | None) -> list[Any]:
+    """Every array of every store as its JSON record (metadata only)."""
+    records = []
+    for source in sources:
+        text = io.StringIO()
+        run_info(source, text, storage_options=storage_options, as_json=True)
+        records += json.loads(text.getvalue())
+    return records

@@ -1,0 +1,452 @@
+"""Collections: many arrays (or stores) as one dataset along the sample axis.
+
+:func:`concat` joins arrays of the same trailing shape and dtype end to end
+along axis 0; :func:`open_collection` opens many stores (a glob of local
+paths or a list of URLs, their metadata read concurrently) and joins them.
+A :class:`Collection` is a :class:`~daskzarr_batches.store.sources.SourceLike`:
+streams read it through a :class:`ConcatSource`, whose axis-0 chunks are the
+members' chunks one after another, so the plan, ranks and resume see one
+array; the read layer splits a window's pieces per member and reads each
+member in place with the reader it would use alone.  :class:`SourcesSource`
+is the provenance output of ``return_sources=True``: computed from the
+sample ids, never read.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentTypeError, ArgumentValueError
+from ..plan.windows import ChunkPiece, chunk_offsets
+from .open import open_array
+from .sources import Source, SourceLike, as_source
+from .threads import DaemonExecutor
+
+__all__ = [
+    "OPEN_THREADS",
+    "Collection",
+    "ConcatSource",
+    "SourcesSource",
+    "concat",
+    "open_collection",
+]
+
+#: Threads that open a collection's stores at once (each waits on metadata reads).
+OPEN_THREADS = 32
+
+
+@dataclass(frozen=True)
+class ConcatSource(Source):
+    """Member sources end to end along axis 0, as one source.
+
+    Its axis-0 chunks are the members' non-empty axis-0 chunks, member after
+    member; ``chunk_member[c]`` / ``chunk_local[c]`` say which member and
+    which of its chunks global chunk ``c`` is, ``offsets[m]`` where member
+    ``m`` starts.  Its other axes' chunks are the first member's (a chunk
+    stream hands out each member's own blocks: :meth:`blocks`).
+    """
+
+    members: tuple[Source, ...] = field(repr=False, default=())
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """Where each member starts along axis 0, and the total: ``M + 1`` values."""
+        return chunk_offsets([member.n_samples for member in self.members])
+
+    @functools.cached_property
+    def _grid(self) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        member_of, local, to_global = [], [], []
+        for m, member in enumerate(self.members):
+            sizes = np.asarray(member.chunks[0], dtype=np.int64)
+            keep = np.flatnonzero(sizes > 0)
+            glob_index = np.full(len(sizes), -1, dtype=np.int64)
+            glob_index[keep] = len(local) + np.arange(len(keep))
+            to_global.append(glob_index)
+            member_of.extend([m] * len(keep))
+            local.extend(keep.tolist())
+        return np.asarray(member_of, np.int64), np.asarray(local, np.int64), tuple(to_global)
+
+    @property
+    def chunk_member(self) -> np.ndarray:
+        """The member of each global axis-0 chunk."""
+        return self._grid[0]
+
+    @property
+    def chunk_local(self) -> np.ndarray:
+        """Each global axis-0 chunk's index in its member's grid."""
+        return self._grid[1]
+
+    def global_chunk(self, member: int, chunk: int) -> int:
+        """Global axis-0 chunk of ``member``'s chunk ``chunk``."""
+        return int(self._grid[2][member][chunk])
+
+    def split(self, pieces: Sequence[ChunkPiece]) -> list[tuple[int, list[ChunkPiece]]]:
+        """A window's pieces (ascending chunks) per member touched, in members' coordinates."""
+        out: list[tuple[int, list[ChunkPiece]]] = []
+        member_of, local, offsets = self.chunk_member, self.chunk_local, self.offsets
+        for piece in pieces:
+            m = int(member_of[piece.chunk])
+            shift = int(offsets[m])
+            moved = ChunkPiece(
+                int(local[piece.chunk]), piece.start - shift, piece.stop - shift,
+                piece.take, piece.dest,
+            )  # fmt: skip
+            if out and out[-1][0] == m:
+                out[-1][1].append(moved)
+            else:
+                out.append((m, [moved]))
+        return out
+
+    def blocks(self) -> Iterator[tuple[int, ...]]:
+        """Every member's non-empty blocks, axis 0 numbered globally, members in order."""
+        for m, member in enumerate(self.members):
+            for block in member.blocks():
+                yield (self.global_chunk(m, block[0]), *block[1:])
+
+    def member_block(self, block: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """The member holding ``block`` and the block's index in that member's grid."""
+        m = int(self.chunk_member[block[0]])
+        return m, (int(self.chunk_local[block[0]]), *block[1:])
+
+    def block_slices(self, block: tuple[int, ...]) -> tuple[slice, ...]:
+        m, local = self.member_block(block)
+        slices = self.members[m].block_slices(local)
+        shift = int(self.offsets[m])
+        return (slice(slices[0].start + shift, slices[0].stop + shift), *slices[1:])
+
+    def provenance(self, samples: np.ndarray) -> np.ndarray:
+        """``(member, position within it)`` of each sample id, an int64 ``(n, 2)`` array."""
+        samples = np.asarray(samples, dtype=np.int64)
+        out = np.empty((len(samples), 2), dtype=np.int64)
+        member = np.searchsorted(self.offsets, samples, side="right") - 1
+        out[:, 0] = member
+        out[:, 1] = samples - self.offsets[member]
+        return out
+
+
+@dataclass(frozen=True)
+class SourcesSource(Source):
+    """The provenance output of a stream over a collection: ``(member, position)`` rows.
+
+    Its axis-0 chunks are ``rows``' (the stream's first source), so the plan
+    gives it the same pieces; the read layer computes its rows from the
+    pieces' sample ids (``collection.provenance``), mapped first through
+    ``rows`` when that is a chunk subset of the collection.
+    """
+
+    rows: Source = field(repr=False, default=None)  # type: ignore[assignment]
+    collection: ConcatSource = field(repr=False, default=None)  # type: ignore[assignment]
+
+
+def sources_source(rows: Source, collection: ConcatSource) -> SourcesSource:
+    """The provenance output of a stream whose first source is ``rows``."""
+    return SourcesSource(
+        "sources", (rows.n_samples, 2), np.dtype(np.int64), (rows.chunks[0], (2,)),
+        rows, collection,
+    )  # fmt: skip
+
+
+class Collection(SourceLike):
+    """Arrays joined end to end along axis 0: one dataset of many arrays or stores.
+
+    Made by :func:`concat` and :func:`open_collection`; pass it wherever an
+    array is accepted (the batch stream constructors, :class:`Loader`,
+    :func:`plan_epoch`, :func:`count_batches`, :func:`chunk_stream`,
+    :func:`map_chunks`, :func:`reduce_chunks`, :func:`feature_moments`,
+    :func:`chunk_split`).  Streams read each member in place: its own chunks
+    are the collection's chunks, so windows mix chunks of different members,
+    and each chunk is decoded once per window as for one array.
+
+    Attributes
+    ----------
+    members : tuple
+        The arrays, in order (paths opened; zero-length ones kept, so member
+        indices are the positions given).
+    lengths : tuple of int
+        Each member's length along axis 0.
+    offsets : tuple of int
+        Where each member starts in the collection (``len(members) + 1``
+        values, the last the total).
+    shape, dtype, ndim
+        Of the joined data.
+    """
+
+    __slots__ = ("_members", "_source", "names")
+
+    def __init__(self, members: Sequence[Any], names: Sequence[str] | None = None) -> None:
+        self._members = tuple(members)
+        self.names = tuple(names) if names is not None else None
+        self._source: ConcatSource | None = None
+
+    members = property(lambda self: self._members, doc="The member arrays, in order.")
+
+    def _concat(self, role: str) -> ConcatSource:
+        if self._source is None:
+            self._source = _concat_source(self._members, role, self.names)
+        return self._source
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Each member's length along axis 0."""
+        return tuple(member.n_samples for member in self._concat("collection").members)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Where each member starts, and the total."""
+        return tuple(int(v) for v in self._concat("collection").offsets)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The joined shape (the sum of lengths, then the members' trailing shape)."""
+        return self._concat("collection").shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The members' dtype."""
+        return self._concat("collection").dtype
+
+    @property
+    def ndim(self) -> int:
+        """Dimensions of the joined data."""
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def provenance(self, samples: Any) -> np.ndarray:
+        """``(member, position within the member)`` of sample ids, an int64 ``(n, 2)`` array."""
+        return self._concat("collection").provenance(np.asarray(samples))
+
+    def describe(self, role: str) -> Source:
+        """The :class:`ConcatSource` streams read."""
+        return self._concat(role)
+
+    def __repr__(self) -> str:
+        try:
+            source = self._concat("collection")
+        except Exception:  # a mismatch: still say what it holds
+            return f"Collection({len(self._members)} members, not joinable)"
+        return (
+            f"Collection({len(self._members)} members, shape={source.shape}, dtype={source.dtype})"
+        )
+
+
+def _concat_source(members: Sequence[Any], role: str, names: Sequence[str] | None) -> ConcatSource:
+    """The members as sources, checked: same trailing shape and dtype as the first."""
+    if not members:
+        raise ArgumentValueError(f"{role} is a collection of no arrays; concat needs at least one")
+    sources = []
+    for m, member in enumerate(members):
+        label = f"member {m}" + (f" ({names[m]})" if names is not None else "")
+        source = as_source(member, f"{role} {label}")
+        if isinstance(source, ConcatSource):  # a collection inside a collection: flattened
+            raise ArgumentTypeError(
+                f"{role} {label} is itself a collection; pass its members "
+                "(concat([*a.members, *b.members]))"
+            )
+        sources.append((label, source))
+    first_label, first = sources[0]
+    for label, source in sources[1:]:
+        if source.shape[1:] != first.shape[1:]:
+            raise ArgumentValueError(
+                f"{role} {label} has trailing shape {source.shape[1:]} (shape {source.shape}), "
+                f"but {first_label} has {first.shape[1:]} (shape {first.shape}); the members "
+                "of a collection differ only in length along axis 0"
+            )
+        if source.dtype != first.dtype:
+            raise ArgumentValueError(
+                f"{role} {label} has dtype {source.dtype}, but {first_label} has "
+                f"{first.dtype}; the members of a collection must share one dtype "
+                "(cast them first, e.g. a dask array's .astype)"
+            )
+    parts = tuple(source for _, source in sources)
+    total = sum(source.n_samples for source in parts)
+    chunks0 = tuple(size for source in parts for size in source.chunks[0] if size > 0)
+    nonempty = next((s for s in parts if s.n_samples > 0), parts[0])
+    chunks = ((*chunks0,) if chunks0 else (0,), *nonempty.chunks[1:])
+    name = f"collection of {len(parts)} ({parts[0].name}, ...)"
+    if len(parts) == 1:
+        name = f"collection of 1 ({parts[0].name})"
+    return ConcatSource(name, (total, *first.shape[1:]), first.dtype, chunks, parts)
+
+
+def concat(datas: Sequence[Any]) -> Any:
+    """Many arrays or stores as one dataset along the sample axis (axis 0).
+
+    Parameters
+    ----------
+    datas : sequence
+        The members, in order: arrays (``zarr.Array``, ``dask.array.Array``,
+        ``numpy.ndarray``, ``xarray.DataArray``, a path or URL), or each a
+        dict or tuple of such arrays (paired data per source, e.g.
+        ``{"x": x1, "y": y1}``).  Lengths and chunkings may differ; the
+        trailing shape and dtype must match across members (per name).
+
+    Returns
+    -------
+    Collection, or a dict / tuple of Collection
+        One :class:`Collection` for arrays; for dicts, a dict of one
+        collection per name (what :class:`Loader` takes for dict batches);
+        for tuples, a tuple of collections (``paired_batch_stream(*pairs, ...)``).
+
+    Raises
+    ------
+    ArgumentValueError
+        No members; a trailing shape, dtype or (paired) length that does not
+        match: the message names the first mismatching member and value.
+    ArgumentTypeError
+        Members of different kinds (an array beside a dict), dicts with
+        different names, or a member that is not an array.
+    """
+    if isinstance(datas, str | os.PathLike | Mapping) or not isinstance(datas, Sequence):
+        raise ArgumentTypeError(
+            f"concat takes a list or tuple of arrays (or of dicts / tuples of arrays), "
+            f"got {type(datas).__name__}"
+        )
+    members = [open_member(data) for data in datas]
+    if not members:
+        raise ArgumentValueError("concat needs at least one array, got an empty sequence")
+    first = members[0]
+    if isinstance(first, Mapping):
+        names = list(first)
+        for m, member in enumerate(members):
+            if not isinstance(member, Mapping) or list(member) != names:
+                got = list(member) if isinstance(member, Mapping) else type(member).__name__
+                raise ArgumentTypeError(
+                    f"member {m} is {got!r}, but member 0 is a dict of {names!r}; every member "
+                    "of a paired collection has the same names, in the same order"
+                )
+        _check_paired(members, names)
+        return {name: _checked([member[name] for member in members], repr(name)) for name in names}
+    if isinstance(first, tuple | list):
+        width = len(first)
+        for m, member in enumerate(members):
+            if not isinstance(member, tuple | list) or len(member) != width:
+                raise ArgumentTypeError(
+                    f"member {m} is not a tuple of {width} arrays like member 0; every member "
+                    "of a paired collection holds the same number of arrays"
+                )
+        _check_paired(members, list(range(width)))
+        return tuple(_checked([member[i] for member in members], f"[{i}]") for i in range(width))
+    for m, member in enumerate(members):
+        if isinstance(member, Mapping | tuple | list):
+            raise ArgumentTypeError(
+                f"member {m} is a {type(member).__name__} but member 0 is an array; a "
+                "collection's members are all arrays or all dicts / tuples of arrays"
+            )
+    return _checked(members, "")
+
+
+def _checked(members: Sequence[Any], which: str) -> Collection:
+    """A collection of ``members``, its mismatches raised now (``which``: the name, if paired)."""
+    collection = Collection(members)
+    collection.describe(f"collection{which and ' ' + which}")
+    return collection
+
+
+def open_member(data: Any) -> Any:
+    """A member with every path opened."""
+    if isinstance(data, Mapping):
+        return {key: open_member(value) for key, value in data.items()}
+    if isinstance(data, tuple | list):
+        return tuple(open_member(value) for value in data)
+    if isinstance(data, str | os.PathLike):
+        return open_array(data)
+    return data
+
+
+def _check_paired(members: Sequence[Any], keys: Sequence[Any]) -> None:
+    """Each member's arrays have one length (pairs stay aligned across members)."""
+    for m, member in enumerate(members):
+        lengths = {key: as_source(member[key], f"member {m} {key!r}").n_samples for key in keys}
+        if len(set(lengths.values())) > 1:
+            described = ", ".join(f"{key!r} has {n}" for key, n in lengths.items())
+            raise ArgumentValueError(
+                f"member {m}'s arrays differ in length ({described}); paired arrays of one "
+                "member must have the same length"
+            )
+
+
+def _label(path: Any) -> str:
+    """How errors name a member given as ``path`` (a path, URL or store object)."""
+    return os.fspath(path) if isinstance(path, str | os.PathLike) else repr(path)
+
+
+def open_collection(
+    urls_or_glob: str | os.PathLike[str] | Sequence[Any],
+    array_path: str | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    codec_pipeline: str | None = None,
+    threads: int = OPEN_THREADS,
+) -> Collection:
+    """Open many Zarr stores as one :class:`Collection` (their metadata read concurrently).
+
+    Parameters
+    ----------
+    urls_or_glob : str, os.PathLike or sequence
+        A glob of local paths (``"data/plate-*.zarr"``, sorted), or a list of
+        paths / URLs (in the order given).
+    array_path : str, optional
+        The array inside each store (``None``: the store's root is the array).
+    storage_options : dict, optional
+        Passed to fsspec for URLs (credentials, endpoint, ...).
+    codec_pipeline : {"auto", "zarrs", "zarr"}, optional
+        As for :func:`open_array`.
+    threads : int, default ``OPEN_THREADS``
+        Stores opened at once; each opening waits on its metadata reads.
+
+    Returns
+    -------
+    Collection
+
+    Raises
+    ------
+    ArgumentValueError
+        A glob that matches nothing, an empty list, or members that do not
+        join (see :func:`concat`).
+    ArrayNotFoundError
+        A store without the array (the first such member, as
+        :func:`open_array` names it).
+    """
+    if isinstance(urls_or_glob, str | os.PathLike):
+        pattern = os.fspath(urls_or_glob)
+        paths: list[Any] = sorted(glob.glob(pattern))
+        if not paths:
+            raise ArgumentValueError(f"open_collection: the glob {pattern!r} matches no path")
+    elif isinstance(urls_or_glob, Sequence):
+        paths = list(urls_or_glob)
+        if not paths:
+            raise ArgumentValueError("open_collection: the list of stores is empty")
+    else:
+        raise ArgumentTypeError(
+            f"open_collection takes a glob or a list of paths / URLs, got "
+            f"{type(urls_or_glob).__name__}"
+        )
+    if not isinstance(threads, int) or threads < 1:
+        raise ArgumentValueError(f"threads must be a positive int, got {threads!r}")
+
+    def one(path: Any) -> Any:
+        return open_array(
+            path, array_path, storage_options=storage_options,
+            codec_pipeline=codec_pipeline,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    if len(paths) == 1:
+        members = [one(paths[0])]
+    else:
+        pool = DaemonExecutor(min(threads, len(paths)), "dzb-open")  # a hung store: no join
+        try:
+            members = list(pool.map(one, paths))
+        finally:
+            pool.shutdown(wait=False)
+    collection = Collection(members, names=[_label(path) for path in paths])
+    collection.describe("collection")  # the mismatch errors now, naming the store
+    return collection

@@ -1,0 +1,265 @@
+"""Collections (``concat``, ``open_collection``): many arrays as one dataset along axis 0.
+
+Every mode delivers exactly ``np.concatenate`` of the members, pairs stay aligned,
+provenance names the member and position, ranks and resume are exact, a chunk split
+holds whole member chunks, a cluster gives what local threads give, and opening many
+stores overlaps their metadata reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import property_settings, seeds, to_zarr
+
+import daskzarr_batches as dzb
+
+WIDTH = 3
+
+
+def _member(data: np.ndarray, kind: str, chunk: int) -> Any:
+    if kind == "numpy":
+        return data
+    if kind == "dask":
+        return da.from_array(data, chunks=(chunk, 2))
+    if kind == "sharded":
+        array = zarr.create_array(
+            zarr.storage.MemoryStore(), shape=data.shape, dtype=data.dtype,
+            chunks=(chunk, WIDTH), shards=(2 * chunk, WIDTH),
+        )  # fmt: skip
+        if data.size:
+            array[...] = data
+        return array
+    return to_zarr(data, (chunk, WIDTH))
+
+
+@st.composite
+def collections(draw: st.DrawFn) -> tuple[list[Any], np.ndarray, list[int]]:
+    """Members (random kinds, lengths incl. 0, chunkings) and the data they join to."""
+    count = draw(st.integers(1, 5))
+    lengths = draw(st.lists(st.integers(0, 30), min_size=count, max_size=count))
+    if sum(lengths) == 0:
+        lengths[0] = 1
+    kinds = st.sampled_from(["numpy", "zarr", "sharded", "dask"])
+    members, parts, at = [], [], 0
+    for length in lengths:
+        data = (np.arange(at, at + length, dtype=np.int64)[:, None] * WIDTH) + np.arange(WIDTH)
+        members.append(_member(data.astype(np.int32), draw(kinds), draw(st.integers(1, 8))))
+        parts.append(data.astype(np.int32))
+        at += length
+    return members, np.concatenate(parts), lengths
+
+
+def _ids(batch: np.ndarray) -> np.ndarray:
+    return batch[:, 0].astype(np.int64) // WIDTH
+
+
+def _check_sources(sources: np.ndarray, ids: np.ndarray, lengths: list[int]) -> None:
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    assert sources.dtype == np.int64 and sources.shape == (len(ids), 2)
+    assert np.array_equal(offsets[sources[:, 0]] + sources[:, 1], ids)
+    assert (sources[:, 1] < np.asarray(lengths)[sources[:, 0]]).all()
+
+
+@property_settings(30)
+@given(collections(), st.sampled_from(["none", "buffer", "exact"]), st.integers(1, 9), seeds)
+def test_every_sample_once_and_provenance(case: Any, mode: str, batch: int, seed: int) -> None:
+    members, full, lengths = case
+    labels = dzb.concat([m[:, 0].astype(np.int64) if isinstance(m, np.ndarray) else
+                         np.asarray(m[:, 0]).astype(np.int64) for m in members])  # fmt: skip
+    features = dzb.concat(members)
+    assert features.shape == full.shape and features.lengths == tuple(lengths)
+    if mode == "none":
+        stream = dzb.paired_batch_stream(features, labels, batch, return_sources=True)
+    else:
+        stream = dzb.paired_shuffled_batch_stream(
+            features, labels, batch, seed=seed, return_sources=True,
+            shuffle_buffer_size=7 if mode == "buffer" else None,
+            memory_budget=30 * (WIDTH * 4 + 8 + 16 + 32),  # a few windows
+        )  # fmt: skip
+    items = list(stream)
+    x = np.concatenate([f for f, _, _ in items])
+    y = np.concatenate([label for _, label, _ in items])
+    sources = np.concatenate([s for _, _, s in items])
+    ids = _ids(x)
+    assert np.array_equal(y, x[:, 0])  # pairs aligned across members
+    assert np.array_equal(x, full[ids])
+    if mode == "none":
+        assert np.array_equal(x, full)
+    else:
+        assert np.array_equal(np.sort(ids), np.arange(len(full)))
+    _check_sources(sources, ids, lengths)
+    assert stream.stats.read_amplification is None or stream.stats.read_amplification >= 1.0
+
+
+@property_settings(15)
+@given(collections(), st.integers(1, 3), st.integers(1, 6), seeds, st.integers(0, 8))
+def test_ranks_and_resume(case: Any, world: int, batch: int, seed: int, stop: int) -> None:
+    members, full, lengths = case
+    data = dzb.concat(members)
+
+    def loader(rank: int = 0, size: int = world) -> dzb.Loader:
+        return dzb.Loader(
+            data, batch, shuffle=True, shuffle_buffer_size=5, seed=seed, rank=rank,
+            world_size=size, even_batches=False, return_sources=True,
+        )  # fmt: skip
+
+    seen = []
+    for rank in range(world):
+        for x, sources in loader(rank):
+            _check_sources(sources, _ids(x), lengths)
+            seen.append(_ids(x))
+    ids = np.concatenate(seen) if seen else np.empty(0, np.int64)
+    assert len(np.unique(ids)) == len(ids) == len(full) // world * world
+    # resume in a new loader after `stop` batches gives the rest of the epoch exactly
+    whole = [x for x, _ in loader(0, 1)]
+    first = loader(0, 1)
+    it = iter(first)
+    for _ in range(min(stop, len(whole))):
+        next(it)
+    state = first.state_dict()
+    again = loader(0, 1)
+    again.load_state_dict(state)
+    rest = [x for x, _ in again]
+    assert len(rest) == len(whole) - min(stop, len(whole))
+    for a, b in zip(rest, whole[len(whole) - len(rest) :], strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_dict_members_give_dict_batches() -> None:
+    x = [np.arange(n * 2).reshape(n, 2) + 100 * i for i, n in enumerate([5, 0, 9])]
+    y = [part[:, 0] * 10 for part in x]
+    data = dzb.concat([{"x": a, "y": b} for a, b in zip(x, y, strict=True)])
+    assert set(data) == {"x", "y"} and isinstance(data["x"], dzb.Collection)
+    batches = list(dzb.Loader(data, 4, shuffle=True, seed=3, return_sources=True))
+    assert list(batches[0]) == ["x", "y", "sources"]
+    xs = np.concatenate([b["x"] for b in batches])
+    assert np.array_equal(np.concatenate([b["y"] for b in batches]), xs[:, 0] * 10)
+    sources = np.concatenate([b["sources"] for b in batches])
+    member = np.concatenate(x)[np.array([0, 5, 5])[sources[:, 0]] + sources[:, 1]]
+    assert np.array_equal(member, xs)
+    pairs = dzb.concat([(a, b) for a, b in zip(x, y, strict=True)])
+    assert isinstance(pairs, tuple) and len(pairs) == 2
+    f, labels = next(iter(dzb.paired_batch_stream(*pairs, 20)))
+    assert np.array_equal(labels, f[:, 0] * 10)
+
+
+def test_mismatches_name_the_member_and_value() -> None:
+    a = np.zeros((4, 3), "f4")
+    with pytest.raises(dzb.ArgumentValueError, match=r"member 2 has trailing shape \(4,\)"):
+        dzb.concat([a, a, np.zeros((2, 4), "f4")])
+    with pytest.raises(dzb.ArgumentValueError, match="member 1 has dtype float64"):
+        dzb.concat([a, np.zeros((2, 3))])
+    with pytest.raises(dzb.ArgumentValueError, match="member 0's arrays differ in length"):
+        dzb.concat([{"x": a, "y": np.zeros(3)}])
+    with pytest.raises(dzb.ArgumentTypeError, match="member 1 is"):
+        dzb.concat([{"x": a}, {"z": a}])
+    with pytest.raises(dzb.ArgumentValueError, match="at least one"):
+        dzb.concat([])
+    with pytest.raises(dzb.ArgumentValueError, match="return_sources=True needs a collection"):
+        dzb.batch_stream(a, 2, return_sources=True)
+    with pytest.raises(dzb.ArgumentTypeError, match="a patch would span two members"):
+        dzb.patch_stream(dzb.concat([a, a]), {1: 2}, 2)
+
+
+def test_chunk_split_holds_whole_member_chunks() -> None:
+    parts = [np.arange(n * WIDTH).reshape(n, WIDTH) + 1000 * i for i, n in enumerate([12, 7, 20])]
+    members = [to_zarr(p.astype("i4"), (c, WIDTH)) for p, c in zip(parts, [4, 3, 5], strict=True)]
+    data = dzb.concat(members)
+    full = np.concatenate(parts).astype("i4")
+    train, valid = dzb.chunk_split(data, [0.6, 0.4], seed=2)
+    starts = {int(s) for s in np.cumsum([0, 4, 4, 4, 3, 3, 1, 5, 5, 5, 5])}
+    for subset in (train, valid):
+        for lo, hi in subset.ranges:
+            assert lo in starts and hi in starts  # whole member chunks
+        got = np.concatenate(list(dzb.batch_stream(subset, 5)))
+        assert np.array_equal(got, np.concatenate([full[a:b] for a, b in subset.ranges]))
+        shuffled = list(dzb.shuffled_batch_stream(subset, 5, seed=1, return_sources=True))
+        rows = np.concatenate([x for x, _ in shuffled])
+        sources = np.concatenate([s for _, s in shuffled])
+        offsets = np.array(data.offsets)
+        assert np.array_equal(full[offsets[sources[:, 0]] + sources[:, 1]], rows)
+        blocks = np.concatenate(list(dzb.chunk_stream(subset)))
+        assert np.array_equal(blocks, got)
+    assert len(train) + len(valid) == len(full)
+
+
+def test_chunk_streams_and_moments_over_members_tiled_differently() -> None:
+    parts = [np.random.default_rng(i).normal(size=(n, 4)) for i, n in enumerate([9, 0, 13])]
+    members = [to_zarr(parts[0], (4, 4)), parts[1], da.from_array(parts[2], chunks=(5, 3))]
+    data = dzb.concat(members)
+    blocks = list(dzb.chunk_stream(data, with_index=True))
+    assert [index for index, _ in blocks][:3] == [(0, 0), (1, 0), (2, 0)]
+    assert sum(block.size for _, block in blocks) == sum(p.size for p in parts)
+    moments = dzb.feature_moments(data)
+    full = np.concatenate(parts)
+    assert moments.count == len(full)
+    np.testing.assert_allclose(moments.mean, full.mean(axis=0))
+    np.testing.assert_allclose(moments.variance(), full.var(axis=0))
+    plan = dzb.plan_epoch(data, 4, shuffle=True, seed=0, shuffle_buffer_size=8)
+    assert plan.n_windows > 1 and plan.read_amplification == 1.0
+
+
+def test_cluster_gives_what_local_threads_give(client: Any) -> None:
+    parts = [np.arange(n * WIDTH).reshape(n, WIDTH) + 10_000 * i for i, n in enumerate([30, 0, 41])]
+    members = [parts[0], parts[1], to_zarr(parts[2], (8, WIDTH))]
+    data = dzb.concat(members)
+    for buffer in (None, 16):
+        kwargs = {"seed": 4, "shuffle_buffer_size": buffer, "return_sources": True}
+        local = list(dzb.shuffled_batch_stream(data, 6, client=None, **kwargs))
+        remote = list(dzb.shuffled_batch_stream(data, 6, client=client, **kwargs))
+        assert len(local) == len(remote)
+        for (a, s), (b, t) in zip(local, remote, strict=True):
+            assert np.array_equal(a, b) and np.array_equal(s, t)
+
+
+def test_open_collection_reads_metadata_concurrently(tmp_path: Any) -> None:
+    from benchmarks.latency_store import LatencyStore
+
+    state = {"requests": 0, "now": 0, "peak": 0}  # shared: requests in flight over all stores
+    stores = []
+    for i in range(200):
+        store = zarr.storage.MemoryStore()
+        to_zarr(np.full((3, WIDTH), i, dtype="i2"), (2, WIDTH), store=store)
+        stores.append(LatencyStore(store, 0.02, state, metadata=True))
+    data = dzb.open_collection(stores)
+    assert data.lengths == (3,) * 200
+    assert state["peak"] >= 4  # opening one store after another keeps one read in flight
+    rows = np.concatenate(list(dzb.batch_stream(data, 50)))
+    assert np.array_equal(rows[::3, 0], np.arange(200))
+    # a glob of local paths, sorted
+    for i in range(3):
+        to_zarr(np.full((2, WIDTH), i, "i2"), (2, WIDTH), store=str(tmp_path / f"s{i}.zarr"))
+    opened = dzb.open_collection(str(tmp_path / "s*.zarr"))
+    assert opened.lengths == (2, 2, 2)
+    assert np.array_equal(
+        np.concatenate(list(dzb.batch_stream(opened, 4)))[:, 0], [0, 0, 1, 1, 2, 2]
+    )
+    with pytest.raises(dzb.ArgumentValueError, match="matches no path"):
+        dzb.open_collection(str(tmp_path / "none*.zarr"))
+
+
+def test_info_and_bench_take_several_stores(tmp_path: Any, capsys: Any) -> None:
+    from daskzarr_batches.tools.cli import main
+
+    paths = []
+    for i, rows in enumerate([40, 25]):
+        path = str(tmp_path / f"m{i}.zarr")
+        to_zarr(np.ones((rows, WIDTH), "f4"), (10, WIDTH), store=path)
+        paths.append(path)
+    assert main(["info", *paths]) == 0
+    assert "2 stores as a collection along axis 0" in capsys.readouterr().out
+    assert main(["info", *paths, "--json"]) == 0
+    import json
+
+    assert [r["store"] for r in json.loads(capsys.readouterr().out)] == paths
+    assert main(["bench", *paths, "--batch-size", "8", "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["data"]["features"]["shape"] == [65, WIDTH]
+    assert summary["total"]["samples"] == 65
