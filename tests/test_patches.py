@@ -482,3 +482,17 @@ def test_loader_elastic_resume_of_patches_covers_the_rest_once(old: int, new: in
     total = len(expected(x, {1: 4, 2: 3}, {1: 2})[0])
     used = total // old * old  # the old shares dropped the epoch's tail
     assert len(rest) == new * ((used - len(seen)) // new)  # the rest, shared equally
+
+
+def test_buffer_pool_reuses_and_never_hands_one_buffer_out_twice() -> None:
+    from daskzarr_batches.read.buffers import BufferPool
+
+    pool = BufferPool(1 << 20)
+    a = pool.take((4, 8), np.dtype("f4"))
+    pool.give(a)
+    pool.give(a)  # twice (two outputs of a window can be one array): kept once
+    pool.give(np.zeros((4, 8), "f4"))  # not the pool's: ignored
+    b = pool.take((8, 4), np.dtype("f4"))  # same bytes: the buffer again
+    c = pool.take((4, 8), np.dtype("f4"))
+    assert np.shares_memory(a, b) and not np.shares_memory(b, c)
+    assert pool.take((2, 2), np.dtype("f4")).shape == (2, 2)

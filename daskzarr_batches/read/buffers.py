@@ -75,6 +75,9 @@ class BufferPool:
         if nbytes > self.limit:
             return
         with self._lock:
+            free = self._free.get(nbytes, [])
+            if any(kept is buffer for kept in free):
+                return  # given back already (two outputs of one window can be one array)
             self._free.setdefault(nbytes, []).append(buffer)
             self._free.move_to_end(nbytes)
             self._held += nbytes

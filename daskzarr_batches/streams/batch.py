@@ -291,8 +291,8 @@ class BatchStream(Stream[Any]):
                 for batch in batches:
                     yield deliver(batch)
                 del batches
-                for rows in recycled:  # every batch of the window is cut (copied): reused
-                    self._pool.give(rows)  # type: ignore[union-attr]
+                for rows in {id(rows): rows for rows in recycled}.values():  # each once
+                    self._pool.give(rows)  # type: ignore[union-attr]  # batches are copies
                 del recycled
                 if spec.decode_bytes is not None:
                     release_free_memory()  # the window's memory, not kept by the C heap
