@@ -582,6 +582,34 @@ class WorkerKiller(threading.Thread):
         self.join(10)
 
 
+def test_cache_on_process_workers_reads_each_chunk_once(process_client: Any, tmp_path: Any) -> None:
+    """Process workers: epoch 2 of an exact shuffle at a quarter budget reads no chunk
+    from the store on any worker (windows run where the cache's chunks live, or fetch
+    them from the worker that does), and its batches equal the uncached local ones."""
+    from tests.stores import named_counts
+
+    array, data, store = counted_array(tmp_path, "process-cache")
+
+    def stream(cache: Any = None, **kw: Any) -> Any:
+        return dzb.shuffled_batch_stream(
+            array, 32, seed=4, memory_budget=data.nbytes // 4, cache=cache, **kw
+        )
+
+    expected = local(stream)
+    cache = dzb.ChunkCache("64MiB")
+    reads = []
+    for _ in range(2):
+        before = process_client.run(named_counts, store.name)
+        with stream(cache, client=process_client) as remote:
+            assert_same_batches(list(remote), expected)
+        after = process_client.run(named_counts, store.name)
+        reads.append(sum(sum(after[w].values()) - sum(before[w].values()) for w in after))
+    assert reads == [20, 0]
+    assert remote.stats.cache_hits == remote.summary().chunks_read
+    cache.clear()
+    assert our_tasks(process_client) == []
+
+
 def test_killed_worker_mid_epoch_still_yields_every_batch_once(
     process_client: Any, tmp_path: Any
 ) -> None:
