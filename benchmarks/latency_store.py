@@ -70,6 +70,13 @@ class LatencyStore(zarr.storage.WrapperStore[Any]):
     def _with_store(self, store: Any) -> LatencyStore:
         return type(self)(store, self.delay, self.state, delays=self.delays, metadata=self.metadata)
 
+    def __reduce__(self) -> Any:
+        """A copy for another process (a cluster's worker): same delays, its own counters."""
+        return (_rebuild, (self._store, self.delay, self.delays, self.metadata))
+
+    def __dask_tokenize__(self) -> Any:
+        return (type(self).__name__, str(self._store), self.delay, self.metadata)
+
     @property
     def requests(self) -> int:
         """Requests made so far."""
@@ -103,3 +110,8 @@ class LatencyStore(zarr.storage.WrapperStore[Any]):
     ) -> list[Buffer | None]:
         ranges = list(key_ranges)
         return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in ranges)))
+
+
+def _rebuild(store: Any, delay: float, delays: dict[str, float], metadata: bool) -> LatencyStore:
+    """A :class:`LatencyStore` unpickled (its counters start at zero)."""
+    return LatencyStore(store, delay, delays=delays, metadata=metadata)

@@ -93,6 +93,12 @@ class NamedCountingStore(zarr.storage.WrapperStore[Any]):
         return await self._store.get(key, prototype, byte_range)
 
 
+def named_counts(name: str) -> dict[str, int]:
+    """``NAMED_COUNTS[name]`` in this process (run on each worker of a process cluster)."""
+    with _NAMED_LOCK:
+        return dict(NAMED_COUNTS.get(name, {}))
+
+
 def chunk_keys(store: Any) -> set[str]:
     """Every stored chunk key of ``store`` (a memory or local store)."""
 

@@ -406,23 +406,28 @@ def test_corrupt_chunk_raises_chunk_read_error_from_the_worker(client: Any, tmp_
 # A chunk cache on a cluster
 
 
+def counted_array(tmp_path: Any, name: str) -> tuple[zarr.Array, np.ndarray, Any]:
+    """A 1000 x 6 float32 array in 20 chunks behind a store counting its chunk reads."""
+    from tests.stores import NamedCountingStore
+
+    _, data = make_zarr(tmp_path / "c.zarr", (1000, 6), (50, 6))
+    store = NamedCountingStore(
+        zarr.storage.LocalStore(str(tmp_path / "c.zarr"), read_only=True),
+        f"{name}-{tmp_path.name}",
+    )
+    return zarr.open_array(store=store, mode="r"), data, store
+
+
 def test_exact_shuffle_with_a_cache_reads_each_chunk_once_then_never(
     client: Any, tmp_path: Any
 ) -> None:
     """A quarter-size budget reads the data ~4 times an epoch; with a cache holding the
     array, epoch 1 fetches each chunk from the store once and epoch 2 none.
 
-    The in-process cluster's workers share this process's ``ChunkCache`` (its twin is
-    itself); with process workers each keeps its own memory cache (docs/cache.md).
+    The decoded chunks are cluster futures the cache holds (``dzb-cached-*``), which the
+    window tasks depend on; closing a stream keeps them, clearing the cache releases them.
     """
-    from tests.stores import NamedCountingStore
-
-    _, data = make_zarr(tmp_path / "c.zarr", (1000, 6), (50, 6))
-    name = f"cluster-cache-{tmp_path.name}"
-    store = NamedCountingStore(
-        zarr.storage.LocalStore(str(tmp_path / "c.zarr"), read_only=True), name
-    )
-    array = zarr.open_array(store=store, mode="r")
+    array, data, store = counted_array(tmp_path, "cluster-cache")
     budget = data.nbytes // 4
 
     def stream(cache: Any = None, **kw: Any) -> Any:
@@ -442,10 +447,80 @@ def test_exact_shuffle_with_a_cache_reads_each_chunk_once_then_never(
         if epoch == 0:
             assert len(store.counts) == 20  # every chunk, once
             assert remote.stats.cache_misses == 20
+            assert remote.stats.cache_hits == plan.chunks_read - 20
         else:
             assert remote.stats.cache_misses == 0
             assert remote.stats.cache_hits == plan.chunks_read
         store.counts.clear()
+        # the stream is closed: its windows are gone, the cache's chunks stay
+        left = our_tasks(client, settle=0.5)
+        assert len(left) == 20 and all(key.startswith("dzb-cached-") for key in left)
+    assert cache.cluster_chunks == 20
+    cache.clear()
+    assert cache.cluster_chunks == 0
+    assert our_tasks(client) == []
+
+
+def test_buffered_shuffle_with_a_cache_reads_nothing_in_epoch_two(
+    client: Any, tmp_path: Any
+) -> None:
+    array, _, store = counted_array(tmp_path, "cluster-buffer")
+
+    def stream(epoch: int, cache: Any = None, **kw: Any) -> Any:
+        return dzb.shuffled_batch_stream(
+            array, 32, seed=4, epoch=epoch, shuffle_buffer_size=200, cache=cache, **kw
+        )
+
+    cache = dzb.ChunkCache("64MiB")
+    for epoch in range(2):
+        expected = local(lambda e=epoch: stream(e))
+        store.counts.clear()
+        with stream(epoch, cache, client=client) as remote:
+            got = list(remote)
+        assert_same_batches(got, expected)
+        assert sum(store.counts.values()) == (20 if epoch == 0 else 0)
+        assert remote.stats.cache_hits == (0 if epoch == 0 else 20)
+    del remote
+    cache_id = cache.id
+    del cache  # dropped: its futures are released
+    gc.collect()
+    assert our_tasks(client) == []
+    assert cache_id not in dzb.store.cache._REGISTRY
+
+
+def test_cache_on_a_cluster_keeps_at_most_its_memory(client: Any, tmp_path: Any) -> None:
+    """A budget of 5 chunks keeps 5 (least recently used released); batches still equal."""
+    array, _, _ = counted_array(tmp_path, "cluster-small")
+    chunk_bytes = 50 * 6 * 4
+
+    def stream(**kw: Any) -> Any:
+        return dzb.shuffled_batch_stream(array, 32, seed=1, shuffle_buffer_size=200, **kw)
+
+    expected = local(stream)
+    cache = dzb.ChunkCache(5 * chunk_bytes)
+    with stream(cache=cache, client=client) as remote:
+        got = list(remote)
+    assert_same_batches(got, expected)
+    assert cache.cluster_chunks == 5
+    assert len(our_tasks(client, settle=0.5)) == 5
+    cache.clear()
+
+
+def test_cached_chunk_that_fails_is_read_again_next_epoch(client: Any, tmp_path: Any) -> None:
+    """The chunk task applies the read policy; a failed one is not kept as the chunk."""
+    array, data = make_zarr(tmp_path / "x.zarr", (40, 3), (10, 3))
+    chunk = tmp_path / "x.zarr" / "c" / "2" / "0"
+    good = chunk.read_bytes()
+    chunk.write_bytes(b"not zstd")
+    cache = dzb.ChunkCache("1MiB")
+    stream = dzb.batch_stream(array, 10, window_bytes=1, client=client, cache=cache)
+    with pytest.raises(dzb.CorruptChunkError, match=r"axis-0 chunk 2 \(samples 20:30"):
+        list(stream)
+    stream.close()
+    chunk.write_bytes(good)
+    with dzb.batch_stream(array, 10, window_bytes=1, client=client, cache=cache) as again:
+        np.testing.assert_array_equal(np.concatenate(list(again)), data)
+    cache.clear()
 
 
 # --------------------------------------------------------------------------
@@ -505,6 +580,34 @@ class WorkerKiller(threading.Thread):
         self.armed.set()
         self.stopped.set()
         self.join(10)
+
+
+def test_cache_on_process_workers_reads_each_chunk_once(process_client: Any, tmp_path: Any) -> None:
+    """Process workers: epoch 2 of an exact shuffle at a quarter budget reads no chunk
+    from the store on any worker (windows run where the cache's chunks live, or fetch
+    them from the worker that does), and its batches equal the uncached local ones."""
+    from tests.stores import named_counts
+
+    array, data, store = counted_array(tmp_path, "process-cache")
+
+    def stream(cache: Any = None, **kw: Any) -> Any:
+        return dzb.shuffled_batch_stream(
+            array, 32, seed=4, memory_budget=data.nbytes // 4, cache=cache, **kw
+        )
+
+    expected = local(stream)
+    cache = dzb.ChunkCache("64MiB")
+    reads = []
+    for _ in range(2):
+        before = process_client.run(named_counts, store.name)
+        with stream(cache, client=process_client) as remote:
+            assert_same_batches(list(remote), expected)
+        after = process_client.run(named_counts, store.name)
+        reads.append(sum(sum(after[w].values()) - sum(before[w].values()) for w in after))
+    assert reads == [20, 0]
+    assert remote.stats.cache_hits == remote.summary().chunks_read
+    cache.clear()
+    assert our_tasks(process_client) == []
 
 
 def test_killed_worker_mid_epoch_still_yields_every_batch_once(

@@ -15,7 +15,12 @@ stream kind (the buffered shuffle of 8 chunks, batch 256) in interleaved rounds:
   (``time_epoch``), so interpreter start-up is not counted;
 - **exact, 1/4 budget** (20 ms store): an exact shuffle whose ``memory_budget`` is a
   quarter of the array (read amplification about 4 uncached), with a cache that holds
-  the array: the store requests of epoch 1 and epoch 2 per stored chunk.
+  the array: the store requests of epoch 1 and epoch 2 per stored chunk;
+- **LocalCluster exact shuffle** (20 ms store): the same exact shuffle on a
+  ``LocalCluster`` of 2 process workers x 1 thread, with a cache holding the array
+  (its decoded chunks kept as cluster futures): seconds of epoch 1 (a new cache) and
+  epoch 2, and the chunk reads each made (cache misses: one store read per chunk
+  task) against the uncached epoch on the same cluster.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ EPOCH_1 = "buffered, epoch 1 (new memory cache)"
 EPOCH_2 = "buffered, epoch 2 (memory cache holding the array)"
 DISK = "buffered, disk cache, new process"
 EXACT_READS = "exact 1/4 budget, cache holding the array"
+CLUSTER_EXACT = "LocalCluster exact shuffle 1/4 budget, epoch 2 vs epoch 1"
 
 
 def store_label(delay: float) -> str:
@@ -159,6 +165,63 @@ def exact_reads(small: Dataset, delay: float) -> Result:
     return result
 
 
+def cluster_exact(small: Dataset, delay: float, workers: int = 2) -> Result:
+    """An exact shuffle at 1/4 budget on a LocalCluster: uncached, then epochs 1 and 2 cached.
+
+    Each epoch's seconds from before the stream is made until it is exhausted; the
+    chunk reads are the store reads of the chunk tasks (``cache_misses``) or, uncached,
+    the plan's chunk reads.
+    """
+    from distributed import Client, LocalCluster
+
+    extra = os.environ.get("PYTHONPATH")  # the workers unpickle the latency store
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *([extra] if extra else [])])
+    store = LatencyStore(zarr.storage.LocalStore(small.path, read_only=True), delay)
+    x = zarr.open_group(store=store, mode="r")["features"]
+    assert isinstance(x, zarr.Array)
+    chunks = -(-x.shape[0] // x.chunks[0])
+    budget = x.nbytes // 4
+    plan = dzb.plan_epoch(x, 256, shuffle=True, seed=0, memory_budget=budget)
+    seconds, reads, hits = [], [], []
+    try:
+        with (
+            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                         host="127.0.0.1", dashboard_address=":0") as cluster,
+            Client(cluster, set_as_default=False) as client,
+        ):  # fmt: skip
+            cache = dzb.ChunkCache(2 * x.nbytes)
+            for epoch, using in ((0, None), (0, cache), (1, cache)):
+                started = time.perf_counter()
+                stream = dzb.shuffled_batch_stream(
+                    x, 256, seed=0, epoch=epoch, memory_budget=budget, cache=using,
+                    client=client,
+                )  # fmt: skip
+                nbytes, samples, _ = drain(stream)
+                seconds.append(time.perf_counter() - started)
+                misses = stream.stats.cache_misses if using else plan.chunks_read
+                reads.append(misses / chunks)
+                hits.append(stream.stats.cache_hits)
+            cache.clear()
+    finally:
+        if extra is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = extra
+    result = Result(name(store_label(delay), CLUSTER_EXACT), "this", seconds[2], nbytes, samples,
+                    plan.read_amplification)  # fmt: skip
+    result.extra |= {
+        "workers": workers,
+        "seconds_uncached_epoch_1_epoch_2": seconds,
+        "chunk_reads_per_chunk": reads,
+        "cache_hits": hits,
+        "epoch_2_over_epoch_1": seconds[1] / seconds[2],
+        "epoch_2_over_uncached": seconds[0] / seconds[2],
+        "uncached_read_amplification": plan.read_amplification,
+        "windows": plan.n_windows,
+    }
+    return result
+
+
 def measure_cache(
     ds: Dataset, data_dir: Path, *, repeats: int, skipped: dict[str, str]
 ) -> dict[str, Result]:
@@ -183,6 +246,9 @@ def measure_cache(
         results[result.name] = result
         print(f"  {result.name:56s} {result.mb_s:9.1f} MB/s  {result.extra}")
     result = exact_reads(small, LATENCIES[0])
+    results[result.name] = result
+    print(f"  {result.name:56s} {result.extra}")
+    result = cluster_exact(small, LATENCIES[0])
     results[result.name] = result
     print(f"  {result.name:56s} {result.extra}")
     if s3_available(skipped):
@@ -233,6 +299,18 @@ def cache_section(results: dict[str, Result]) -> list[str]:
                 f"epoch 1 and {two:.2f} in epoch 2 (epochs "
                 + ", ".join(f"{s:.2f} s" for s in r.extra["seconds_per_epoch"])
                 + ").",
+            ]
+        if key.endswith(CLUSTER_EXACT):
+            uncached, one, two = r.extra["seconds_uncached_epoch_1_epoch_2"]
+            reads = r.extra["chunk_reads_per_chunk"]
+            lines += [
+                "",
+                f"{key}: the same exact shuffle on a LocalCluster of {r.extra['workers']} "
+                "process workers x 1 thread, the cache's chunks kept as cluster futures: "
+                f"uncached {uncached:.2f} s ({reads[0]:.2f} chunk reads per stored chunk), "
+                f"epoch 1 with a new cache {one:.2f} s ({reads[1]:.2f}), epoch 2 {two:.2f} s "
+                f"({reads[2]:.2f}): epoch 2 {one / two:.2f}x epoch 1, "
+                f"{uncached / two:.2f}x uncached.",
             ]
     return lines
 

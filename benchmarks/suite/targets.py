@@ -227,6 +227,14 @@ def exact_reads(epoch: int) -> Value:
     return lambda run: float(run.result(key).extra["reads_per_chunk"][epoch])
 
 
+def cluster_exact(value: str) -> Value:
+    """A figure of the LocalCluster exact shuffle with a cache (``cache_cases.cluster_exact``)."""
+    key = cc.name(cc.store_label(sc.LATENCIES[0]), cc.CLUSTER_EXACT)
+    if value == "speedup":
+        return lambda run: float(run.result(key).extra["epoch_2_over_epoch_1"])
+    return lambda run: float(run.result(key).extra["chunk_reads_per_chunk"][2])
+
+
 CACHE = "chunk cache (issue 17)"
 
 #: the cases of issue 17 (``cache_cases``): epoch 2 from the cache
@@ -255,6 +263,12 @@ CACHE_TARGETS: tuple[TargetSpec, ...] = (
                exact_reads(0), "<=", 1.0, "{value:.2f}x", skip="cache", skip_name=CACHE),
     TargetSpec("exact 1/4 budget + cache: store reads in epoch 2 <= 0",
                exact_reads(1), "<=", 0.0, "{value:.2f}x", skip="cache", skip_name=CACHE),
+    TargetSpec("LocalCluster exact 1/4 budget + cache: chunk reads in epoch 2 <= 0",
+               cluster_exact("reads"), "<=", 0.0, "{value:.2f}x", skip="cache",
+               skip_name=CACHE),
+    TargetSpec("LocalCluster exact 1/4 budget + cache: epoch 2 >= 1x epoch 1",
+               cluster_exact("speedup"), ">=", 1.0, "{value:.2f}x", skip="cache",
+               skip_name=CACHE),
 )  # fmt: skip
 #: issue 18: 50 stores of 20,000 rows joined by open_collection against one store of
 #: 1,000,000, every stream kind, medians of the rounds (``collection``); opening 1,000

@@ -22,12 +22,14 @@ import dataclasses
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import dask.threaded
 
 from ..errors import ArgumentTypeError
+from ..store.cache import rows_name
 from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
 from ..store.policy import CancelScope
@@ -76,6 +78,15 @@ class Runner(Protocol):
     def cpu_bound(self, function: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``function`` as tasks should call it: locally, one call per CPU at once."""
 
+    def keeper(self, cache: Any, read: Callable[..., Any], policy: Any) -> Any:
+        """``kept(source, piece, priority)`` for window graphs, or ``None``.
+
+        On a cluster, the cluster future of a Zarr array's axis-0 chunk that
+        ``cache`` keeps (made by ``read(array, name, piece, row_bytes,
+        policy)`` when it holds none); locally ``None`` (the cache is read by
+        the tasks themselves).
+        """
+
     def close(self) -> None:
         """Stop: cancel and release everything still held (idempotent)."""
 
@@ -118,6 +129,9 @@ class ThreadRunner:
     def cpu_bound(self, function: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``function`` run at most once per CPU at once, however many reads are in flight."""
         return _Slotted(function, self._cpu)
+
+    def keeper(self, cache: Any, read: Callable[..., Any], policy: Any) -> Any:
+        return None  # read tasks consult the cache in this process
 
     def close(self) -> None:
         """Cancel the reads in flight on Zarr's event loop and stop the threads."""
@@ -218,6 +232,42 @@ class ClientRunner:
     def cpu_bound(self, function: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``function`` as it is: each worker runs as many tasks as it has threads."""
         return function
+
+    def keeper(self, cache: Any, read: Callable[..., Any], policy: Any) -> Any:
+        """Chunk futures ``cache`` keeps on this cluster, made on first use.
+
+        Each is one task reading every row of one axis-0 chunk (``read``,
+        with ``policy`` less its cache: the result is what is kept), keyed
+        ``dzb-cached-<cache id>-<array token>-<start>-<stop>``; the cache
+        holds the futures (not this runner: closing a stream keeps them).
+        Arrays without a cache token (numpy, scattered in-memory Zarr arrays)
+        are not kept.
+        """
+        tokens = dict(policy.cache_tokens)
+        plain = dataclasses.replace(policy, cache=None, cache_tokens=())
+        client, owner = self.client, self.client.id
+
+        def kept(source: SliceSource, piece: Any, priority: int) -> tuple[Any, bool] | None:
+            array = source.array
+            store_path = getattr(array, "store_path", None)
+            token = None if store_path is None else tokens.get(str(store_path))
+            if token is None:
+                return None
+            key = f"dzb-cached-{cache.id}-{token}-{piece.start}-{piece.stop}"
+            whole = dataclasses.replace(piece, take=slice(None), dest=slice(0, piece.rows))
+
+            def make(retry: bool) -> Any:  # a failed one's key may still be known: a new one
+                name = f"{key}-{uuid.uuid4().hex[:8]}" if retry else key
+                return client.submit(
+                    read, array, source.name, whole, source.row_bytes, plain,
+                    key=name, pure=False, priority=priority,
+                )  # fmt: skip
+
+            held = cache.key(token, rows_name(piece.start, piece.stop))
+            nbytes = piece.rows * source.row_bytes
+            return cache.cluster_chunk(held, owner, nbytes, make)  # type: ignore[no-any-return]
+
+        return kept
 
     def close(self) -> None:
         """Release every future still held (idempotent)."""

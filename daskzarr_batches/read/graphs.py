@@ -38,7 +38,11 @@ from .tasks import (
     read_shard,
     read_sources,
 )
-from .window import read_subset_window, read_window
+from .window import cut_kept_chunks, read_subset_window, read_window
+
+#: ``kept(source, piece, priority)``: the cluster future of the whole axis-0 chunk of
+#: ``piece`` a cache keeps and whether it was made now, or ``None`` (not kept: read it)
+Kept = Callable[[SliceSource, ChunkPiece, int], tuple[Any, bool] | None]
 
 __all__ = [
     "block_graph",
@@ -59,6 +63,7 @@ def window_graph(
     decode_bytes: int | None = None,
     shares: dict[int, ChunkShare] | None = None,
     pool: BufferPool | None = None,
+    kept: Kept | None = None,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -78,6 +83,12 @@ def window_graph(
     proportion to their row sizes).  ``shares``: a patch stream's
     :class:`ChunkShare` per base array (``id``), which its windows' reads use;
     ``pool``: where patch reads take their outputs from (local reads).
+
+    ``kept`` (a cache on a cluster): a Zarr array's window, when every chunk
+    it touches is kept as a cluster future, is one task cutting its rows from
+    those futures (:func:`cut_kept_chunks`), so the scheduler runs it where
+    most of its chunks live and the store is read only by the chunks' own
+    tasks, once each while the cache keeps them.
     """
     shares = shares or {}
     dsk: dict[Key, Any] = {}
@@ -97,6 +108,15 @@ def window_graph(
                 read_sources, source.collection.offsets, tuple(pieces), window.size, plan_order,
             )  # fmt: skip
             continue
+        if kept is not None and isinstance(source, SliceSource):
+            refs = [kept(source, piece, -window.index) for piece in pieces]
+            if pieces and all(ref is not None for ref in refs):
+                futures = [ref[0] for ref in refs if ref is not None]
+                made = tuple(ref[1] for ref in refs if ref is not None)
+                dsk[out_key] = (
+                    cut_kept_chunks, futures, tuple(pieces), window.size, plan_order, made
+                )  # fmt: skip
+                continue
         _add_rows(
             dsk, source, tuple(pieces), window.size, out_key, (token, window.index, position),
             policy, scope, plan_order, _share(decode_bytes, source, sources),

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import CorruptChunkError, ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
+from ..store.cache import CacheCounts
 from ..store.layout import object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
@@ -33,7 +34,14 @@ from ..store.shards import read_sharded, sharding_codec
 from .failures import raise_failed_read, read_named
 from .tasks import _owned, put_rows, read_views, run_on_loop
 
-__all__ = ["read_rows", "read_subset_window", "read_window", "release_free_memory"]
+__all__ = [
+    "cut_kept_chunks",
+    "read_kept_chunk",
+    "read_rows",
+    "read_subset_window",
+    "read_window",
+    "release_free_memory",
+]
 
 
 def read_rows(
@@ -133,6 +141,70 @@ def read_window(
     skipped = _read_again(view, name, runs, place, ledger, policy, scope)
     out = _without(place.out, skipped, size, plan_order)
     return out, _report(view, pieces, ledger, [p for p, _ in skipped])
+
+
+def read_kept_chunk(
+    array: Any, name: str, piece: ChunkPiece, row_bytes: int, policy: ReadPolicy
+) -> tuple[np.ndarray, ReadReport]:
+    """Every row of one axis-0 chunk (``piece`` takes all), kept on a cluster by a cache.
+
+    The chunk task a :class:`ChunkCache` holds as a cluster future: the read
+    of a one-chunk window, with the stream's read policy (missing chunks,
+    ``on_error``, retries), its result read-only (windows on an in-process
+    cluster share it).
+    """
+    rows, report = read_window(array, name, piece.rows, row_bytes, (piece,), policy)
+    rows.setflags(write=False)
+    return rows, report
+
+
+def cut_kept_chunks(
+    parts: Sequence[tuple[np.ndarray, ReadReport]],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    plan_order: bool,
+    made: Sequence[bool],
+) -> tuple[np.ndarray, ReadReport]:
+    """One window's rows cut from the kept chunks ``parts`` (one per piece), and its report.
+
+    As :func:`read_window` returns them: ascending sample order, or plan
+    order; the rows of chunks skipped as undecodable left out.  ``made``:
+    whether each chunk's task was made for this window (a cache miss; its
+    retries are counted here), else it was kept from before (a hit).
+    """
+    first = parts[0][0]
+    out = np.empty((size, *first.shape[1:]), first.dtype)
+    skipped: list[tuple[ChunkPiece, int]] = []
+    missing_keys: dict[str, None] = {}
+    missing_chunks: list[int] = []
+    counts = CacheCounts()
+    retries, at = 0, 0
+    for (rows, report), piece, new in zip(parts, pieces, made, strict=True):
+        taken = _taken(piece)
+        if new:
+            counts.misses += 1
+            retries += report.retries
+        else:
+            counts.hits += 1
+            counts.bytes_hit += rows.nbytes
+        missing_keys.update(dict.fromkeys(report.missing_keys))
+        if report.missing_chunks:
+            missing_chunks.append(piece.chunk)
+        if report.skipped:
+            skipped.append((piece, at))
+        elif plan_order:
+            out[piece.dest] = rows[piece.take]
+        else:
+            out[at : at + taken] = rows[piece.take]
+        at += taken
+    report = ReadReport(
+        cache=counts,
+        missing_keys=tuple(missing_keys),
+        missing_chunks=tuple(missing_chunks),
+        retries=retries,
+        skipped=tuple((p.chunk, p.start, p.stop) for p, _ in skipped),
+    )
+    return _without(out, skipped, size, plan_order), report
 
 
 def read_subset_window(

@@ -30,8 +30,9 @@ import os
 import struct
 import threading
 import uuid
+import weakref
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ __all__ = [
     "byte_size",
     "chunk_name",
     "inner_chunk_name",
+    "rows_name",
 ]
 
 #: First bytes of a cache file, and its format's version.
@@ -63,7 +65,10 @@ _HEADER = struct.Struct("<I")  # the JSON header's length
 #: This process's identity in keys of in-memory stores (not shared between processes).
 _PROCESS = f"{os.getpid()}-{uuid.uuid4().hex}"
 #: Every cache made in this process, by id: a cache sent to a worker finds its twin there.
-_REGISTRY: dict[str, ChunkCache] = {}
+#: Caches made by their users are held weakly (one dropped releases its cluster futures);
+#: twins made by unpickling (a worker's) live as long as the process.
+_REGISTRY: weakref.WeakValueDictionary[str, ChunkCache] = weakref.WeakValueDictionary()
+_TWINS: dict[str, ChunkCache] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
@@ -114,7 +119,14 @@ class ChunkCache:
     Notes
     -----
     Pass it as ``cache=`` to a stream, a ``Loader`` or a per-chunk job; one
-    cache can serve several streams, epochs and arrays.  It holds chunks as
+    cache can serve several streams, epochs and arrays.
+
+    On a ``distributed`` cluster, a batch stream of Zarr arrays keeps each
+    decoded axis-0 chunk as a cluster future this object holds (in the
+    workers' memory, spilled by dask under pressure), up to ``memory`` bytes
+    in total, least recently used released first; window tasks depend on
+    them and run where they live.  :meth:`clear`, or dropping the cache,
+    releases them.  It holds chunks as
     decoded (the codecs' output), keyed so that an array rewritten with other
     metadata is never served from it; an array rewritten in place with the
     same metadata is detected by the key only if its store or path differs,
@@ -149,6 +161,11 @@ class ChunkCache:
         self._write_error: str | None = None
         self._warned = False
         self._disk_used = self._scan() if self.directory is not None else 0
+        # cluster futures of decoded chunks: key -> (client id, future, bytes), LRU order
+        self._cluster: collections.OrderedDict[str, tuple[str, Any, int]] = (
+            collections.OrderedDict()
+        )
+        self._cluster_held = 0
 
     def __reduce__(self) -> Any:
         return (_cache_of, (self.id, self.memory, str(self.directory) if self.directory else None,
@@ -179,9 +196,9 @@ class ChunkCache:
         return found
 
     def contains(self, key: str) -> bool:
-        """Whether the chunk is in memory or has a file (not checked)."""
+        """Whether the chunk is in memory, on the cluster or has a file (not checked)."""
         with self._lock:
-            if key in self._entries:
+            if key in self._entries or key in self._cluster:
                 return True
         return self.directory is not None and self._path(key).exists()
 
@@ -215,14 +232,70 @@ class ChunkCache:
             return self._write_error
 
     def clear(self) -> None:
-        """Forget every chunk, in memory and in the directory."""
+        """Forget every chunk, in memory, on the cluster and in the directory."""
         with self._lock:
             self._entries.clear()
             self._held = 0
+        self.release_cluster()
         if self.directory is not None:
             for path in self.directory.glob("*.chunk"):
                 path.unlink(missing_ok=True)
             self._disk_used = 0
+
+    # ---------------------------------------------------------------- cluster
+
+    def cluster_chunk(
+        self, key: str, owner: str, nbytes: int, make: Callable[[bool], Any]
+    ) -> tuple[Any, bool]:
+        """The cluster future of chunk ``key`` (of client ``owner``), made by ``make`` if needed.
+
+        Returns the future and whether it was made now (a miss).  A future of
+        another client, or one that failed or was cancelled, is made again
+        (``make(True)``: under a new task key, as the scheduler may still hold
+        the failed one).
+        Futures are kept up to ``memory`` bytes in total (``nbytes`` each),
+        least recently used released first; a chunk larger than the budget is
+        not kept (its future lives as long as the tasks that need it).
+        """
+        with self._lock:
+            found = self._cluster.get(key)
+            if found is not None and found[0] == owner and found[1].status not in (
+                "error", "cancelled", "lost",
+            ):  # fmt: skip
+                self._cluster.move_to_end(key)
+                return found[1], False
+        future = make(found is not None)
+        released = []
+        with self._lock:
+            old = self._cluster.pop(key, None)
+            if old is not None:
+                self._cluster_held -= old[2]
+                released.append(old[1])
+            if nbytes <= self.memory:
+                self._cluster[key] = (owner, future, nbytes)
+                self._cluster_held += nbytes
+                while self._cluster_held > self.memory:
+                    _, (_, gone, size) = self._cluster.popitem(last=False)
+                    self._cluster_held -= size
+                    released.append(gone)
+        for gone in released:
+            if gone is not future:
+                gone.release()  # the scheduler keeps it while a window in flight needs it
+        return future, True
+
+    def release_cluster(self) -> None:
+        """Release every cluster future of a decoded chunk (workers drop them)."""
+        with self._lock:
+            held = [future for _, future, _ in self._cluster.values()]
+            self._cluster.clear()
+            self._cluster_held = 0
+        for future in held:
+            future.release()
+
+    @property
+    def cluster_chunks(self) -> int:
+        """Decoded chunks this cache keeps on a cluster (futures held)."""
+        return len(self._cluster)
 
     # ---------------------------------------------------------------- memory
 
@@ -351,7 +424,7 @@ def _read_file(file: Any, key: str) -> np.ndarray:
 def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | None) -> ChunkCache:
     """The cache ``cache_id`` in this process: itself, or its twin made here (a worker's)."""
     with _REGISTRY_LOCK:
-        found = _REGISTRY.get(cache_id)
+        found = _REGISTRY.get(cache_id) or _TWINS.get(cache_id)
     if found is not None:
         return found
     cache = ChunkCache.__new__(ChunkCache)
@@ -361,7 +434,12 @@ def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | Non
         cache.directory.mkdir(parents=True, exist_ok=True)
     cache._init_state()
     with _REGISTRY_LOCK:
-        return _REGISTRY.setdefault(cache_id, cache)
+        return _TWINS.setdefault(cache_id, cache)
+
+
+def rows_name(start: int, stop: int) -> str:
+    """The name a cluster keeps rows ``start:stop`` (one axis-0 chunk, every column) under."""
+    return f"rows:{start}:{stop}"
 
 
 def inner_chunk_name(shard_key: str, coords: Iterable[int]) -> str:

@@ -37,8 +37,8 @@ from ..read.graphs import (
     window_graph,
 )
 from ..read.patches import ChunkShare
-from ..read.window import release_free_memory
-from ..store.cache import ChunkCache, array_token, chunk_name
+from ..read.window import read_kept_chunk, release_free_memory
+from ..store.cache import ChunkCache, array_token, chunk_name, rows_name
 from ..store.layout import chunk_grid
 from ..store.patches import PatchSource
 from ..store.policy import (
@@ -84,10 +84,14 @@ def _cached_summary(
     known: dict[str, bool] = {}
     tokens: dict[int, str] = {}
 
-    def held(array: zarr.Array, blocks: Iterable[tuple[int, ...]], whole: bool) -> bool:
+    def token_of(array: zarr.Array) -> str:
         token = tokens.get(id(array))
         if token is None:
             token = tokens[id(array)] = array_token(array)
+        return token
+
+    def held(array: zarr.Array, blocks: Iterable[tuple[int, ...]], whole: bool) -> bool:
+        token = token_of(array)
         for block in blocks:
             key = cache.key(token, chunk_name(array, block, whole))
             if key not in known:
@@ -115,8 +119,13 @@ def _cached_summary(
             return None
         rest = [range(n) for n in chunk_grid(array)[1:]]
         spans = getattr(source, "spans", None)
+        bounds = np.cumsum([0, *stored.chunks[0]]).tolist()
 
         def row(chunk: int) -> bool:
+            if spans is None and stored is source:  # kept whole on a cluster (its rows)
+                name = rows_name(bounds[chunk], bounds[chunk + 1])
+                if cache.contains(cache.key(token_of(array), name)):
+                    return True
             first = chunk if spans is None else spans[chunk][0]
             if array.shards is not None:  # the shard reader keeps inner chunks
                 per = array.chunks[0]
@@ -316,6 +325,10 @@ class BatchStream(Stream[Any]):
         stream = weakref.proxy(self)
         shares = _chunk_shares(spec, sources, runner.plan_order)
         pool = self._pool
+        # a cache on a cluster: decoded chunks kept as cluster futures, windows cut from them
+        kept = (
+            None if policy.cache is None else runner.keeper(policy.cache, read_kept_chunk, policy)
+        )
 
         def submit(window: Window, offset: int) -> Any:
             dsk, key = window_graph(
@@ -328,6 +341,7 @@ class BatchStream(Stream[Any]):
                 spec.decode_bytes,
                 shares,
                 pool,
+                kept,
             )
             return stream._submit(dsk, key, -window.index, lambda w=window: stream._where(w))
 
