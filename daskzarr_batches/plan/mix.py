@@ -10,7 +10,7 @@ length and a rank's steps never change); where they fall is drawn per
 ``(seed, epoch)`` by stratified sampling: source ``k``'s ``j``-th draw lands
 at time ``(j + u) / c_k`` (``u`` uniform), the draws of all sources merged by
 time.  Every prefix of the epoch then holds each source's share to within
-about two samples, so windows and batches are mixed as the whole epoch is.
+``K + 1`` draws (``K`` sources), so windows and batches are mixed as the whole epoch is.
 """
 
 from __future__ import annotations

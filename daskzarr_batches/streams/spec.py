@@ -35,9 +35,9 @@ from ..errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
 from ..execute.runners import resolve_client
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
+from ..plan.mix import MixOrder
 from ..plan.windows import ShuffleMode, chunk_offsets
 from ..store.cache import ChunkCache
-from ..plan.mix import MixOrder
 from ..store.collections import ConcatSource, MixSource, SourcesSource, sources_source
 from ..store.layout import shard_layout
 from ..store.open import open_array
