@@ -41,7 +41,7 @@ from .plan.epoch import EpochPlan
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
 from .store.cache import ChunkCache
-from .store.collections import Collection, concat, open_collection
+from .store.collections import Collection, Mixture, concat, mix, open_collection
 from .store.open import open_array
 from .store.subsets import ChunkSubset
 from .streams.base import SkippedChunk, Stream, StreamStats
@@ -94,6 +94,7 @@ __all__ = [
     "LoaderBusyError",
     "MissingChunkError",
     "MissingChunksWarning",
+    "Mixture",
     "Moments",
     "PlanSummary",
     "SkippedChunk",
@@ -115,6 +116,7 @@ __all__ = [
     "count_batches",
     "feature_moments",
     "map_chunks",
+    "mix",
     "open_array",
     "open_collection",
     "paired_batch_stream",

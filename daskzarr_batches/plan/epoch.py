@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -53,6 +54,9 @@ from .windows import (
     sample_units,
     sorting_order,
 )
+
+if TYPE_CHECKING:
+    from .mix import MixOrder
 
 __all__ = ["EpochPlan", "permutation"]
 
@@ -175,6 +179,7 @@ class EpochPlan:
     row_bytes: tuple[int, ...] = ()
     shards: tuple[ShardLayout | None, ...] = ()
     ramp: bool = True
+    mix: MixOrder | None = None
     units: IndexArray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -284,7 +289,9 @@ class EpochPlan:
     def windows(self) -> Iterator[Window]:
         """Yield the epoch's windows in delivery order (lazily)."""
         orders: Iterator[tuple[range | SampleIds, _UnitShuffle | None]]
-        if self.shuffle == "none":
+        if self.mix is not None:
+            orders = ((samples, None) for samples in self._mix_orders())
+        elif self.shuffle == "none":
             orders = ((samples, None) for samples in self._sequential_orders())
         elif self.shuffle == "buffer":
             orders = self._buffered_orders()
@@ -319,7 +326,7 @@ class EpochPlan:
         index : int, default 0
             Index of the first sequential window.
         """
-        if self.shuffle == "none":
+        if self.shuffle == "none" and self.mix is None:
             for samples in self._sequential_orders(first):
                 if samples.start >= end:
                     return
@@ -409,6 +416,17 @@ class EpochPlan:
             # (tests/test_plan.py checks it), and the shuffle gives the pieces.
             shuffle = rng.permutation(len(samples))
             yield samples[shuffle], _UnitShuffle.of(starts, stops, shuffle)
+
+    def mix_order(self) -> tuple[SampleIds, IndexArray]:
+        """A mixture's ``(sample ids, source)`` per draw of this epoch (``mix`` set)."""
+        assert self.mix is not None
+        return self.mix.order(self.shuffle, self.window_rows, self.seed, self.epoch, self.ramp)
+
+    def _mix_orders(self) -> Iterator[SampleIds]:
+        order = self.mix_order()[0][: self.n_used]
+        step = max(self.window_rows, 1)
+        for lo in range(0, len(order), step):
+            yield order[lo : lo + step]
 
     def _exact_orders(self) -> Iterator[SampleIds]:
         order = permutation(self.rng(), self.n_samples)[: self.n_used]

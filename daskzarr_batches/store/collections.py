@@ -33,8 +33,11 @@ __all__ = [
     "OPEN_THREADS",
     "Collection",
     "ConcatSource",
+    "MixSource",
+    "Mixture",
     "SourcesSource",
     "concat",
+    "mix",
     "open_collection",
 ]
 
@@ -450,3 +453,191 @@ def open_collection(
     collection = Collection(members, names=[_label(path) for path in paths])
     collection.describe("collection")  # the mismatch errors now, naming the store
     return collection
+
+
+@dataclass(frozen=True)
+class MixSource(ConcatSource):
+    """A mixture's sources joined as a collection (:class:`ConcatSource`), with its mixing rule.
+
+    Reading, chunk-awareness and provenance are the collection's; the epoch
+    order is the mixture's (``plan.mix.MixOrder``, made by the stream's spec).
+    """
+
+    weights: tuple[float, ...] = ()
+    stop: str = "first_exhausted"
+    samples_per_epoch: int | None = None
+    seed: int = 0
+
+    @property
+    def rule(self) -> tuple[Any, ...]:
+        """What fixes the draws: paired mixtures must agree on it."""
+        lengths = tuple(member.n_samples for member in self.members)
+        return (lengths, self.weights, self.stop, self.samples_per_epoch, self.seed)
+
+
+class Mixture(Collection):
+    """A seeded mixture of datasets by weight; made by :func:`mix`.
+
+    A :class:`Collection` of its sources (``members``) whose epoch order
+    draws from each source by its weight, each source in its own order.
+
+    Attributes
+    ----------
+    weights : tuple of float
+        The weights, normalised to sum to 1.
+    stop : str
+        ``"first_exhausted"``, ``"all_exhausted"`` or ``"never"``.
+    samples_per_epoch : int or None
+    seed : int
+        Seed of the schedule (which source each draw takes).
+    """
+
+    __slots__ = ("samples_per_epoch", "seed", "stop", "weights")
+
+    def __init__(
+        self,
+        members: Sequence[Any],
+        weights: Sequence[float],
+        stop: str,
+        samples_per_epoch: int | None,
+        seed: int,
+    ) -> None:
+        super().__init__(members)
+        total = float(sum(weights))
+        self.weights = tuple(float(w) / total for w in weights)
+        self.stop = stop
+        self.samples_per_epoch = samples_per_epoch
+        self.seed = seed
+
+    def _concat(self, role: str) -> ConcatSource:
+        if self._source is None:
+            joined = _concat_source(self._members, role, self.names)
+            self._source = MixSource(
+                f"mixture of {len(joined.members)}", joined.shape, joined.dtype,
+                joined.chunks, joined.members, self.weights, self.stop,
+                self.samples_per_epoch, self.seed,
+            )  # fmt: skip
+        return self._source
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Samples drawn from each source per epoch (the stop rule's)."""
+        from ..plan.mix import mix_counts
+
+        return tuple(
+            int(c)
+            for c in mix_counts(self.lengths, self.weights, self.stop, self.samples_per_epoch)
+        )
+
+    def __len__(self) -> int:
+        """Samples per epoch."""
+        return sum(self.counts)
+
+    def __repr__(self) -> str:
+        weights = ", ".join(f"{w:.3g}" for w in self.weights)
+        return (
+            f"Mixture({len(self._members)} sources, weights=({weights}), stop={self.stop!r}, "
+            f"samples per epoch={len(self)})"
+        )
+
+
+def mix(
+    sources: Sequence[Any],
+    weights: Sequence[float],
+    *,
+    seed: int = 0,
+    samples_per_epoch: int | None = None,
+    stop: str = "first_exhausted",
+) -> Any:
+    """A seeded mixture of datasets by weight, streamed as one dataset.
+
+    Each epoch draws from source ``k`` a share ``weights[k]`` of its samples
+    (to within a sample or two per source in every window), each source in
+    the order its own stream would give (the stream's ``shuffle``: sequential,
+    buffered or exact; seeded by :func:`~daskzarr_batches.plan.mix.mix_seed`),
+    the interleave drawn per ``(seed, epoch)``.  Pass the result wherever an
+    array is accepted (:class:`Loader`, the batch stream constructors,
+    :func:`plan_epoch`); ``return_sources=True`` gives each sample's source
+    and position in it.
+
+    Parameters
+    ----------
+    sources : sequence
+        The datasets: arrays or stores (as :func:`concat` takes them), or
+        each a dict / tuple of paired arrays (then a dict / tuple of
+        mixtures, drawn together, is returned).
+    weights : sequence of float
+        One positive weight per source (normalised).
+    seed : int, default 0
+        Seed of the interleave.
+    samples_per_epoch : int, optional
+        Samples per epoch: required for ``stop="never"``; a cap (a prefix
+        of the epoch) for the other rules.
+    stop : {"first_exhausted", "all_exhausted", "never"}, default "first_exhausted"
+        ``"first_exhausted"``: the epoch ends when a source is used up (no
+        sample twice).  ``"all_exhausted"``: when every source has been used
+        once, the others cycled meanwhile.  ``"never"``: every source cycled,
+        ``samples_per_epoch`` samples.
+
+    Returns
+    -------
+    Mixture, or a dict / tuple of Mixture
+
+    Raises
+    ------
+    ArgumentValueError, ArgumentTypeError
+        Weights that do not match the sources or are not positive, an
+        unknown ``stop``, ``"never"`` without ``samples_per_epoch``, an
+        empty source, or sources that do not join (:func:`concat`).
+    """
+    from ..plan.mix import STOP_RULES
+
+    if isinstance(sources, str | os.PathLike | Mapping) or not isinstance(sources, Sequence):
+        raise ArgumentTypeError(
+            f"mix takes a list or tuple of datasets, got {type(sources).__name__}"
+        )
+    if any(isinstance(s, Collection) for s in sources):
+        raise ArgumentTypeError(
+            "a mixture's source is an array or a store; a collection as one source is not "
+            "supported yet (mix its members, or concat them into one store)"
+        )
+    try:
+        weights = [float(w) for w in weights]
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(f"weights must be numbers, got {weights!r}") from None
+    if len(weights) != len(sources):
+        raise ArgumentValueError(
+            f"{len(weights)} weights for {len(sources)} sources; give one weight per source"
+        )
+    if not all(np.isfinite(w) and w > 0 for w in weights):
+        raise ArgumentValueError(f"weights must be finite and positive, got {weights!r}")
+    if stop not in STOP_RULES:
+        raise ArgumentValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
+    if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
+        raise ArgumentValueError(f"seed must be a non-negative int, got {seed!r}")
+    if samples_per_epoch is not None and (
+        not isinstance(samples_per_epoch, int | np.integer)
+        or isinstance(samples_per_epoch, bool)
+        or samples_per_epoch < 1
+    ):
+        raise ArgumentValueError(
+            f"samples_per_epoch must be a positive int or None, got {samples_per_epoch!r}"
+        )
+    if stop == "never" and samples_per_epoch is None:
+        raise ArgumentValueError(
+            "stop='never' cycles every source, so it needs samples_per_epoch (the epoch's length)"
+        )
+    joined = concat(sources)
+
+    def mixture(collection: Collection) -> Mixture:
+        out = Mixture(collection.members, weights, stop, samples_per_epoch, int(seed))
+        for k, n in enumerate(out.lengths):
+            if n == 0:
+                raise ArgumentValueError(f"source {k} of the mixture is empty (0 samples)")
+        return out
+
+    if isinstance(joined, dict):
+        return {name: mixture(c) for name, c in joined.items()}
+    if isinstance(joined, tuple):
+        return tuple(mixture(c) for c in joined)
+    return mixture(joined)

@@ -105,6 +105,10 @@ class StreamStats:
     cache_damaged : int
         Cache files found damaged (truncated, altered): dropped and read
         again from the store.
+    samples_per_source : list of int or None
+        Streams over a collection or a mixture: samples of the consumed
+        windows drawn from each member / source (a mixture's realised
+        shares); ``None`` for other streams.
     bytes_distinct : int or None
         Patch streams: decoded bytes of the distinct stored chunks read so far
         (each counted once); ``None`` for other streams, whose samples do not
@@ -124,6 +128,7 @@ class StreamStats:
     samples_filled: int = 0
     time_to_first_batch: float | None = None
     bytes_distinct: int | None = None
+    samples_per_source: list[int] | None = None
     cache_hits: int = 0
     cache_misses: int = 0
     bytes_from_cache: int = 0

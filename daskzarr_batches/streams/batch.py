@@ -39,6 +39,7 @@ from ..read.graphs import (
 from ..read.patches import ChunkShare
 from ..read.window import read_kept_chunk, release_free_memory
 from ..store.cache import ChunkCache, array_token, chunk_name, rows_name
+from ..store.collections import ConcatSource
 from ..store.layout import chunk_grid
 from ..store.patches import PatchSource
 from ..store.policy import (
@@ -373,6 +374,7 @@ class BatchStream(Stream[Any]):
             size = quota - progress.fed
             outputs, order = _first_rows(outputs, order, size)
         progress.fed += size
+        self._count_sources(window, size)
         if offset >= self._total - self._start:  # a window past the end: filling
             self.stats.samples_filled += size
             progress.filled_read += window.size
@@ -384,6 +386,19 @@ class BatchStream(Stream[Any]):
                     "skipped as undecodable (on_error='skip')"
                 )
         return outputs, order
+
+    def _count_sources(self, window: Window, size: int) -> None:
+        """``stats.samples_per_source``: the window's first ``size`` samples by member."""
+        first = self.spec.sources[0]
+        if not isinstance(first, ConcatSource):
+            return
+        counts = self.stats.samples_per_source
+        if counts is None:
+            counts = self.stats.samples_per_source = [0] * len(first.members)
+        samples = np.asarray(window.samples[:size], dtype=np.int64)
+        member = np.searchsorted(first.offsets, samples, side="right") - 1
+        for m, n in enumerate(np.bincount(member, minlength=len(counts)).tolist()):
+            counts[m] += n
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.

@@ -21,6 +21,7 @@ from ..errors import ArgumentValueError
 from ..plan.batching import count_batches as _count
 from ..plan.summary import PlanSummary
 from ..store.cache import ChunkCache
+from ..store.collections import Mixture
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .batch import BatchStream, _summary
 from .chunk import ChunkStream, build_chunk_stream
@@ -66,8 +67,8 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
-        Samples along axis 0.
+    array : zarr, dask or numpy array, path or URL, Collection, Mixture or ChunkSubset
+        Samples along axis 0 (a mixture: the samples it draws per epoch).
     batch_size : int
         Samples per batch (>= 1).
     drop_remainder : bool, default False
@@ -81,6 +82,8 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
     """
     size = positive_int("batch_size", batch_size)
     drop = flag("drop_remainder", drop_remainder)
+    if isinstance(array, Mixture):  # an epoch of draws, not the joined length
+        return _count(len(array), size, drop)
     return _count(row_source(array, "array").n_samples, size, drop)
 
 
@@ -179,8 +182,8 @@ def batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
-        Samples along axis 0.
+    array : zarr, dask or numpy array, path or URL, Collection, Mixture or ChunkSubset
+        Samples along axis 0 (a mixture: the samples it draws per epoch).
     batch_size : int
         Samples per batch (>= 1; numpy integers accepted).
     drop_remainder : bool, default False
@@ -292,8 +295,8 @@ def shuffled_batch_stream(
 
     Parameters
     ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
-        Samples along axis 0.
+    array : zarr, dask or numpy array, path or URL, Collection, Mixture or ChunkSubset
+        Samples along axis 0 (a mixture: the samples it draws per epoch).
     batch_size : int
         Samples per batch.
     seed : int, optional

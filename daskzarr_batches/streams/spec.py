@@ -35,9 +35,10 @@ from ..errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
 from ..execute.runners import resolve_client
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
+from ..plan.mix import MixOrder
 from ..plan.windows import ShuffleMode, chunk_offsets
 from ..store.cache import ChunkCache
-from ..store.collections import ConcatSource, SourcesSource, sources_source
+from ..store.collections import ConcatSource, MixSource, SourcesSource, sources_source
 from ..store.layout import shard_layout
 from ..store.open import open_array
 from ..store.patches import PatchSource
@@ -426,6 +427,7 @@ class StreamSpec:
         sources = tuple(row_source(a, r) for a, r in zip(arrays, roles, strict=True))
         _check_subsets(sources, roles)
         _check_lengths(sources, roles)
+        _check_mixtures(sources, roles)
         put("return_sources", flag("return_sources", self.return_sources))
         if self.return_sources:
             sources = (*sources, _provenance(sources[0], roles[0]))
@@ -489,8 +491,33 @@ class StreamSpec:
 
     @property
     def n_samples(self) -> int:
-        """Length of axis 0, shared by every array."""
+        """Samples per epoch: the length of axis 0, shared by every array (a mixture's draws)."""
+        if self.mix is not None:
+            return self.mix.n_samples
         return self.sources[0].n_samples
+
+    @functools.cached_property
+    def mix(self) -> MixOrder | None:
+        """A mixture's draws (``plan.mix``), when the arrays are mixtures (:func:`mix`)."""
+        mixed = [s for s in self.sources if isinstance(s, MixSource)]
+        if not mixed:
+            return None
+        first = mixed[0]
+        return MixOrder(
+            lengths=tuple(member.n_samples for member in first.members),
+            offsets=tuple(
+                tuple(chunk_offsets(source.members[k].chunks[0]) for source in mixed)
+                for k in range(len(first.members))
+            ),
+            shards=tuple(
+                tuple(shard_layout(source.members[k]) for source in mixed)
+                for k in range(len(first.members))
+            ),
+            weights=first.weights,
+            stop=first.stop,
+            samples_per_epoch=first.samples_per_epoch,
+            seed=first.seed,
+        )
 
     @property
     def row_bytes(self) -> int:
@@ -540,6 +567,7 @@ class StreamSpec:
             row_bytes=tuple(source.row_bytes for source in self.sources),
             shards=tuple(shard_layout(source) for source in self.sources),
             ramp=self.ramp,
+            mix=self.mix,
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:
@@ -615,6 +643,26 @@ def _check_subsets(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
                 "paired subsets must come from one split of the arrays together "
                 "(chunk_split of a tuple), subset[0] and subset[1]"
             )
+
+
+def _check_mixtures(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
+    """Arrays read together are all mixtures of one rule (pairs drawn together), or none is."""
+    mixed = [isinstance(source, MixSource) for source in sources]
+    if not any(mixed):
+        return
+    if not all(mixed):
+        plain = [role for role, m in zip(roles, mixed, strict=True) if not m]
+        raise ArgumentValueError(
+            f"{', '.join(plain)} is not a mixture but the other arrays are; mix paired "
+            "arrays together (mix of dicts or tuples) and pass its mixtures"
+        )
+    rules = {source.rule for source in sources if isinstance(source, MixSource)}
+    if len(rules) > 1:
+        raise ArgumentValueError(
+            f"the mixtures of {', '.join(roles)} draw differently (lengths, weights, stop, "
+            "samples_per_epoch or seed differ); mix paired arrays in one call "
+            "(mix([{'x': x1, 'y': y1}, {'x': x2, 'y': y2}], weights))"
+        )
 
 
 def _ranges_text(ranges: tuple[tuple[int, int], ...]) -> str:
