@@ -210,8 +210,10 @@ def test_tiling_patches_decode_each_chunk_once() -> None:
         assert stream.stats.chunks_read == 4 * 2 * 3
 
 
-@pytest.mark.parametrize("chunks", [(1, 6, 10), (4, 3, 10)])
-def test_forecast_pairs_decode_each_chunk_once(chunks: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(
+    ("chunks", "window"), [((1, 6, 10), 16 * 240), ((4, 3, 10), 16 * 240), ((4, 3, 5), 240)]
+)
+def test_forecast_pairs_decode_each_chunk_once(chunks: tuple[int, ...], window: int) -> None:
     """(t, t + 1) pairs from one array: inputs and targets share each window's chunks.
 
     The chunk after a window's last origin (its targets' halo) is the next
@@ -221,7 +223,9 @@ def test_forecast_pairs_decode_each_chunk_once(chunks: tuple[int, ...]) -> None:
     """
     x = np.random.default_rng(1).random((64, 6, 10), dtype="f4")
     z = as_kind(x, "zarr", chunks)
-    stream = patch_stream(z, {0: 1}, 4, target_offset={0: 1}, window_bytes=16 * 240)
+    # (4, 3, 5) in one-field windows: a row of chunks is larger than two windows, and the
+    # chunks handed on must still be kept until the next window takes them
+    stream = patch_stream(z, {0: 1}, 4, target_offset={0: 1}, window_bytes=window)
     plan = stream.summary()
     assert plan.read_amplification == pytest.approx(1.0)
     got_x, got_y = collect(stream)

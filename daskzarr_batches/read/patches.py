@@ -208,9 +208,8 @@ def read_patches(
     starts = np.concatenate([[0], np.cumsum(groups, dtype=np.int64)]).tolist()
     done: set[Block] = set()  # the stored chunks this task decoded
     edges: frozenset[Block] = frozenset()
-    if share is not None and boxes:  # the chunks other windows may need: its ends'
-        ends = [boxes[0], boxes[-1]]
-        edges = frozenset(box_chunks(ends, bounds)[0])
+    if share is not None and boxes:  # the chunks the windows before and after may need
+        edges = _edges(boxes, bounds, cuts, origins)
     for lo, hi in _box_groups(boxes, dtype.itemsize):
         part = boxes[lo:hi]
         if isinstance(array, np.ndarray):
@@ -270,6 +269,26 @@ def _coverage(grid: PatchGrid, cuts: Sequence[Cut]) -> Box:
         high = max(c.shift[axis] + c.size[axis] for c in cuts)
         region[axis] = slice(int(origins[0]) + low, int(origins[-1]) + high)
     return tuple(region)
+
+
+def _edges(
+    boxes: Sequence[Box], bounds: Sequence[np.ndarray], cuts: Sequence[Cut], origins: np.ndarray
+) -> frozenset[Block]:
+    """The chunks of a sequential window that the windows before and after it may need.
+
+    Along the first patched dim (the slowest of the C order) the window owns
+    the rows of chunks its patches' origins fall in.  The windows next to it
+    may need its first and last owned rows (their targets or patches reach
+    into them) and it needs rows it does not own (its own halo, which the
+    window after owns): those chunks are shared; the others only this window
+    needs (their boxes go back to the pool).
+    """
+    lead = cuts[0].axes[0] if cuts[0].axes else 0
+    rows = np.searchsorted(bounds[lead], origins[:, lead], side="right") - 1
+    owned = set(rows.tolist())
+    ends = {min(owned), max(owned)} if owned else set()
+    spans, _ = box_chunks(boxes, bounds)
+    return frozenset(b for b in spans if b[lead] not in owned or b[lead] in ends)
 
 
 def _box_groups(boxes: Sequence[Box], itemsize: int) -> list[tuple[int, int]]:
