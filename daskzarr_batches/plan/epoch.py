@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .batching import batches_completed, count_batches, samples_used
+from .quality import QualityCounter
 from .shards import ShardLayout, shard_requests, shard_units
 from .summary import PlanSummary, WindowSummary
 from .windows import (
@@ -162,6 +163,9 @@ class EpochPlan:
         first batch waits for one unit's read.  Exact windows are not ramped
         (a small window of a uniform permutation still touches nearly every
         chunk, so it would cost a read of the data and save no time).
+    members : tuple of int, optional
+        A collection's member offsets (``[0, len0, ..., n]``): :meth:`summary`
+        then reports the source entropy of the batches (``plan.quality``).
     """
 
     n_samples: int
@@ -175,6 +179,7 @@ class EpochPlan:
     row_bytes: tuple[int, ...] = ()
     shards: tuple[ShardLayout | None, ...] = ()
     ramp: bool = True
+    members: tuple[int, ...] = ()
     units: IndexArray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -210,7 +215,9 @@ class EpochPlan:
         """
         row_bytes = self.row_bytes or (0,) * len(self.offsets)
         rows = []
+        quality = self.quality_counter()
         for window in self.windows():
+            quality.add(window.samples, range(window.position, window.position + window.size))
             batches = batches_completed(window.position, window.size, self.batch_size, self.n_used)
             chunks = tuple(tuple(piece.chunk for piece in pieces) for pieces in window.pieces)
             decoded = sum(
@@ -239,7 +246,12 @@ class EpochPlan:
             n_batches=self.n_batches,
             bytes_yielded=self.n_used * sum(row_bytes),
             dataset_bytes=self.n_samples * sum(row_bytes),
+            quality=quality.quality(),
         )
+
+    def quality_counter(self) -> QualityCounter:
+        """An empty :class:`QualityCounter` for this epoch's ids (and members, batches)."""
+        return QualityCounter(self.n_samples, self.members or None, self.batch_size)
 
     def _store_reads(self, window: Window) -> tuple[int, int]:
         """Shards a window touches and the store requests it makes (an estimate, no I/O).
