@@ -31,7 +31,6 @@ Pure numpy.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -294,7 +293,7 @@ class QualityCounter:
             entropy=bits / exact if exact else 1.0,
             entropy_bits=bits,
             exact_entropy_bits=exact,
-            displacement=mean / exact_displacement(self.n),
+            displacement=mean / far if (far := exact_displacement(self.n)) else 1.0,
             source_entropy=sources,
             source_entropy_bits=bits_per_batch,
         )
@@ -321,7 +320,8 @@ def buffer_entropy(units: npt.NDArray[np.int64], window_rows: int, seed: int = 0
     :func:`exact_entropy`: a few milliseconds whatever ``n`` (the permutation
     of the units is the largest cost).  Cached by the units and the window.
     """
-    digest = hashlib.blake2b(np.ascontiguousarray(units, dtype=np.int64).tobytes()).hexdigest()
+    units = np.ascontiguousarray(units, dtype=np.int64)
+    digest = f"{len(units)}:{hash(units.tobytes())}"
     return _buffer_entropy(digest, units, int(window_rows), int(seed))
 
 
@@ -331,7 +331,7 @@ _ESTIMATES: dict[tuple[str, int, int], float] = {}
 def _buffer_entropy(
     digest: str, units: npt.NDArray[np.int64], window_rows: int, seed: int
 ) -> float:
-    key = (digest, window_rows, seed)
+    key = (digest, window_rows, seed)  # within this process
     if key in _ESTIMATES:
         return _ESTIMATES[key]
     units = np.asarray(units, dtype=np.int64)

@@ -391,10 +391,10 @@ class StreamSpec:
         separately, by Zarr's executor.  On a cluster the limit holds
         within each read task on its worker.
     ramp : bool, default True
-        Fast start: the first sequential or buffered window is read as
-        windows of 1, 1, 2, 4, ... units (``EpochPlan.ramp``).  ``False``
-        gives the flat windows of earlier versions (and, for the buffered
-        shuffle, a first buffer mixed as well as the others).
+        Fast start: the first sequential window is read as windows of 1, 1,
+        2, 4, ... units (``EpochPlan.ramp``).  ``False`` gives the flat
+        windows of earlier versions.  Buffered shuffles are never ramped:
+        their first window is the first buffer, read concurrently.
     cache : ChunkCache, optional
         Decoded chunks served from (and kept in) this cache.
     layout : streams.patch.Layout, optional
