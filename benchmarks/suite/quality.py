@@ -125,9 +125,13 @@ def curve(x: zarr.Array, chunk_rows: int) -> dict[str, Any]:
     auto = {}
     for target in (0.9, 0.95, 0.99):
         started = time.perf_counter()
-        plan = dzb.plan_epoch(
-            x, 256, shuffle=True, seed=0, shuffle_buffer_size="auto", shuffle_quality=target
-        )
+        try:
+            plan = dzb.plan_epoch(
+                x, 256, shuffle=True, seed=0, shuffle_buffer_size="auto", shuffle_quality=target
+            )
+        except dzb.ArgumentValueError as error:  # the budget cannot meet the target
+            auto[str(target)] = {"error": str(error)}
+            continue
         seconds = time.perf_counter() - started
         size = plan.windows[0].samples  # the first window is the first buffer, whole units
         auto[str(target)] = {
@@ -150,6 +154,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.plot(chunks, [r["entropy"] for r in result["rows"]], "o-", label="this epoch (plan)")
     ax.plot(chunks, [r["estimate"] for r in result["rows"]], "x--", label="estimate (auto)")
     for target, choice in result["auto"].items():
+        if "error" in choice:
+            continue
         ax.axhline(float(target), color="grey", lw=0.5)
         ax.plot([choice["chunks"]], [choice["estimate"]], "r*", ms=12)
         ax.annotate(
@@ -258,6 +264,8 @@ def run(options: argparse.Namespace) -> None:
         *(
             f"| {q} | {c['chunks']} | {c['estimate']:.3f} | {c['entropy']:.3f} "
             f"| {c['seconds'] * 1e3:.0f} ms |"
+            if "error" not in c
+            else f"| {q} | error: {c['error']} | | | |"
             for q, c in result["auto"].items()
         ),
         "",
