@@ -70,6 +70,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "50 stores of 20,000 rows (open_collection) vs one of 1,000,000: every "
               "stream kind, medians; opening 1,000 stores; writes --out/collection.md",
               ("rounds", "out", "data")),
+    Benchmark("quality", "benchmarks.suite.quality", "run",
+              "issue 18: planned shuffle quality vs buffer size with the auto choice "
+              "(docs/quality_vs_buffer.png), and the first buffered batch beside x[a:b] "
+              "over its chunks, local and on a 20 ms store; writes --out/quality.md",
+              ("rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",

@@ -38,6 +38,7 @@ from .errors import (
 from .loader import Loader
 from .mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from .plan.epoch import EpochPlan
+from .plan.quality import ShuffleQuality
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
 from .store.cache import ChunkCache
@@ -97,6 +98,7 @@ __all__ = [
     "Mixture",
     "Moments",
     "PlanSummary",
+    "ShuffleQuality",
     "SkippedChunk",
     "SkippedChunksWarning",
     "StoreGoneError",

@@ -426,19 +426,25 @@ def first_batch_case(ds: Dataset, rounds: int) -> dict[str, float]:
     """Median time to the first batch, and of one chunk read, in interleaved rounds.
 
     Each round reads one chunk (``x[a:b]`` of a chunk-aligned block, as L0
-    does), then makes a sequential and a buffered (8 chunks) stream of batch
-    256 and takes its first batch; the streams' seeds vary by round, so the
-    buffered stream starts from another chunk each time.
+    does) and 8 chunks (``x[a:b]`` over as many chunks as the buffer holds:
+    ``"buffer"``), then makes a sequential and a buffered (8 chunks) stream of
+    batch 256 and takes its first batch; the streams' seeds vary by round, so
+    the buffered stream starts from another buffer each time.  The buffered
+    stream reads its whole first buffer before its first batch (issue 18).
     """
     x = ds.features
     rows = ds.chunk_rows
     n_chunks = math.ceil(ds.rows / rows)
-    times: dict[str, list[float]] = {"chunk": [], "sequential": [], "buffered": []}
+    times: dict[str, list[float]] = {"chunk": [], "buffer": [], "sequential": [], "buffered": []}
     for k in range(rounds):
         lo = (k * 7 % n_chunks) * rows
         started = time.perf_counter()
         x[lo : lo + rows]
         times["chunk"].append(time.perf_counter() - started)
+        lo = (k * 7 % max(n_chunks - 8, 1)) * rows
+        started = time.perf_counter()
+        x[lo : lo + 8 * rows]
+        times["buffer"].append(time.perf_counter() - started)
         times["sequential"].append(first_batch_seconds(lambda: dzb.batch_stream(x, 256)))
         times["buffered"].append(
             first_batch_seconds(

@@ -119,6 +119,9 @@ def first_batch_section(first_batch: dict[str, float]) -> list[str]:
         "|---|---:|---:|",
         f"| one chunk read | {chunk * 1e3:.1f} | 1.0 |",
     ]
+    if "buffer" in first_batch:
+        buffer = first_batch["buffer"]
+        lines.append(f"| `x[a:b]` over 8 chunks | {buffer * 1e3:.1f} | {buffer / chunk:.1f} |")
     for name in ("sequential", "buffered"):
         if name in first_batch:
             seconds = first_batch[name]

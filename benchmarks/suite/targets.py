@@ -94,6 +94,13 @@ def first_batch(stream: str) -> Value:
     return lambda run: run.first_batch_in_chunk_reads(stream)
 
 
+def first_batch_vs_buffer(run: SuiteRun) -> float:
+    """The buffered stream's time to first batch over ``x[a:b]`` of its buffer's chunks."""
+    if "buffered" not in run.first_batch or "buffer" not in run.first_batch:
+        raise MissingResult("time to first batch (buffered)")
+    return run.first_batch["buffered"] / run.first_batch["buffer"]
+
+
 def flat_allowance_mib(run: SuiteRun) -> float:
     return max(0.1 * run.memory["one"]["peak"], 32 * MiB) / MiB
 
@@ -302,8 +309,10 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("paired buffered shuffle >= 1.0x L0", ratio(PAIRED_BUFFERED, L0), ">=", 1.0),
     TargetSpec("time to first batch <= 3x one chunk read (sequential)", first_batch("sequential"),
                "<=", 3.0, "{value:.1f}x", skip="first batch"),
-    TargetSpec("time to first batch <= 3x one chunk read (buffered)", first_batch("buffered"),
-               "<=", 3.0, "{value:.1f}x", skip="first batch"),
+    # issue 18: the buffered first batch is cut from the whole first buffer (8 chunks, read
+    # concurrently), so its yardstick is zarr's x[a:b] over 8 chunks, measured beside it
+    TargetSpec("time to first batch <= 1.2x x[a:b] over its buffer's 8 chunks (buffered)",
+               first_batch_vs_buffer, "<=", 1.2, "{value:.2f}x", skip="first batch"),
     TargetSpec("400k rows: sequential >= 1.3x L0", ratio(START_SEQUENTIAL, START_L0), ">=", 1.3,
                skip="400k rows"),
     TargetSpec("400k rows: paired buffered shuffle >= 1.0x L0",

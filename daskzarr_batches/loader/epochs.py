@@ -85,8 +85,8 @@ class Loader:
         a buffer of ``shuffle_buffer_size`` samples (or, given as a string
         such as ``"256MiB"``, the samples that many bytes hold), as
         :func:`shuffled_batch_stream`.
-    shuffle_buffer_size, memory_budget, window_bytes, prefetch, client, \
-timeout, missing, on_error, retries, io_concurrency, cache
+    shuffle_buffer_size, shuffle_quality, memory_budget, window_bytes, prefetch, \
+client, timeout, missing, on_error, retries, io_concurrency, cache
         As for the stream constructors (``window_bytes=None``: 32 MiB, or
         16 MiB for patches, as ``patch_stream``).
     seed : int, default 0
@@ -144,6 +144,7 @@ timeout, missing, on_error, retries, io_concurrency, cache
         *,
         shuffle: bool = False,
         shuffle_buffer_size: int | str | None = None,
+        shuffle_quality: float | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         window_bytes: int | None = None,
         seed: int = 0,
@@ -195,7 +196,7 @@ timeout, missing, on_error, retries, io_concurrency, cache
             window_bytes = (
                 DEFAULT_WINDOW_BYTES if input_dims is None else DEFAULT_PATCH_WINDOW_BYTES
             )
-        mode = shuffle_mode(shuffle, shuffle_buffer_size)
+        mode = shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality)
         self.world_size = positive_int("world_size", world_size)
         self.rank = non_negative_int("rank", rank)
         if self.rank >= self.world_size:
@@ -211,6 +212,7 @@ timeout, missing, on_error, retries, io_concurrency, cache
             shuffle=mode,
             seed=non_negative_int("seed", seed) if mode != "none" else None,
             shuffle_buffer_size=shuffle_buffer_size,
+            shuffle_quality=shuffle_quality,
             memory_budget=memory_budget,
             window_bytes=window_bytes,
             prefetch=prefetch,

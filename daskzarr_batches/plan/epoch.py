@@ -17,9 +17,14 @@ Three orders exist:
     ``window_rows`` samples (the shuffle buffer, rounded up to whole units) and
     the rows inside each window are permuted.  One read per chunk.
 
-Both start small (:func:`ramp_split`): the first window is read as windows of
-1, 1, 2, 4, ... units, so the first batch waits for one unit's read, not a
-whole window's; later windows are as without the ramp.
+A sequential order starts small (:func:`ramp_split`): the first window is read
+as windows of 1, 1, 2, 4, ... units, so the first batch waits for one unit's
+read, not a whole window's; later windows are as without the ramp.  A buffered
+order does not: a ramp would hand out its first batches from one chunk each
+(with class-sorted data, single-class batches).  Its first window is the whole
+first buffer, whose chunks the read layer decodes concurrently (the stream
+reads it alone, before any other), so its first batch mixes as many chunks as
+any later one and waits about what ``x[a:b]`` over those chunks costs.
 ``"exact"``
     A uniform permutation of all samples, split into windows of
     ``window_rows`` samples.  A window touches almost every chunk, so the data
@@ -39,6 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .batching import batches_completed, count_batches, samples_used
+from .quality import QualityCounter
 from .shards import ShardLayout, shard_requests, shard_units
 from .summary import PlanSummary, WindowSummary
 from .windows import (
@@ -161,11 +167,15 @@ class EpochPlan:
         :func:`shard_units`), and :meth:`summary` counts shards and store
         requests.
     ramp : bool, default True
-        Whether the first sequential or buffered window is split into
-        windows of 1, 1, 2, 4, ... units (:func:`ramp_split`), so that the
-        first batch waits for one unit's read.  Exact windows are not ramped
+        Whether the first sequential window is split into windows of 1, 1,
+        2, 4, ... units (:func:`ramp_split`), so that the first batch waits
+        for one unit's read.  Buffered windows are not ramped (the first
+        batch would mix one chunk), nor are exact windows
         (a small window of a uniform permutation still touches nearly every
         chunk, so it would cost a read of the data and save no time).
+    members : tuple of int, optional
+        A collection's member offsets (``[0, len0, ..., n]``): :meth:`summary`
+        then reports the source entropy of the batches (``plan.quality``).
     """
 
     n_samples: int
@@ -180,6 +190,7 @@ class EpochPlan:
     shards: tuple[ShardLayout | None, ...] = ()
     ramp: bool = True
     mix: MixOrder | None = None
+    members: tuple[int, ...] = ()
     units: IndexArray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -215,7 +226,9 @@ class EpochPlan:
         """
         row_bytes = self.row_bytes or (0,) * len(self.offsets)
         rows = []
+        quality = self.quality_counter()
         for window in self.windows():
+            quality.add(window.samples, range(window.position, window.position + window.size))
             batches = batches_completed(window.position, window.size, self.batch_size, self.n_used)
             chunks = tuple(tuple(piece.chunk for piece in pieces) for pieces in window.pieces)
             decoded = sum(
@@ -244,7 +257,13 @@ class EpochPlan:
             n_batches=self.n_batches,
             bytes_yielded=self.n_used * sum(row_bytes),
             dataset_bytes=self.n_samples * sum(row_bytes),
+            quality=quality.quality(),
         )
+
+    def quality_counter(self) -> QualityCounter:
+        """An empty :class:`QualityCounter` for this epoch's ids (and members, batches)."""
+        ids = self.n_samples if self.mix is None else sum(self.mix.lengths)  # ids span all sources
+        return QualityCounter(ids, self.members or None, self.batch_size)
 
     def _store_reads(self, window: Window) -> tuple[int, int]:
         """Shards a window touches and the store requests it makes (an estimate, no I/O).
@@ -359,27 +378,21 @@ class EpochPlan:
     def _unit_groups(self, unit_ids: Iterable[int]) -> Iterator[list[int]]:
         """Group units (in the given order) into windows of >= window_rows.
 
-        With the ramp, the first group is yielded as pieces (:func:`ramp_split`).
+        Not ramped: the first window is the whole first buffer, read as one
+        window (its chunks concurrently), so the first batch draws from as
+        many chunks as any other (see the module docstring).
         """
         sizes = np.diff(self.units)
         group: list[int] = []
         rows = 0
-        first = self.ramp
         for unit in unit_ids:
             group.append(int(unit))
             rows += int(sizes[unit])
             if rows >= self.window_rows:
-                yield from self._ramped(group) if first else (group,)
-                group, rows, first = [], 0, False
+                yield group
+                group, rows = [], 0
         if group:
-            yield from self._ramped(group) if first else (group,)
-
-    @staticmethod
-    def _ramped(group: list[int]) -> Iterator[list[int]]:
-        at = 0
-        for size in ramp_split(len(group)):
-            yield group[at : at + size]
-            at += size
+            yield group
 
     def _sequential_orders(self, first: int = 0) -> Iterator[range]:
         # Consecutive units from sample `first` (the part of a unit before the

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .quality import ShuffleQuality
+
 __all__ = ["PlanSummary", "WindowSummary", "read_amplification"]
 
 
@@ -110,6 +112,13 @@ class PlanSummary:
         Whether a chunk cache was given: then each window's ``chunks_cached``
         says how many of its chunk reads the cache held when the plan was
         made (chunks the epoch itself puts in the cache are not counted).
+    quality : ShuffleQuality or None
+        How well mixed the epoch's order is, beside an exact shuffle (from the
+        planned sample ids: :mod:`~daskzarr_batches.plan.quality`).
+    buffer_figure : float or None
+        ``shuffle_buffer_size="auto"``: the estimated neighbour-entropy
+        fraction the chosen buffer was sized by (``quality.entropy`` is the
+        epoch's own); ``None`` otherwise.
     """
 
     windows: tuple[WindowSummary, ...]
@@ -121,6 +130,8 @@ class PlanSummary:
     dataset_bytes: int
     bytes_distinct: int | None = None
     cached: bool = False
+    quality: ShuffleQuality | None = None
+    buffer_figure: float | None = None
 
     @property
     def n_windows(self) -> int:
@@ -233,6 +244,13 @@ class PlanSummary:
             f"{self.chunks_read} chunk reads, {self.shards_read} shard reads, "
             f"{self.requests} store requests, dask tasks {self.n_tasks}",
         ]
+        if self.quality is not None and self.shuffle != "none":
+            auto = (
+                ""
+                if self.buffer_figure is None
+                else f" (shuffle_buffer_size='auto': estimated {self.buffer_figure:.3f})"
+            )
+            lines.append(f"  shuffle quality: {self.quality}{auto}")
         if self.cached:
             lines.append(
                 f"  the cache holds {self.chunks_cached} of the {self.chunks_read} chunk reads "

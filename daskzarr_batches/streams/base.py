@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Self, TypeVar
@@ -29,6 +30,7 @@ from ..errors import (
     warn_caller,
 )
 from ..execute.runners import Runner
+from ..plan.quality import QualityCounter, ShuffleQuality
 from ..plan.summary import read_amplification
 from ..store.policy import ReadPolicy, ReadReport
 from ..store.sources import Source
@@ -56,6 +58,47 @@ class SkippedChunk:
     array: str
     chunk: int | tuple[int, ...]
     samples: range
+
+
+class DeliveredIds:
+    """The sample ids of the consumed windows, fed to a :class:`QualityCounter`
+    as their batches are handed out.
+
+    A batch stream pushes each window's kept ids (in plan order) and epoch
+    positions when it takes the window; the stream's ``samples_yielded`` says
+    how many of them were delivered, and only those are counted, in one
+    vectorised call per window (the per-batch hot path does nothing).
+    """
+
+    __slots__ = ("counter", "fed", "pending")
+
+    def __init__(self, counter: QualityCounter) -> None:
+        self.counter = counter
+        self.pending: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.fed = 0
+
+    def push(self, ids: np.ndarray, positions: np.ndarray, delivered: int) -> None:
+        """A consumed window's ids; counts those delivered so far first."""
+        self.flush(delivered)
+        if len(ids):
+            self.pending.append((ids, positions))
+
+    def flush(self, delivered: int) -> None:
+        """Count the ids up to the ``delivered``-th."""
+        while self.fed < delivered and self.pending:
+            ids, positions = self.pending[0]
+            need = delivered - self.fed
+            if len(ids) <= need:
+                self.pending.popleft()
+            else:
+                self.pending[0] = (ids[need:], positions[need:])
+                ids, positions = ids[:need], positions[:need]
+            self.counter.add(ids, positions)
+            self.fed += len(ids)
+
+    def quality(self, delivered: int) -> ShuffleQuality:
+        self.flush(delivered)
+        return self.counter.quality()
 
 
 @dataclass
@@ -113,6 +156,12 @@ class StreamStats:
         Patch streams: decoded bytes of the distinct stored chunks read so far
         (each counted once); ``None`` for other streams, whose samples do not
         overlap.
+    quality : ShuffleQuality or None
+        Batch streams: how well mixed the samples handed out so far are,
+        beside an exact shuffle (the figures of ``summary().quality``, over
+        the sample ids actually delivered: skipped chunks and a rank's share
+        included); ``None`` for chunk streams.  Computed when asked, from the
+        ids of the windows consumed (no cost per batch).
     """
 
     chunks_read: int = 0
@@ -133,6 +182,14 @@ class StreamStats:
     cache_misses: int = 0
     bytes_from_cache: int = 0
     cache_damaged: int = 0
+    delivered: DeliveredIds | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def quality(self) -> ShuffleQuality | None:
+        """The shuffle quality of the samples yielded so far (batch streams)."""
+        if self.delivered is None:
+            return None
+        return self.delivered.quality(self.samples_yielded)
 
     @property
     def read_amplification(self) -> float:

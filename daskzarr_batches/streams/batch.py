@@ -46,7 +46,7 @@ from ..store.policy import (
     ReadReport,
 )
 from ..store.sources import Source
-from .base import SkippedChunk, Stream, StreamStats, T, _aligned, stored_arrays
+from .base import DeliveredIds, SkippedChunk, Stream, StreamStats, T, _aligned, stored_arrays
 from .patch import patch_summary
 from .spec import (
     StreamSpec,
@@ -67,6 +67,9 @@ def _summary(spec: StreamSpec, shared: bool = True) -> PlanSummary:
         summary = patch_summary(spec.sources, plan, summary, shared)
     if spec.cache is not None:
         summary = _cached_summary(summary, spec.sources, spec.cache)
+    figure = spec.buffer_figure()
+    if figure is not None:
+        summary = dataclasses.replace(summary, buffer_figure=figure)
     return summary
 
 
@@ -228,6 +231,7 @@ class BatchStream(Stream[Any]):
         policy = spec.read.policy.limited(spec.io_concurrency).tokened(stored_arrays(spec.sources))
         super().__init__(length, runner, spec.timeout, policy)
         self._created = created
+        self.stats.delivered = DeliveredIds(self.plan.quality_counter())
         # offsets (from ``start``) of the samples left out as undecodable, ascending
         self._skipped: list[np.ndarray] = []
         self._distinct: set[tuple[str, Any]] = set()  # stored chunks a patch stream decoded
@@ -364,15 +368,20 @@ class BatchStream(Stream[Any]):
         del results
         self._count_reads(window, reports)
         size = window.size
+        ids = np.asarray(window.samples)
+        positions = np.arange(window.position, window.position + size, dtype=np.int64)
         if any(report.skipped for report in reports):
             outputs, order, gone = self._skip(window, outputs, order, reports)
             self._skipped.append(offset + gone)
             progress.skipped += len(gone)
             size -= len(gone)
+            ids, positions = np.delete(ids, gone), np.delete(positions, gone)
         quota = self._quota
         if quota is not None and progress.fed + size > quota:  # the quota's last window
             size = quota - progress.fed
             outputs, order = _first_rows(outputs, order, size)
+        if self.stats.delivered is not None:
+            self.stats.delivered.push(ids[:size], positions[:size], self.stats.samples_yielded)
         progress.fed += size
         self._count_sources(window, size)
         if offset >= self._total - self._start:  # a window past the end: filling

@@ -276,6 +276,7 @@ def shuffled_batch_stream(
     *,
     seed: int | None = None,
     shuffle_buffer_size: int | str | None = None,
+    shuffle_quality: float | None = None,
     drop_remainder: bool = False,
     epoch: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -312,19 +313,31 @@ def shuffled_batch_stream(
         and drawn from at random.  Each chunk is read once and memory stays
         at about ``(prefetch + 1) * S`` samples, but samples only mix with
         those in the same buffer: a larger buffer shuffles better.  The first
-        buffer is read as windows of 1, 1, 2, 4, ... chunks, so the first batch
-        waits for one chunk, and those first batches mix fewer chunks.
+        buffer is read as one window (its chunks concurrently).
         A string is a size in bytes (``"256MiB"``, ``"1GB"``; ``MB`` and
         ``GB`` are powers of 1000, ``MiB`` and ``GiB`` of 1024), converted
         to the samples it holds: ``bytes // row bytes`` (at least 1), so a
         buffer of big samples (fields of a few hundred KB) stays within a
         known memory.  ``stream.spec.shuffle_buffer_size`` is that count.
+        ``"auto"``: the smallest buffer of whole chunks whose neighbour
+        entropy (estimated from the plan, nothing read) reaches
+        ``shuffle_quality`` of an exact shuffle's, with ``prefetch + 1``
+        buffers within ``memory_budget``; ``ArgumentValueError`` if none
+        does.  ``stream.spec.shuffle_buffer_size`` is the size chosen and
+        ``stream.summary()`` shows it with its figure.  The first buffer is
+        read as one window, its chunks concurrently, so the first batch
+        mixes as many chunks as any other.
+    shuffle_quality : float, optional
+        The target of ``shuffle_buffer_size="auto"``, a fraction of an exact
+        shuffle's neighbour entropy in ``(0, 1]`` (default 0.95); an error
+        with any other ``shuffle_buffer_size``.
     drop_remainder : bool, default False
         Drop the short last batch.
     epoch : int, default 0
         Mixed into the seed: each epoch of a seed has its own order.
     memory_budget : int, default 1 GiB
-        Exact shuffle only: bytes of samples the stream may hold at once.
+        Exact shuffle and ``shuffle_buffer_size="auto"``: bytes of samples
+        the stream may hold at once (for "auto", ``prefetch + 1`` buffers).
         The ``prefetch + 1`` windows alive at once share it, so a window
         holds ``memory_budget / (prefetch + 1)`` bytes of samples and the
         data is decoded about ``dataset bytes / window bytes`` times per
@@ -344,9 +357,10 @@ def shuffled_batch_stream(
         StreamSpec(
             (array,),
             batch_size,
-            shuffle=shuffle_mode(True, shuffle_buffer_size),
+            shuffle=shuffle_mode(True, shuffle_buffer_size, shuffle_quality),
             seed=seed,
             shuffle_buffer_size=shuffle_buffer_size,
+            shuffle_quality=shuffle_quality,
             drop_remainder=drop_remainder,
             epoch=epoch,
             memory_budget=memory_budget,
@@ -416,6 +430,7 @@ def paired_shuffled_batch_stream(
     *,
     seed: int | None = None,
     shuffle_buffer_size: int | str | None = None,
+    shuffle_quality: float | None = None,
     drop_remainder: bool = False,
     epoch: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -439,9 +454,10 @@ def paired_shuffled_batch_stream(
         StreamSpec(
             (features, labels),
             batch_size,
-            shuffle=shuffle_mode(True, shuffle_buffer_size),
+            shuffle=shuffle_mode(True, shuffle_buffer_size, shuffle_quality),
             seed=seed,
             shuffle_buffer_size=shuffle_buffer_size,
+            shuffle_quality=shuffle_quality,
             drop_remainder=drop_remainder,
             epoch=epoch,
             memory_budget=memory_budget,
@@ -470,7 +486,8 @@ def patch_stream(
     shuffle: bool = False,
     seed: int | None = 0,
     epoch: int = 0,
-    shuffle_buffer_size: int | None = None,
+    shuffle_buffer_size: int | str | None = None,
+    shuffle_quality: float | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     window_bytes: int = DEFAULT_PATCH_WINDOW_BYTES,
     prefetch: int | None = None,
@@ -532,7 +549,7 @@ def patch_stream(
     seed : int, default 0
         The shuffle's entropy; ``None`` draws fresh entropy (``stream.seed``).
         Ignored without ``shuffle``.
-    epoch, shuffle_buffer_size, memory_budget, prefetch, drop_remainder
+    epoch, shuffle_buffer_size, shuffle_quality, memory_budget, prefetch, drop_remainder
         As for :func:`shuffled_batch_stream` and :func:`batch_stream`, counted
         in patches and patch bytes.
     window_bytes : int, default 16 MiB
@@ -572,7 +589,7 @@ def patch_stream(
         data, input_dims, input_overlap=input_overlap, target_offset=target_offset,
         target_dims=target_dims, target_data=target_data, return_origins=return_origins,
     )  # fmt: skip
-    mode = shuffle_mode(shuffle, shuffle_buffer_size)
+    mode = shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality)
     return BatchStream(
         StreamSpec(
             args.sources,
@@ -581,6 +598,7 @@ def patch_stream(
             seed=None if mode == "none" else seed,
             epoch=epoch,
             shuffle_buffer_size=shuffle_buffer_size,
+            shuffle_quality=shuffle_quality,
             memory_budget=memory_budget,
             window_bytes=window_bytes,
             prefetch=prefetch if prefetch is not None or mode != "none" else DEFAULT_PREFETCH,
@@ -606,6 +624,7 @@ def plan_epoch(
     shuffle: bool = False,
     seed: int | None = None,
     shuffle_buffer_size: int | str | None = None,
+    shuffle_quality: float | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     window_bytes: int | None = None,
     prefetch: int | None = None,
@@ -637,8 +656,8 @@ def plan_epoch(
         ``False``: the plan of :func:`batch_stream` (``window_bytes``);
         ``True``: that of :func:`shuffled_batch_stream` (``seed``,
         ``shuffle_buffer_size``, ``memory_budget``).
-    seed, shuffle_buffer_size, memory_budget, window_bytes, prefetch, \
-drop_remainder, epoch
+    seed, shuffle_buffer_size, shuffle_quality, memory_budget, window_bytes, \
+prefetch, drop_remainder, epoch
         As for the stream constructors, and validated exactly as they are
         (whatever the mode uses); ``window_bytes=None`` is the stream's
         default (32 MiB, 16 MiB for patches).  ``prefetch`` matters to the exact
@@ -689,10 +708,11 @@ drop_remainder, epoch
         arrays,
         batch_size,
         roles=roles,
-        shuffle=shuffle_mode(shuffle, shuffle_buffer_size),
+        shuffle=shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality),
         seed=seed,
         epoch=epoch,
         shuffle_buffer_size=shuffle_buffer_size,
+        shuffle_quality=shuffle_quality,
         memory_budget=memory_budget,
         window_bytes=window_bytes,
         prefetch=prefetch,

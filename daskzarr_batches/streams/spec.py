@@ -36,7 +36,8 @@ from ..execute.runners import resolve_client
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.mix import MixOrder
-from ..plan.windows import ShuffleMode, chunk_offsets
+from ..plan.quality import DEFAULT_SHUFFLE_QUALITY, buffer_entropy, smallest_buffer
+from ..plan.windows import ShuffleMode, chunk_offsets, sample_units
 from ..store.cache import ChunkCache
 from ..store.collections import ConcatSource, MixSource, SourcesSource, sources_source
 from ..store.layout import shard_layout
@@ -165,6 +166,10 @@ def byte_size(name: str, value: object) -> int:
     return positive_int(name, value)
 
 
+#: ``shuffle_buffer_size`` that asks for the smallest buffer meeting ``shuffle_quality``.
+AUTO = "auto"
+
+
 def buffer_samples(value: object, row_bytes: int) -> int:
     """``shuffle_buffer_size`` in samples: an ``int`` is samples, a string bytes.
 
@@ -196,13 +201,21 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
-def shuffle_mode(shuffle: object, shuffle_buffer_size: object) -> ShuffleMode:
+def shuffle_mode(
+    shuffle: object, shuffle_buffer_size: object, shuffle_quality: object = None
+) -> ShuffleMode:
     """The mode of the public ``shuffle`` flag: exact unless a buffer size is given.
 
     The one place the flag becomes a mode (``plan_epoch``, ``Loader``, the
-    shuffled constructors and ``bench``).  A buffer size without a shuffle is
-    an error.
+    shuffled constructors, ``patch_stream`` and ``bench``).  A buffer size
+    without a shuffle is an error, and so is a ``shuffle_quality`` without
+    ``shuffle_buffer_size="auto"`` (it would be ignored).
     """
+    if shuffle_quality is not None and shuffle_buffer_size != AUTO:
+        raise ArgumentValueError(
+            f"shuffle_quality={shuffle_quality!r} sizes shuffle_buffer_size='auto' only "
+            f"(got shuffle_buffer_size={shuffle_buffer_size!r})"
+        )
     if not flag("shuffle", shuffle):
         if shuffle_buffer_size is not None:
             raise ArgumentValueError(
@@ -334,9 +347,17 @@ class StreamSpec:
         Samples in the shuffle buffer; given exactly when ``shuffle="buffer"``.
         A string is a size in bytes (``"256MiB"``, ``"1GB"``: :func:`byte_size`),
         converted to the samples it holds (at least 1; :func:`buffer_samples`);
-        the spec keeps the number of samples.
+        the spec keeps the number of samples.  ``"auto"``: the smallest
+        buffer of whole units whose estimated neighbour entropy reaches
+        ``shuffle_quality`` of an exact shuffle's (:func:`smallest_buffer`),
+        within ``memory_budget``; the spec keeps the samples chosen.
+    shuffle_quality : float, optional
+        The target of ``shuffle_buffer_size="auto"`` (in ``(0, 1]``; default
+        ``DEFAULT_SHUFFLE_QUALITY``, 0.95), kept with the size it chose.
     memory_budget : int, default ``DEFAULT_MEMORY_BUDGET``
-        Bytes of samples the windows of an exact shuffle may hold at once.
+        Bytes of samples the windows of an exact shuffle may hold at once;
+        for ``shuffle_buffer_size="auto"``, what the ``prefetch + 1``
+        buffers alive at once may hold.
     window_bytes : int, default ``DEFAULT_WINDOW_BYTES``
         Target decoded bytes of one sequential window.
     prefetch : int, optional
@@ -371,10 +392,10 @@ class StreamSpec:
         separately, by Zarr's executor.  On a cluster the limit holds
         within each read task on its worker.
     ramp : bool, default True
-        Fast start: the first sequential or buffered window is read as
-        windows of 1, 1, 2, 4, ... units (``EpochPlan.ramp``).  ``False``
-        gives the flat windows of earlier versions (and, for the buffered
-        shuffle, a first buffer mixed as well as the others).
+        Fast start: the first sequential window is read as windows of 1, 1,
+        2, 4, ... units (``EpochPlan.ramp``).  ``False`` gives the flat
+        windows of earlier versions.  Buffered shuffles are never ramped:
+        their first window is the first buffer, read concurrently.
     cache : ChunkCache, optional
         Decoded chunks served from (and kept in) this cache.
     layout : streams.patch.Layout, optional
@@ -408,6 +429,7 @@ class StreamSpec:
     layout: Any = field(default=None, compare=False)
     cache: ChunkCache | None = field(default=None, compare=False)
     return_sources: bool = False
+    shuffle_quality: float | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -462,8 +484,6 @@ class StreamSpec:
                 f"shuffle='exact' takes no shuffle_buffer_size (got {buffer!r}); "
                 "use shuffle='buffer'"
             )
-        if self.shuffle == "buffer":
-            put("shuffle_buffer_size", buffer_samples(buffer, self.row_bytes))
         if self.shuffle != "none" and seed is None:
             seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         put("seed", seed)
@@ -471,10 +491,58 @@ class StreamSpec:
             put("prefetch", 0 if self.shuffle == "exact" else DEFAULT_PREFETCH)
         else:
             put("prefetch", non_negative_int("prefetch", self.prefetch))
+        if self.shuffle_quality is not None:
+            put("shuffle_quality", _quality_target(self.shuffle_quality))
+        if self.shuffle == "buffer" and buffer == AUTO:
+            put("shuffle_quality", self.shuffle_quality or DEFAULT_SHUFFLE_QUALITY)
+            put("shuffle_buffer_size", self._auto_buffer())
+        elif self.shuffle == "buffer":
+            put("shuffle_buffer_size", buffer_samples(buffer, self.row_bytes))
         if any(isinstance(source, PatchSource) for source in sources):
             # a patch grid's units (the plan's "chunks") fit the window when they can
             rows = self.window_rows
             put("sources", tuple(_sized(source, rows) for source in sources))
+
+    def _offsets(self) -> tuple[np.ndarray, ...]:
+        return tuple(chunk_offsets(source.chunks[0]) for source in self.sources)
+
+    def _auto_buffer(self) -> int:
+        """``shuffle_buffer_size="auto"``: the smallest buffer meeting ``shuffle_quality``."""
+        assert self.prefetch is not None and self.shuffle_quality is not None
+        offsets = self._offsets()
+        chunk_units = sample_units(offsets, self.n_samples)
+        unit_rows = int(np.diff(chunk_units).max(initial=1))
+        most_rows = self.memory_budget // ((self.prefetch + 1) * self.row_bytes)
+        rows, _ = smallest_buffer(
+            lambda rows: self._plan_for(offsets, rows).units,
+            unit_rows,
+            most_rows,
+            self.shuffle_quality,
+            self.n_samples,
+        )
+        return rows
+
+    def buffer_figure(self) -> float | None:
+        """The estimated neighbour-entropy fraction ``"auto"`` sized the buffer by.
+
+        ``None`` unless the buffer was chosen by ``shuffle_buffer_size="auto"``
+        (``shuffle_quality`` is set).  Cached, so asking again costs nothing.
+        """
+        if self.shuffle != "buffer" or self.shuffle_quality is None:
+            return None
+        rows = self.window_rows
+        return buffer_entropy(self._plan_for(self._offsets(), rows).units, rows)
+
+    def _plan_for(self, offsets: tuple[np.ndarray, ...], rows: int) -> EpochPlan:
+        return EpochPlan(
+            n_samples=self.n_samples,
+            offsets=offsets,
+            batch_size=self.batch_size,
+            drop_remainder=self.drop_remainder,
+            shuffle="buffer",
+            window_rows=rows,
+            shards=tuple(shard_layout(source) for source in self.sources),
+        )
 
     @property
     def read(self) -> ReadOptions:
@@ -568,6 +636,7 @@ class StreamSpec:
             shards=tuple(shard_layout(source) for source in self.sources),
             ramp=self.ramp,
             mix=self.mix,
+            members=_members(self.sources[0]),
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:
@@ -584,6 +653,27 @@ def _provenance(first: Source, role: str) -> SourcesSource:
             f"{role} is {first.name}; a single array's samples come from that array"
         )
     return sources_source(first, collection)
+
+
+def _members(source: Source) -> tuple[int, ...]:
+    """A collection's member offsets (for the source entropy); empty for one array."""
+    if isinstance(source, ConcatSource) and len(source.members) > 1:
+        return tuple(int(v) for v in source.offsets)
+    return ()
+
+
+def _quality_target(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(
+            f"shuffle_quality must be a number in (0, 1], got {value!r} of type "
+            f"{type(value).__name__}"
+        )
+    if not 0 < float(value) <= 1:
+        raise ArgumentValueError(
+            f"shuffle_quality must be in (0, 1] (a fraction of an exact shuffle's "
+            f"neighbour entropy), got {value!r}"
+        )
+    return float(value)
 
 
 def _sized(source: Source, rows: int) -> Source:

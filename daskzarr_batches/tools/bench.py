@@ -80,8 +80,11 @@ class BenchSettings:
     ----------
     batch_size : int
     shuffle_buffer_size : int, str or None
-        Buffered shuffle with this buffer (``--shuffle-buffer``): samples, or
-        a size in bytes such as ``"256MiB"``.
+        Buffered shuffle with this buffer (``--shuffle-buffer``): samples, a
+        size in bytes such as ``"256MiB"``, or ``"auto"`` (the smallest
+        buffer meeting ``shuffle_quality``).
+    shuffle_quality : float or None
+        The target of ``"auto"`` (``--shuffle-quality``); ``None``: 0.95.
     exact : bool
         Exact shuffle (``--exact``).
     memory_budget : int or None
@@ -99,6 +102,7 @@ class BenchSettings:
 
     batch_size: int
     shuffle_buffer_size: int | str | None = None
+    shuffle_quality: float | None = None
     exact: bool = False
     memory_budget: int | None = None
     seed: int = 0
@@ -114,7 +118,7 @@ class BenchSettings:
     def shuffle(self) -> str:
         """``"none"``, ``"buffer"`` or ``"exact"`` (a buffer size implies a shuffle)."""
         shuffled = self.exact or self.shuffle_buffer_size is not None
-        return shuffle_mode(shuffled, self.shuffle_buffer_size)
+        return shuffle_mode(shuffled, self.shuffle_buffer_size, self.shuffle_quality)
 
     def function_name(self, paired: bool) -> str:
         """Name of the stream constructor these settings call."""
@@ -136,6 +140,8 @@ class BenchSettings:
                 return batch_stream(features, self.batch_size, **common)
             return paired_batch_stream(features, labels, self.batch_size, **common)
         common.update(seed=self.seed, epoch=epoch, shuffle_buffer_size=self.shuffle_buffer_size)
+        if self.shuffle_quality is not None:
+            common["shuffle_quality"] = self.shuffle_quality
         if self.memory_budget is not None:
             common["memory_budget"] = self.memory_budget
         if labels is None:
@@ -148,6 +154,8 @@ class BenchSettings:
         if self.shuffle == "buffer":
             size = self.shuffle_buffer_size
             arguments.append(f"shuffle_buffer_size={size!r}")
+            if self.shuffle_quality is not None:
+                arguments.append(f"shuffle_quality={self.shuffle_quality}")
         if self.shuffle == "exact" and self.memory_budget is not None:
             arguments.append(f"memory_budget={self.memory_budget}")
         if self.shuffle != "none":

@@ -261,14 +261,23 @@ def _add_bench_stream_options(stream: Any) -> None:
         type=_buffer_size,
         metavar="S",
         help="buffered shuffle through about S samples, or as many as a size in bytes "
-        "holds, e.g. 256MiB or 1GB (shuffle_buffer_size)",
+        "holds, e.g. 256MiB or 1GB, or 'auto': the smallest buffer reaching "
+        "--shuffle-quality (shuffle_buffer_size)",
     )
     order.add_argument("--exact", action="store_true", help="exact shuffle")
+    stream.add_argument(
+        "--shuffle-quality",
+        type=float,
+        metavar="Q",
+        help="with --shuffle-buffer auto: the fraction of an exact shuffle's neighbour "
+        "entropy to reach, in (0, 1] (default 0.95; shuffle_quality)",
+    )
     stream.add_argument(
         "--memory-budget",
         type=_size,
         metavar="M",
-        help="the exact shuffle's memory_budget in bytes; K, M, G suffixes are powers of "
+        help="the exact shuffle's (or --shuffle-buffer auto's) memory_budget in bytes; "
+        "K, M, G suffixes are powers of "
         "1024 (e.g. 256M)",
     )
     stream.add_argument(
@@ -331,8 +340,14 @@ def _check_combinations(args: argparse.Namespace) -> None:
         ):
             if value is not None:
                 parser.error(f"{flag} sizes the generated dataset; it cannot go with STORE")
-    if args.memory_budget is not None and not args.exact:
-        parser.error("--memory-budget is the exact shuffle's budget; it needs --exact")
+    auto = getattr(args, "shuffle_buffer", None) == "auto"
+    if args.memory_budget is not None and not (args.exact or auto):
+        parser.error(
+            "--memory-budget is the exact shuffle's budget (or what --shuffle-buffer auto "
+            "may hold); it needs --exact or --shuffle-buffer auto"
+        )
+    if getattr(args, "shuffle_quality", None) is not None and not auto:
+        parser.error("--shuffle-quality sizes --shuffle-buffer auto; it needs it")
     if args.seed is not None and not (args.exact or args.shuffle_buffer is not None):
         parser.error("--seed seeds a shuffle; it needs --shuffle-buffer or --exact")
 
@@ -363,7 +378,10 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 
 
 def _buffer_size(text: str) -> int | str:
-    """``--shuffle-buffer``: an integer is samples, anything else a size in bytes (``256MiB``)."""
+    """``--shuffle-buffer``: an integer is samples, ``auto`` the smallest buffer meeting
+    ``--shuffle-quality``, anything else a size in bytes (``256MiB``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
     try:
         return int(text)
     except ValueError:
@@ -425,6 +443,7 @@ def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         settings = BenchSettings(
             batch_size=args.batch_size,
             shuffle_buffer_size=args.shuffle_buffer,
+            shuffle_quality=args.shuffle_quality,
             exact=args.exact,
             memory_budget=args.memory_budget,
             seed=0 if args.seed is None else args.seed,

@@ -1,0 +1,445 @@
+"""Shuffle quality as numbers: of a plan (nothing read) and of what a stream delivered.
+
+Three figures, each also given as a fraction of what an exact shuffle (a
+uniform permutation) scores, so 1.0 means "as mixed as an exact shuffle":
+
+*neighbour entropy*
+    Bits of the histogram (:data:`ENTROPY_BINS` equal bins over ``(-n, n)``)
+    of the differences between neighbouring sample ids.  It measures how
+    *locally* mixed the order is: a small shuffle buffer keeps neighbours
+    within the same few chunks, so their differences fall in a few bins.  The
+    exact shuffle's value is computed in closed form (:func:`exact_entropy`).
+*displacement*
+    Mean ``|id - position|`` over the samples; an exact shuffle's is
+    ``(n**2 - 1) / (3 n)``.  It measures how far samples travel; any shuffle
+    of whole chunks scores near 1.
+*source entropy* (collections only)
+    Mean bits, per batch (runs of ``batch_size`` delivered samples), of the
+    distribution of a batch's samples over the collection's members
+    (stores); the exact shuffle's value is the expected
+    plug-in entropy of a batch of the same size drawn from the members'
+    shares (binomial marginals, :func:`exact_source_entropy`).
+
+:class:`QualityCounter` accumulates the three over ids fed batch by batch (a
+few microseconds a batch); a plan's figure feeds its windows' ids, a stream's
+feeds what it delivered.  :func:`buffer_entropy` estimates the neighbour
+entropy of a buffered shuffle from a sample of its windows, and
+:func:`smallest_buffer` searches it for ``shuffle_buffer_size="auto"``.
+Pure numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ArgumentValueError
+
+__all__ = [
+    "DEFAULT_SHUFFLE_QUALITY",
+    "ENTROPY_BINS",
+    "QualityCounter",
+    "ShuffleQuality",
+    "buffer_entropy",
+    "exact_entropy",
+    "exact_source_entropy",
+    "smallest_buffer",
+]
+
+#: Bins of the neighbour-difference histogram (over ``(-n, n)``).
+ENTROPY_BINS = 256
+
+#: ``shuffle_quality`` of ``shuffle_buffer_size="auto"``: the fraction of an exact
+#: shuffle's neighbour entropy the buffer must reach.
+DEFAULT_SHUFFLE_QUALITY = 0.95
+
+#: Neighbour differences :func:`buffer_entropy` draws per estimate, and the windows
+#: they are drawn from.
+ESTIMATE_DRAWS = 2**17
+ESTIMATE_WINDOWS = 64
+
+
+def _bins(diffs: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.int64]:
+    """The histogram bin of each difference (``-n < d < n``): ``(d + n) * bins // 2n``."""
+    return np.clip(((diffs + n) * ENTROPY_BINS) // (2 * n), 0, ENTROPY_BINS - 1)
+
+
+def _entropy(counts: npt.NDArray[np.int64] | npt.NDArray[np.float64]) -> float:
+    total = counts.sum()
+    if total <= 0:
+        return 0.0
+    p = counts[counts > 0] / total
+    return float(-(p * np.log2(p)).sum())
+
+
+@functools.lru_cache(maxsize=64)
+def exact_entropy(n: int) -> float:
+    """Neighbour entropy (bits) of a uniform permutation of ``n`` samples, in the limit.
+
+    Two neighbours of a uniform permutation differ by ``d != 0`` with
+    probability ``(n - |d|) / (n (n - 1))``; the bins sum that in closed form.
+    An observed order of ``m`` differences scores about ``(bins - 1) / (2 m
+    ln 2)`` bits less (the plug-in bias: 0.001 bits for ``m = 2e5``).
+    """
+    if n < 2:
+        return 0.0
+
+    def below(x: int) -> int:  # sum of (n - |d|) for d in [-(n - 1), x]
+        if x < -(n - 1):
+            return 0
+        if x < 0:
+            return (n + x) * (n + x + 1) // 2
+        x = min(x, n - 1)
+        return n * (n - 1) // 2 + (x + 1) * n - x * (x + 1) // 2
+
+    mass = []
+    for b in range(ENTROPY_BINS):
+        lo = -((-2 * n * b) // ENTROPY_BINS) - n  # first d of bin b
+        hi = -((-2 * n * (b + 1)) // ENTROPY_BINS) - n - 1
+        total = below(hi) - below(lo - 1)
+        if lo <= 0 <= hi:
+            total -= n  # d = 0 never happens in a permutation
+        mass.append(total)
+    return _entropy(np.asarray(mass, dtype=np.float64))
+
+
+def exact_displacement(n: int) -> float:
+    """Mean ``|sigma(i) - i|`` of a uniform permutation of ``n``: ``(n**2 - 1) / (3 n)``."""
+    return (n * n - 1) / (3 * n) if n > 0 else 0.0
+
+
+@functools.lru_cache(maxsize=64)
+def _exact_source_entropy(sizes: tuple[int, ...], batch: int) -> float:
+    total = sum(sizes)
+    p = np.asarray([s / total for s in sizes if s > 0])
+    if len(p) <= 1 or batch < 1:
+        return 0.0
+    x = np.arange(batch + 1)
+    log_choose = np.asarray(
+        [math.lgamma(batch + 1) - math.lgamma(k + 1) - math.lgamma(batch - k + 1) for k in x]
+    )
+    share = x / batch
+    term = np.zeros(batch + 1)
+    term[1:] = -share[1:] * np.log2(share[1:])
+    expected = 0.0
+    for lo in range(0, len(p), 256):  # bounded memory for many members
+        part = p[lo : lo + 256, None]
+        with np.errstate(divide="ignore"):
+            logpmf = log_choose + x * np.log(part) + (batch - x) * np.log1p(-part)
+        expected += float((np.exp(logpmf) * term).sum())
+    return expected
+
+
+def exact_source_entropy(sizes: tuple[int, ...], batch: int) -> float:
+    """Expected bits of a batch's members under an exact shuffle.
+
+    A batch of ``batch`` samples drawn uniformly holds about ``Binomial(batch,
+    p_m)`` samples of member ``m`` (``p_m``: its share of the samples); this is
+    the expectation of the plug-in entropy ``-sum (c_m / batch) log2(c_m /
+    batch)`` under those marginals.
+    """
+    return _exact_source_entropy(tuple(int(s) for s in sizes), int(batch))
+
+
+@dataclass(frozen=True)
+class ShuffleQuality:
+    """How well mixed an epoch's order is, beside an exact shuffle's.
+
+    Made by ``plan_epoch(...).quality`` / ``stream.summary().quality`` (the
+    plan, nothing read) and ``stream.stats.quality`` (what the stream
+    delivered so far).  See ``docs/streams.md``, *Shuffle quality*.
+
+    Attributes
+    ----------
+    samples : int
+        Samples the figures are taken over.
+    entropy : float
+        Neighbour entropy, as a fraction of an exact shuffle's
+        (``entropy_bits / exact_entropy_bits``).
+    entropy_bits, exact_entropy_bits : float
+        Bits of the histogram of neighbouring id differences
+        (``ENTROPY_BINS`` bins over ``(-n, n)``), observed and of an exact
+        shuffle of ``n`` samples.
+    displacement : float
+        Mean ``|sample id - epoch position|`` as a fraction of an exact
+        shuffle's, ``(n**2 - 1) / (3 n)``.
+    source_entropy : float or None
+        Collections: mean bits of the members within a batch, as a fraction of
+        an exact shuffle's expected value; ``None`` for one array.
+    source_entropy_bits : float or None
+        That mean, in bits.
+    """
+
+    samples: int
+    entropy: float
+    entropy_bits: float
+    exact_entropy_bits: float
+    displacement: float
+    source_entropy: float | None = None
+    source_entropy_bits: float | None = None
+
+    def __str__(self) -> str:
+        text = (
+            f"neighbour entropy {self.entropy:.3f} of exact ({self.entropy_bits:.2f} of "
+            f"{self.exact_entropy_bits:.2f} bits), displacement {self.displacement:.3f}"
+        )
+        if self.source_entropy is not None:
+            text += f", sources per batch {self.source_entropy:.3f}"
+        return text
+
+
+class QualityCounter:
+    """The figures of :class:`ShuffleQuality`, accumulated over ids fed in delivery order.
+
+    ``add(ids, positions)`` takes the next samples delivered (sample ids and
+    their epoch positions), in pieces of any size: batches are the runs of
+    ``batch_size`` samples from the first one (as a stream cuts them), and
+    the neighbour difference across two pieces counts, so feeding an order
+    in any cuts gives the same figures as feeding it whole.  Vectorised per
+    piece: a stream feeds each window once its batches are handed out.
+
+    Parameters
+    ----------
+    n : int
+        Samples the ids are drawn from.
+    members : sequence of int, optional
+        Offsets of a collection's members (``[0, len0, len0 + len1, ..., n]``):
+        enables the source entropy.
+    batch_size : int, default 1
+        Samples per batch, for the source entropy.
+    """
+
+    __slots__ = (
+        "_bins",
+        "_distance",
+        "_exact_sources",
+        "_last",
+        "_members",
+        "_partial",
+        "_source_bits",
+        "batch_size",
+        "batches",
+        "n",
+        "samples",
+    )
+
+    def __init__(self, n: int, members: npt.ArrayLike | None = None, batch_size: int = 1) -> None:
+        self.n = max(int(n), 1)
+        self.batch_size = max(int(batch_size), 1)
+        self._bins = np.zeros(ENTROPY_BINS, dtype=np.int64)
+        self._last: int | None = None
+        self._distance = 0
+        self.samples = 0
+        self.batches = 0  # complete batches counted in the source entropy
+        self._source_bits = 0.0
+        self._members: npt.NDArray[np.int64] | None = None
+        self._partial: npt.NDArray[np.int64] | None = None  # members of an unfinished batch
+        self._exact_sources = 0.0
+        if members is not None:
+            bounds = np.asarray(members, dtype=np.int64)
+            if len(bounds) > 2:
+                self._members = bounds[1:-1]
+                self._partial = np.zeros(len(bounds) - 1, dtype=np.int64)
+                sizes = tuple(np.diff(bounds).tolist())
+                self._exact_sources = exact_source_entropy(sizes, self.batch_size)
+
+    def add(self, ids: npt.ArrayLike, positions: npt.ArrayLike) -> None:
+        """Count the next delivered samples: ``ids`` at epoch ``positions``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) == 0:
+            return
+        diffs = np.diff(ids) if self._last is None else np.diff(ids, prepend=self._last)
+        self._bins += np.bincount(_bins(diffs, self.n), minlength=ENTROPY_BINS)
+        self._last = int(ids[-1])
+        self._distance += int(np.abs(ids - np.asarray(positions, dtype=np.int64)).sum())
+        if self._members is not None:
+            self._add_sources(ids)
+        self.samples += len(ids)
+
+    def _add_sources(self, ids: npt.NDArray[np.int64]) -> None:
+        assert self._members is not None and self._partial is not None
+        k, size = len(self._partial), self.batch_size
+        batch = (self.samples + np.arange(len(ids))) // size
+        batch -= batch[0]
+        member = np.searchsorted(self._members, ids, side="right")
+        rows = int(batch[-1]) + 1
+        counts = np.bincount(batch * k + member, minlength=rows * k).reshape(rows, k)
+        counts[0] += self._partial
+        whole = rows if (self.samples + len(ids)) % size == 0 else rows - 1
+        self._source_bits += float(_row_entropy(counts[:whole]).sum())
+        self.batches += whole
+        self._partial = counts[rows - 1] if whole < rows else np.zeros(k, dtype=np.int64)
+
+    def quality(self) -> ShuffleQuality:
+        """The figures over every id added so far (an unfinished batch counts as one)."""
+        bits = _entropy(self._bins)
+        exact = exact_entropy(self.n)
+        mean = self._distance / self.samples if self.samples else 0.0
+        sources = bits_per_batch = None
+        if self._partial is not None:
+            total, batches = self._source_bits, self.batches
+            if self._partial.any():
+                total += _entropy(self._partial)
+                batches += 1
+            bits_per_batch = total / batches if batches else 0.0
+            sources = bits_per_batch / self._exact_sources if self._exact_sources else 1.0
+        return ShuffleQuality(
+            samples=self.samples,
+            entropy=bits / exact if exact else 1.0,
+            entropy_bits=bits,
+            exact_entropy_bits=exact,
+            displacement=mean / far if (far := exact_displacement(self.n)) else 1.0,
+            source_entropy=sources,
+            source_entropy_bits=bits_per_batch,
+        )
+
+
+def _row_entropy(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """Bits of each row's distribution."""
+    if len(counts) == 0:
+        return np.zeros(0)
+    p = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    logs = np.log2(p, out=np.zeros_like(p), where=p > 0)
+    return -(p * logs).sum(axis=1)
+
+
+def buffer_entropy(units: npt.NDArray[np.int64], window_rows: int, seed: int = 0) -> float:
+    """Estimated neighbour entropy of a buffered shuffle, as a fraction of an exact one's.
+
+    The plan permutes the units (``units``: their offsets, ``[0, ..., n]``),
+    groups consecutive ones into windows of at least ``window_rows`` samples
+    and permutes each window's rows, so neighbours are two samples drawn from
+    one window, and an epoch's histogram mixes its windows'.  This simulates
+    epochs of seeded unit permutations, drawing about ``ESTIMATE_DRAWS /
+    ESTIMATE_WINDOWS`` pairs per window (in proportion to its rows) from
+    ``ESTIMATE_WINDOWS`` windows in all, and returns the mean entropy of an
+    epoch's differences (Miller-Madow corrected for the few draws) over
+    :func:`exact_entropy`.  An epoch of more windows
+    is cut at ``ESTIMATE_WINDOWS``: its mixture then covers fewer bins than
+    the whole epoch's, so the estimate errs low (a larger buffer).  A few
+    milliseconds whatever ``n`` (the permutation of the units is the largest
+    cost).  Cached by the units and the window.
+    """
+    units = np.ascontiguousarray(units, dtype=np.int64)
+    digest = f"{len(units)}:{hash(units.tobytes())}"
+    return _buffer_entropy(digest, units, int(window_rows), int(seed))
+
+
+_ESTIMATES: dict[tuple[str, int, int], float] = {}
+
+
+def _buffer_entropy(
+    digest: str, units: npt.NDArray[np.int64], window_rows: int, seed: int
+) -> float:
+    key = (digest, window_rows, seed)  # within this process
+    if key in _ESTIMATES:
+        return _ESTIMATES[key]
+    units = np.asarray(units, dtype=np.int64)
+    n = int(units[-1] - units[0])
+    sizes = np.diff(units)
+    rng = np.random.default_rng(seed)
+    per_window = max(ESTIMATE_DRAWS // ESTIMATE_WINDOWS, 2)
+    epochs: list[float] = []
+    windows = 0
+    while windows < ESTIMATE_WINDOWS and len(sizes):
+        # one epoch's windows (at most ESTIMATE_WINDOWS of them): its figure is the
+        # entropy of their mixture, as the epoch's own histogram mixes its windows
+        counts = np.zeros(ENTROPY_BINS, dtype=np.int64)
+        order = rng.permutation(len(sizes))
+        ends = np.cumsum(sizes[order])
+        start = done = 0  # first unit (in order) and rows before the window
+        while start < len(order) and windows < ESTIMATE_WINDOWS:
+            stop = min(int(np.searchsorted(ends, done + window_rows, side="left")) + 1, len(order))
+            chosen = order[start:stop]
+            at = np.concatenate([[0], np.cumsum(sizes[chosen])])
+            rows = int(at[-1])
+            draws = max(2, round(per_window * min(rows / max(window_rows, 1), 4.0)))
+            if rows >= 2:
+                a = rng.integers(0, rows, draws)
+                b = rng.integers(0, rows - 1, draws)
+                b += b >= a  # two distinct rows of the window
+                starts = units[chosen]
+                pa = np.searchsorted(at, a, "right") - 1
+                pb = np.searchsorted(at, b, "right") - 1
+                diffs = (starts[pa] + a - at[pa]) - (starts[pb] + b - at[pb])
+                counts += np.bincount(_bins(diffs, n), minlength=ENTROPY_BINS)
+            done = int(ends[stop - 1])
+            start = stop
+            windows += 1
+        # Miller-Madow: the plug-in entropy of N draws is (bins - 1) / (2 N ln 2) bits
+        # low; an epoch's own histogram has n - 1 differences, far more than drawn here
+        drawn = int(counts.sum())
+        bias = (np.count_nonzero(counts) - 1) / (2 * drawn * math.log(2)) if drawn else 0.0
+        epochs.append(_entropy(counts) + bias)
+    exact = exact_entropy(n)
+    figure = min(float(np.mean(epochs)) / exact, 1.0) if exact and epochs else 1.0
+    if len(_ESTIMATES) > 4096:
+        _ESTIMATES.clear()
+    _ESTIMATES[key] = figure
+    return figure
+
+
+def smallest_buffer(
+    units_for: Callable[[int], npt.NDArray[np.int64]],
+    unit_rows: int,
+    most_rows: int,
+    target: float,
+    n: int,
+) -> tuple[int, float]:
+    """The smallest buffer of whole units whose :func:`buffer_entropy` meets ``target``.
+
+    Buffers of ``k * unit_rows`` samples, ``k = 1, 2, ...`` (``unit_rows``: the
+    largest unit, so a window holds at least ``k`` units) up to ``most_rows``
+    (what the memory budget holds) or the whole dataset, searched by
+    bisection on the estimate (nondecreasing in ``k`` but for noise of about
+    0.001; the answer ``k`` always meets the target and ``k - 1`` does not).
+    ``units_for(rows)``: the plan's units for a buffer of ``rows`` (shards
+    become units once they fit).
+
+    Returns
+    -------
+    (rows, figure)
+        The buffer in samples and its estimated entropy fraction.
+
+    Raises
+    ------
+    ArgumentValueError
+        ``target`` is not in ``(0, 1]``, or no buffer within ``most_rows``
+        meets it.
+    """
+    if not 0 < target <= 1:
+        raise ArgumentValueError(f"shuffle_quality must be in (0, 1], got {target!r}")
+    unit_rows = max(int(unit_rows), 1)
+    whole = max(math.ceil(n / unit_rows), 1)
+    top = min(whole, most_rows // unit_rows)
+
+    def figure(k: int) -> float:
+        rows = k * unit_rows
+        return buffer_entropy(units_for(rows), rows)
+
+    best = figure(top) if top >= 1 else 0.0
+    if top < 1 or best < target:
+        needed = "" if top >= whole else " (the whole dataset in one buffer reaches {:.3f})"
+        whole_figure = figure(whole) if top < whole else best
+        raise ArgumentValueError(
+            f"shuffle_buffer_size='auto': no buffer within the memory budget reaches "
+            f"shuffle_quality={target}: the largest, {max(top, 0)} units of {unit_rows} "
+            f"samples, reaches {best:.3f}"
+            + needed.format(whole_figure)
+            + "; raise memory_budget, lower shuffle_quality, or use the exact shuffle"
+        )
+    lo, hi = 0, top  # figure(lo) < target (k = 0: no buffer), figure(hi) >= target
+    hi_figure = best
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        value = figure(mid)
+        if value >= target:
+            hi, hi_figure = mid, value
+        else:
+            lo = mid
+    return hi * unit_rows, hi_figure

@@ -1,0 +1,235 @@
+"""Shuffle quality (issue 18): the figures of plans and of what streams delivered,
+``shuffle_buffer_size="auto"``, and its errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import property_settings
+
+import daskzarr_batches as dzb
+from daskzarr_batches.plan.quality import (
+    ENTROPY_BINS,
+    QualityCounter,
+    buffer_entropy,
+    exact_entropy,
+    exact_source_entropy,
+)
+from daskzarr_batches.plan.windows import sample_units
+
+SETTINGS = property_settings(25)
+
+
+def ids_array(n: int, chunk: int) -> zarr.Array:
+    """Sample ``i`` holds ``i``: a batch's first column is its sample ids."""
+    x = zarr.create_array(zarr.storage.MemoryStore(), shape=(n, 2), chunks=(chunk, 2), dtype="i8")
+    if n:
+        x[:] = np.repeat(np.arange(n, dtype=np.int64)[:, None], 2, axis=1)
+    return x
+
+
+def same(a: object, b: object) -> bool:
+    """Two ShuffleQuality equal up to the order of float sums."""
+    import dataclasses
+
+    x, y = dataclasses.asdict(a), dataclasses.asdict(b)  # type: ignore[call-overload]
+    return x.keys() == y.keys() and all(
+        x[k] == y[k] or (x[k] is not None and y[k] is not None and math.isclose(x[k], y[k]))
+        for k in x
+    )
+
+
+def entropy_bits(counts: np.ndarray) -> float:
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum()) if len(p) else 0.0
+
+
+def direct(ids: np.ndarray, n: int) -> tuple[float, float]:
+    """Neighbour entropy and displacement fractions, straight from the delivered ids."""
+    diffs = np.diff(ids.astype(np.int64))
+    counts = np.zeros(ENTROPY_BINS, dtype=np.int64)
+    for d in diffs.tolist():  # one by one: an independent binning of (-n, n)
+        counts[math.floor((d + n) * ENTROPY_BINS / (2 * n))] += 1
+    exact = exact_entropy(n)
+    entropy = entropy_bits(counts) / exact if exact else 1.0
+    far = (n * n - 1) / (3 * n)
+    displacement = float(np.abs(ids - np.arange(len(ids))).mean()) / far if far else 1.0
+    return entropy, displacement
+
+
+@SETTINGS
+@given(
+    n=st.integers(2, 600),
+    chunk=st.integers(1, 97),
+    batch=st.integers(1, 64),
+    buffer=st.one_of(st.none(), st.integers(1, 300)),
+    seed=st.integers(0, 2**16),
+    drop=st.booleans(),
+)
+def test_delivered_figures_equal_a_direct_computation(
+    n: int, chunk: int, batch: int, buffer: int | None, seed: int, drop: bool
+) -> None:
+    x = ids_array(n, chunk)
+    stream = dzb.shuffled_batch_stream(
+        x, batch, seed=seed, shuffle_buffer_size=buffer, drop_remainder=drop
+    )
+    planned = stream.summary().quality
+    delivered = []
+    for k, b in enumerate(stream):
+        delivered.append(b[:, 0])
+        if k == 1:  # part-way: the figures of what was handed out so far
+            got = stream.stats.quality
+            assert got is not None
+            ids = np.concatenate(delivered)
+            assert got.samples == len(ids)
+            assert (got.entropy, got.displacement) == pytest.approx(direct(ids, n), rel=1e-9)
+    ids = np.concatenate(delivered) if delivered else np.empty(0, np.int64)
+    got = stream.stats.quality
+    assert got is not None and got.samples == len(ids)
+    if len(ids):
+        assert (got.entropy, got.displacement) == pytest.approx(direct(ids, n), rel=1e-9)
+    assert same(planned, got)  # the plan's figures are those of what it delivers
+
+
+@SETTINGS
+@given(
+    lengths=st.lists(st.integers(0, 150), min_size=2, max_size=4),
+    chunks=st.lists(st.integers(1, 40), min_size=4, max_size=4),
+    batch=st.integers(1, 40),
+    buffer=st.integers(1, 200),
+    seed=st.integers(0, 1000),
+)
+def test_source_entropy_equals_a_direct_computation(
+    lengths: list[int], chunks: list[int], batch: int, buffer: int, seed: int
+) -> None:
+    members = [
+        ids_array(length, chunk) for length, chunk in zip(lengths, chunks, strict=False)
+    ]  # each member's rows hold their own positions: use return_sources
+    data = dzb.concat(members)
+    n = sum(lengths)
+    if n < 2:
+        return
+    stream = dzb.shuffled_batch_stream(
+        data, batch, seed=seed, shuffle_buffer_size=buffer, return_sources=True
+    )
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    per_batch = []
+    ids = []
+    for _, sources in stream:
+        ids.append(offsets[sources[:, 0]] + sources[:, 1])
+        counts = np.bincount(sources[:, 0], minlength=len(lengths))
+        per_batch.append(entropy_bits(counts))
+    got = stream.stats.quality
+    assert got is not None and got.source_entropy_bits is not None
+    assert got.source_entropy_bits == pytest.approx(float(np.mean(per_batch)), abs=1e-12)
+    reference = exact_source_entropy(tuple(lengths), batch)
+    if reference:
+        assert got.source_entropy == pytest.approx(np.mean(per_batch) / reference, rel=1e-9)
+    entropy, displacement = direct(np.concatenate(ids), n)
+    assert (got.entropy, got.displacement) == pytest.approx((entropy, displacement), rel=1e-9)
+
+
+def test_counter_is_the_same_however_the_ids_are_cut() -> None:
+    n = 10_000
+    order = np.random.default_rng(0).permutation(n)
+    whole = QualityCounter(n, members=[0, 3000, n], batch_size=64)
+    whole.add(order, np.arange(n))
+    cut = QualityCounter(n, members=[0, 3000, n], batch_size=64)
+    for lo, hi in [(0, 1), (1, 100), (100, 5000), (5000, n)]:
+        cut.add(order[lo:hi], np.arange(lo, hi))
+    assert same(whole.quality(), cut.quality())
+
+
+def test_exact_shuffle_scores_one_and_sequential_zero() -> None:
+    n = 200_000
+    order = np.random.default_rng(1).permutation(n)
+    counter = QualityCounter(n)
+    counter.add(order, np.arange(n))
+    exact = counter.quality()
+    assert exact.entropy == pytest.approx(1.0, abs=0.002)
+    assert exact.displacement == pytest.approx(1.0, abs=0.01)
+    counter = QualityCounter(n)
+    counter.add(np.arange(n), np.arange(n))
+    assert counter.quality().entropy == 0.0 and counter.quality().displacement == 0.0
+    # a collection's exact reference is the expected plug-in entropy of a batch
+    rng = np.random.default_rng(2)
+    sizes, batch = (300, 700, 1000), 32
+    members = np.repeat(np.arange(3), sizes)
+    draws = [entropy_bits(np.bincount(rng.permutation(members)[:batch])) for _ in range(4000)]
+    assert exact_source_entropy(sizes, batch) == pytest.approx(np.mean(draws), rel=0.01)
+
+
+def test_summary_shows_the_quality() -> None:
+    x = ids_array(5000, 100)
+    text = str(dzb.plan_epoch(x, 50, shuffle=True, seed=0, shuffle_buffer_size=400))
+    assert "shuffle quality: neighbour entropy" in text
+    assert "'auto'" not in text
+
+
+# --------------------------------------------------------------------------
+# shuffle_buffer_size="auto"
+
+
+@pytest.mark.parametrize(("chunk", "target"), [(100, 0.9), (100, 0.95), (250, 0.8)])
+def test_auto_buffer_meets_its_target_and_is_the_smallest(chunk: int, target: float) -> None:
+    x = ids_array(20_000, chunk)
+    stream = dzb.shuffled_batch_stream(
+        x, 64, seed=5, shuffle_buffer_size="auto", shuffle_quality=target
+    )
+    stream.close()
+    size = stream.spec.shuffle_buffer_size
+    assert isinstance(size, int) and size % chunk == 0
+    units = sample_units((stream.plan.offsets[0],), 20_000)
+    assert buffer_entropy(units, size) >= target
+    assert size == chunk or buffer_entropy(units, size - chunk) < target
+    summary = stream.summary()
+    assert summary.buffer_figure == buffer_entropy(units, size)
+    assert f"'auto': estimated {summary.buffer_figure:.3f}" in str(summary)
+    # the same size for every seed, from every entry point that takes a buffer size
+    other = dzb.plan_epoch(x, 64, shuffle=True, seed=9, shuffle_buffer_size="auto",
+                           shuffle_quality=target)  # fmt: skip
+    assert other.windows[0].samples == size  # the first window is the first buffer
+    loader = dzb.Loader(x, 64, shuffle=True, shuffle_buffer_size="auto", shuffle_quality=target)
+    assert loader.spec.shuffle_buffer_size == size
+
+
+def test_auto_buffer_estimate_tracks_the_epochs() -> None:
+    # the estimate is of an epoch's own figure: the mean over seeds is close to it
+    x = ids_array(40_000, 500)
+    for chunks in (2, 8):
+        figures = [
+            dzb.plan_epoch(x, 64, shuffle=True, seed=s, shuffle_buffer_size=chunks * 500).quality
+            for s in range(5)
+        ]
+        units = sample_units((np.arange(0, 40_001, 500),), 40_000)
+        mean = float(np.mean([q.entropy for q in figures if q is not None]))
+        assert buffer_entropy(units, chunks * 500) == pytest.approx(mean, abs=0.03)
+
+
+def test_auto_buffer_errors() -> None:
+    x = ids_array(20_000, 100)
+    with pytest.raises(dzb.ArgumentValueError, match="no buffer within the memory budget"):
+        # 3 buffers of 2 x 8 bytes a sample in 6,000 bytes: at most one unit
+        dzb.shuffled_batch_stream(x, 64, shuffle_buffer_size="auto", memory_budget=6_000)
+    with pytest.raises(dzb.ArgumentValueError, match="shuffle_quality"):
+        dzb.shuffled_batch_stream(x, 64, shuffle_buffer_size=400, shuffle_quality=0.9)
+    with pytest.raises(dzb.ArgumentValueError, match=r"in \(0, 1\]"):
+        dzb.shuffled_batch_stream(x, 64, shuffle_buffer_size="auto", shuffle_quality=1.5)
+    with pytest.raises(dzb.ArgumentTypeError, match="shuffle_quality"):
+        dzb.shuffled_batch_stream(x, 64, shuffle_buffer_size="auto", shuffle_quality="high")
+    with pytest.raises(dzb.ArgumentValueError, match="needs shuffle=True"):
+        dzb.plan_epoch(x, 64, shuffle_buffer_size="auto")
+
+
+def test_auto_buffer_for_patches_and_bench_arguments() -> None:
+    field = np.zeros((64, 8, 8), dtype="f4")
+    stream = dzb.patch_stream(
+        field, {0: 1}, 4, shuffle=True, shuffle_buffer_size="auto", shuffle_quality=0.5
+    )
+    assert isinstance(stream.spec.shuffle_buffer_size, int)
+    assert sum(len(b) for b in stream) == 64
