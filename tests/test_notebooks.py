@@ -83,8 +83,34 @@ def test_notebook_kernel_imports_this_checkout(tmp_path: Path) -> None:
     assert Path(printed[1]).resolve() == Path(sys.executable).resolve()
 
 
+def coalesce_streams(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Merge each cell's consecutive outputs to one stream (stdout, stderr) into one.
+
+    How a cell's prints split into outputs depends on when the kernel flushed them,
+    so without this the stored outputs of a cell that prints, works, then prints again
+    differ from run to run.
+    """
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        merged: list[nbformat.NotebookNode] = []
+        for output in cell.get("outputs", []):
+            previous = merged[-1] if merged else None
+            if (
+                previous is not None
+                and output.get("output_type") == "stream"
+                and previous.get("output_type") == "stream"
+                and previous.get("name") == output.get("name")
+            ):
+                previous["text"] += output["text"]
+            else:
+                merged.append(output)
+        cell["outputs"] = merged
+    return notebook
+
+
 if __name__ == "__main__":
     targets = [Path(arg).resolve() for arg in sys.argv[1:]] or NOTEBOOKS
     for target in targets:
-        nbformat.write(execute(target), target)
+        nbformat.write(coalesce_streams(execute(target)), target)
         print(f"executed and saved {target.relative_to(ROOT)}")
