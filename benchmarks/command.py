@@ -70,6 +70,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "50 stores of 20,000 rows (open_collection) vs one of 1,000,000: every "
               "stream kind, medians; opening 1,000 stores; writes --out/collection.md",
               ("rounds", "out", "data")),
+    Benchmark("mixture", "benchmarks.suite.run", "run_mixture",
+              "issue 18: mix() of two stores (400,000 and 200,000 rows) vs the same stores "
+              "streamed alone, each batch stream kind, medians; writes --out/mixture.md",
+              ("rounds", "out", "data")),
     Benchmark("quality", "benchmarks.suite.quality", "run",
               "issue 18: planned shuffle quality vs buffer size with the auto choice "
               "(docs/quality_vs_buffer.png), and the first buffered batch beside x[a:b] "

@@ -106,3 +106,23 @@ def test_the_patch_cases_run_on_a_tiny_field(tmp_path: Path) -> None:
     amp = "chunks 8x180x360: forecast pairs, read amplification <= 1.05 (summary)"
     assert rows[amp].status == "PASS"
     assert (tmp_path / "patches.json").exists()
+
+
+@pytest.mark.timeout(60)
+def test_the_mixture_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
+    """Issue 18's mixture against its sources alone, in process: 2 tiny stores, one round."""
+    from benchmarks.suite import mixture as mx
+    from benchmarks.suite import run as suite_run
+    from benchmarks.suite import targets
+    from benchmarks.suite.measure import SuiteRun
+
+    results = mx.measure(tmp_path, repeats=1, rows=(2048, 1024), chunk_rows=256)
+    for kind in mx.KINDS:  # the same bytes both ways: every sample of both sources once
+        mixed, alone = results[mx.name(mx.MIXED, kind)], results[mx.name(mx.ALONE, kind)]
+        assert mixed.samples == alone.samples == 3072
+        assert mixed.bytes == alone.bytes == 3072 * mx.COLS * 4
+    run = SuiteRun(None, False, 1, results, {}, {}, {}, [])  # type: ignore[arg-type]
+    evaluated = targets.evaluate(run, targets.MIXTURE_TARGETS)
+    assert len(evaluated) == len(mx.KINDS)
+    text = suite_run.mixture_report(results, evaluated, "c", "now", (0.0,), (0.0,), 1)
+    assert f"| {mx.SEQUENTIAL} |" in text and "| mixture of 2 sources: exact shuffle" in text

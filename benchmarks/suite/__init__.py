@@ -14,6 +14,8 @@ Modules, in the order a run uses them:
   in two chunkings, against L0 (chunk by chunk) and xbatcher; ``patches.md``;
 - ``memory``: memory cases, each in a fresh subprocess (``python -m benchmarks.suite.memory``),
   and the exact-shuffle budget sweep;
+- ``collection``, ``mixture``: issue 18's collections (many stores as one) and two-source
+  mixtures against their sources streamed alone; ``collection.md``, ``mixture.md``;
 - ``quality``: shuffle quality computed from plans (nothing read);
 - ``targets``: the targets of issues 3, 9, 10 and 16 as a table, evaluated on a ``SuiteRun``;
 - ``report``: ``results.md``, ``results.json``, ``throughput.png`` and the printed summary;

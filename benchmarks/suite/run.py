@@ -33,6 +33,7 @@ import zarr
 from . import big_samples as big
 from . import cache_cases, cases, memory, patch_cases, quality, report, stores_cases, targets
 from . import collection as coll
+from . import mixture as mx
 from .dataset import Dataset, default_shape, make_dataset
 from .measure import MB, Result, SuiteRun, rounds
 
@@ -346,3 +347,71 @@ def run_collection(options: argparse.Namespace) -> None:
     }
     (out / "collection.json").write_text(json.dumps(payload, indent=1) + "\n")
     print("\n" + text)
+
+
+def run_mixture(options: argparse.Namespace) -> None:
+    """Measure, evaluate ``MIXTURE_TARGETS``, write ``mixture.md`` / ``.json``."""
+    data_dir, out = Path(options.data), Path(options.out)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    repeats = options.rounds or mx.ROUNDS
+    load = os.getloadavg()
+    results = mx.measure(data_dir, repeats)
+    load_after = os.getloadavg()
+    run = SuiteRun(None, False, repeats, results, {}, {}, {}, [])  # type: ignore[arg-type]  # no dataset
+    evaluated = targets.evaluate(run, targets.MIXTURE_TARGETS)
+    command = "python -m benchmarks --only mixture" + (
+        f" --rounds {repeats}" if repeats != mx.ROUNDS else ""
+    )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    text = mixture_report(results, evaluated, command, now, load, load_after, repeats)
+    (out / "mixture.md").write_text(text)
+    payload = {
+        "command": command,
+        "date": now,
+        "load": [load, load_after],
+        "cases": {
+            r.name: {
+                "bytes": r.bytes,
+                "samples": r.samples,
+                "amplification": r.amplification,
+                "seconds": r.extra["seconds"],
+            }
+            for r in results.values()
+        },
+        "targets": [t.__dict__ for t in evaluated],
+    }
+    (out / "mixture.json").write_text(json.dumps(payload, indent=1) + "\n")
+    print("\n" + text)
+
+
+def mixture_report(
+    results: dict[str, Result],
+    evaluated: list[targets.Target],
+    command: str,
+    now: str,
+    load: tuple[float, ...],
+    load_after: tuple[float, ...],
+    repeats: int,
+) -> str:
+    """``mixture.md``: the setting, the table of ``mixture.table`` and the targets."""
+    rows = " and ".join(f"{n:,}" for n in mx.ROWS)
+    lines = [
+        "# Mixtures (issue 18)",
+        "",
+        f"`{command}` on {now}: `mix` of two stores of {rows} x {mx.COLS} float32 "
+        f"(weights by length, `stop='first_exhausted'`: every sample of both once) against "
+        f"the same two stores streamed one after the other, all in {mx.CHUNK_ROWS}-row "
+        f"chunks, zarr's default codec (zstd), local directory stores; {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, zarr {zarr.__version__}, numpy "
+        f"{np.__version__}; load average (1 min) {load[0]:.1f} at the start, "
+        f"{load_after[0]:.1f} at the end.  Ratios of the medians of {repeats} interleaved "
+        "rounds; read amplification from the streams' stats.",
+        "",
+        *mx.table(results),
+        "",
+        "| target | measured | result |",
+        "|---|---|---|",
+        *(f"| {t.what} | {t.measured} | {t.status} |" for t in evaluated),
+    ]
+    return "\n".join(lines) + "\n"

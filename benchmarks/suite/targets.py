@@ -14,6 +14,7 @@ from typing import Literal
 from . import big_samples as big
 from . import cache_cases as cc
 from . import collection as coll
+from . import mixture as mx
 from . import patch_cases as pc
 from . import stores_cases as sc
 from .cases import (
@@ -299,6 +300,19 @@ COLLECTION_TARGETS: tuple[TargetSpec, ...] = (
         "{value:.2f} s",
         skip=None,
     ),
+)
+
+#: Issue 18 gives no bar for a mixture; the collections' one: a mixture of two sources
+#: streams at >= 0.9x the same bytes streamed source by source, each stream kind.
+MIXTURE_TARGETS: tuple[TargetSpec, ...] = tuple(
+    TargetSpec(
+        f"mixture of 2 sources: {kind.split(',')[0]} >= 0.9x the sources alone (medians)",
+        median_ratio(mx.name(mx.MIXED, kind), mx.name(mx.ALONE, kind)),
+        ">=",
+        0.9,
+        skip=None,
+    )
+    for kind in mx.KINDS
 )
 
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.
