@@ -265,7 +265,7 @@ class ClientRunner:
 
             held = cache.key(token, rows_name(piece.start, piece.stop))
             nbytes = piece.rows * source.row_bytes
-            return cache.cluster_chunk(held, owner, nbytes, make)  # type: ignore[no-any-return]
+            return cache.cluster_chunk(held, owner, nbytes, make)
 
         return kept
 

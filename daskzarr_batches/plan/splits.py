@@ -77,12 +77,12 @@ def split_units(lengths: Sequence[int], fractions: Sequence[float], seed: int) -
     >>> [u.tolist() for u in split_units([10] * 10, [0.6, 0.2, 0.2], seed=0)]
     [[2, 3, 4, 5, 6, 7], [0, 9], [1, 8]]
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    count = len(lengths)
+    sizes = np.asarray(lengths, dtype=np.int64)
+    count = len(sizes)
     assert len(fractions) <= count, "the caller checks there are enough units"
     order = np.random.default_rng(seed).permutation(count)
-    starts = np.concatenate([[0], np.cumsum(lengths[order])[:-1]])
-    total = int(lengths.sum())
+    starts = np.concatenate([[0], np.cumsum(sizes[order])[:-1]])
+    total = int(sizes.sum())
     bounds = np.cumsum(np.asarray(fractions, dtype=np.float64)) * total
     if abs(sum(fractions) - 1.0) <= FRACTION_TOLERANCE:
         bounds[-1] = total  # every unit is used: no unit lost to rounding

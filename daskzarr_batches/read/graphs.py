@@ -103,7 +103,7 @@ def window_graph(
             continue
         if isinstance(source, SourcesSource):  # provenance: computed from the sample ids
             if isinstance(source.rows, SubsetSource):
-                pieces = [source.rows.base_piece(piece) for piece in pieces]
+                pieces = tuple(source.rows.base_piece(piece) for piece in pieces)
             dsk[out_key] = (
                 read_sources, source.collection.offsets, tuple(pieces), window.size, plan_order,
             )  # fmt: skip

@@ -18,6 +18,7 @@ import re
 from datetime import timedelta
 from typing import Any, Literal, get_args
 
+import zarr.abc.store
 import zarr.storage
 
 from ..errors import ArgumentTypeError, ArgumentValueError
@@ -320,7 +321,7 @@ def _config_error(
     unknown = []
     for key, value in config.items():
         try:
-            from_url(url, config={key: value}, client_options=client, retry_config=retry)
+            from_url(url, config={key: value}, client_options=client, retry_config=retry)  # type: ignore[call-overload]
         except Exception as probe:
             if type(probe).__name__ == "UnknownConfigurationKeyError":
                 unknown.append(key)

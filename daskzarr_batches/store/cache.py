@@ -139,7 +139,7 @@ class ChunkCache:
         directory: str | os.PathLike[str] | None = None,
         disk: int | str | None = None,
     ) -> None:
-        self.memory = byte_size("memory", memory)
+        self.memory: int = byte_size("memory", memory) or 0
         self.disk = byte_size("disk", disk, allow_none=True)
         if directory is not None and not isinstance(directory, str | os.PathLike):
             raise ArgumentTypeError(f"directory must be a path or None, got {directory!r}")
@@ -351,7 +351,7 @@ class ChunkCache:
             return
         header = json.dumps(
             {"key": key, "dtype": data.dtype.str, "shape": list(data.shape),
-             "nbytes": data.nbytes, "crc32": zlib.crc32(memoryview(data).cast("B"))}
+             "nbytes": data.nbytes, "crc32": zlib.crc32(_bytes(data))}
         ).encode()  # fmt: skip
         size = len(MAGIC) + _HEADER.size + len(header) + data.nbytes
         if self.disk is not None and size > self.disk:
@@ -363,7 +363,7 @@ class ChunkCache:
                 file.write(MAGIC)
                 file.write(_HEADER.pack(len(header)))
                 file.write(header)
-                file.write(memoryview(data).cast("B"))
+                file.write(_bytes(data))
             os.replace(temporary, path)  # atomic: a reader sees the old file or the new one
         except OSError as error:
             with contextlib.suppress(OSError):
@@ -401,6 +401,11 @@ class ChunkCache:
         self._disk_used = total
 
 
+def _bytes(data: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, as a (writable if it is) memoryview."""
+    return data.reshape(-1).view(np.uint8).data
+
+
 def _read_file(file: Any, key: str) -> np.ndarray:
     """A cache file's chunk, checked (raises ``ValueError`` if it is damaged)."""
     if file.read(len(MAGIC)) != MAGIC:
@@ -412,7 +417,7 @@ def _read_file(file: Any, key: str) -> np.ndarray:
     data = np.empty(tuple(header["shape"]), dtype=np.dtype(header["dtype"]))
     if data.nbytes != header["nbytes"]:
         raise ValueError("size")
-    view = memoryview(data).cast("B")
+    view = _bytes(data)
     if file.readinto(view) != data.nbytes or file.read(1):
         raise ValueError("truncated or too long")
     if zlib.crc32(view) != header["crc32"]:
@@ -561,7 +566,7 @@ class CachingPipeline(BatchedCodecPipeline):
                         for i in misses
                     ]
                 )
-                fetched = [() if chunk is not None else None for chunk in decoded]
+                fetched: list[Any] = [() if chunk is not None else None for chunk in decoded]
             else:
                 fetched = await concurrent_map(
                     [(batch[i][0], batch[i][1].prototype) for i in misses],

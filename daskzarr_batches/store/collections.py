@@ -65,7 +65,9 @@ class ConcatSource(Source):
 
     @functools.cached_property
     def _grid(self) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
-        member_of, local, to_global = [], [], []
+        member_of: list[int] = []
+        local: list[int] = []
+        to_global: list[np.ndarray] = []
         for m, member in enumerate(self.members):
             sizes = np.asarray(member.chunks[0], dtype=np.int64)
             keep = np.flatnonzero(sizes > 0)

@@ -51,6 +51,7 @@ class PatchSource(Source):
         cls, base: Source, grid: PatchGrid, cut: Cut | None, group: tuple[Cut, ...], name: str
     ) -> PatchSource:
         """The patch source of ``cut`` of ``base`` (``None``: the origins)."""
+        shape: tuple[int, ...]
         if cut is None:
             shape, dtype = (grid.n_patches, len(grid.shape)), np.dtype(np.int64)
         else:

@@ -112,6 +112,7 @@ class _Shards:
         policy = getattr(self.store, "policy", None)
         self.cache = None if policy is None else policy.cache
         if self.cache is not None:
+            assert policy is not None
             tokens = dict(policy.cache_tokens)
             self.token = tokens.get(getattr(self.store, "name", "")) or array_token(array)
             self.counts = self.store.ledger.cache
@@ -345,11 +346,11 @@ class _Window:
         else:
             await shards.decode(batch, target)
         if not whole:
-            kept = target[piece.take]
+            rows = target[piece.take]
             if self.scatter is not None:
-                self.scatter(piece, kept)
+                self.scatter(piece, rows)
             else:
-                out[at : at + len(kept)] = kept
+                out[at : at + len(rows)] = rows
 
     async def _decode_kept(
         self,

@@ -112,9 +112,11 @@ def _cached_summary(
             if base is None or not isinstance(array, zarr.Array):
                 return None
             grid = tuple(len(sizes) for sizes in base.chunks)
+            stored_array: zarr.Array = array
+            patch_base: Any = base
             return lambda chunk: held(
-                array,
-                [base.block_index(tuple(int(i) for i in np.unravel_index(chunk, grid)))],
+                stored_array,
+                [patch_base.block_index(tuple(int(i) for i in np.unravel_index(chunk, grid)))],
                 True,
             )
         stored = getattr(source, "base", source)  # a subset's chunks map to stored chunks
@@ -531,8 +533,10 @@ def _chunk_shares(
         return {}
     shares: dict[int, ChunkShare] = {}
     for source in sources:
-        base = source.base if isinstance(source, PatchSource) else None
-        if base is None or id(base) in shares:
+        if not isinstance(source, PatchSource) or source.base is None:
+            continue
+        base = source.base
+        if id(base) in shares:
             continue
         lead = source.cut.axes[0] if source.cut is not None and source.cut.axes else 0
         row = math.prod(

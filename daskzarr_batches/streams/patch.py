@@ -347,7 +347,8 @@ def patch_summary(
     previous: set[tuple[int, tuple[int, ...]]] = set()
     rows = []
     for window, row in zip(plan.windows(), summary.windows, strict=True):
-        chunks, decoded = [], 0
+        chunks: list[tuple[int, ...]] = []
+        decoded = 0
         seen: set[int] = set()
         now: set[tuple[int, tuple[int, ...]]] = set()
         for source, pieces in zip(sources, window.pieces, strict=True):

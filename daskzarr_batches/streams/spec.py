@@ -602,7 +602,7 @@ class StreamSpec:
         decoded chunks in flight (:func:`~daskzarr_batches.plan.exact_budget`).
         """
         if self.shuffle == "buffer":
-            assert self.shuffle_buffer_size is not None
+            assert isinstance(self.shuffle_buffer_size, int)  # resolved to samples
             return self.shuffle_buffer_size
         if self.shuffle == "exact":
             return self._exact_budget().window_rows

@@ -321,7 +321,7 @@ def run_bench(
             generate_dataset(path, rows=rows, features=features, chunk_rows=chunk_rows)
             x = open_array(path, "features")
             y = open_array(path, "labels")
-            data = {
+            data: dict[str, Any] = {
                 "store": None,
                 "generated": (
                     f"{rows:,} x {features} float32 features + int64 labels in "
