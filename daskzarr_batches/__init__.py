@@ -12,7 +12,8 @@ split by what each part knows and importing one way, bottom to top
 - ``execute``: computing graphs on local threads or a ``distributed.Client``;
 - ``read``: dask task functions and graph builders (each chunk decoded once);
 - ``streams``: validated settings, the stream iterators, the public constructors;
-- ``loader``, ``mapreduce``: training epochs with resumable state; per-chunk jobs;
+- ``loader``, ``mapreduce``, ``writes``: training epochs with resumable state; per-chunk
+  jobs; per-chunk jobs that write new Zarr arrays, resumably;
 - ``torch``, ``tools``: the PyTorch adapter; the command line.
 """
 
@@ -29,6 +30,7 @@ from .errors import (
     LoaderBusyError,
     MissingChunkError,
     MissingChunksWarning,
+    ResumeMismatchError,
     SkippedChunksWarning,
     StoreGoneError,
     StreamFailedError,
@@ -66,6 +68,7 @@ from .streams.spec import (
 )
 from .streams.splits import chunk_split
 from .streams.timing import time_epoch
+from .writes import WriteStats, map_to_zarr, shuffle_order, write_shuffled
 
 __version__ = "0.1.0"
 
@@ -96,6 +99,7 @@ __all__ = [
     "MissingChunksWarning",
     "Moments",
     "PlanSummary",
+    "ResumeMismatchError",
     "SkippedChunk",
     "SkippedChunksWarning",
     "StoreGoneError",
@@ -107,6 +111,7 @@ __all__ = [
     "WindowError",
     "WindowSummary",
     "WindowTimeoutError",
+    "WriteStats",
     "__version__",
     "batch_stream",
     "chunk_split",
@@ -115,6 +120,7 @@ __all__ = [
     "count_batches",
     "feature_moments",
     "map_chunks",
+    "map_to_zarr",
     "open_array",
     "open_collection",
     "paired_batch_stream",
@@ -122,6 +128,8 @@ __all__ = [
     "patch_stream",
     "plan_epoch",
     "reduce_chunks",
+    "shuffle_order",
     "shuffled_batch_stream",
     "time_epoch",
+    "write_shuffled",
 ]
