@@ -450,12 +450,22 @@ def _account(
             stats.chunks_written += per_row * (math.ceil(stop / step) - start // step)
 
 
+def _chunk_rows(source: Source) -> int:
+    """Rows of the input's stored chunks (a Zarr array's chunk shape, else its largest)."""
+    array = getattr(source, "array", None)
+    if isinstance(array, zarr.Array):
+        return max(1, int(array.chunks[0]))
+    return max(1, max(source.chunks[0], default=1))
+
+
 def _units(rows: int, step: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
 def _read_rows(inputs: _Inputs, stop: int) -> list[np.ndarray]:
     """Samples ``0:stop`` of every input, read here (the probe)."""
+    if stop == 0:
+        return [np.empty((0, *s.shape[1:]), dtype=s.dtype) for s in inputs.sources]
     samples = range(stop)
     pieces = tuple(tuple(pieces_for(samples, chunk_offsets(s.chunks[0]))) for s in inputs.sources)
     dsk, key = window_graph(list(inputs.sources), Window(0, 0, samples, pieces), "probe",
@@ -581,8 +591,7 @@ def map_to_zarr(
         sample_shape = result.shape[1:] if sample_shape is None else sample_shape
     shape = (rows, *(int(n) for n in sample_shape))
     first = inputs.sources[0]
-    default_rows = max(1, max(first.chunks[0], default=1))
-    grid = _normal_grid("chunks", chunks, shape) or (default_rows, *shape[1:])
+    grid = _normal_grid("chunks", chunks, shape) or (_chunk_rows(first), *shape[1:])
     grid = tuple(max(1, g) for g in grid)
     shard = _normal_grid("shards", shards, shape)
     fingerprint = {"job": job_id or _qualname(func), "kind": "map_to_zarr",
@@ -680,7 +689,7 @@ def write_shuffled(
         raise ArgumentTypeError(f"seed must be an int, got {seed!r}")
     budget = byte_size("memory_budget", memory_budget)
     first = inputs.sources[0]
-    step = _rows_arg("chunks", chunks) or max(1, max(first.chunks[0], default=1))
+    step = _rows_arg("chunks", chunks) or _chunk_rows(first)
     shard_rows = _rows_arg("shards", shards)
     fingerprint = {"job": job_id or "write_shuffled", "kind": "write_shuffled",
                    "seed": int(seed), "inputs": inputs.identity()}  # fmt: skip
