@@ -237,3 +237,25 @@ def test_map_to_zarr_on_a_cluster(client: Any, tmp_path: Path) -> None:
     assert stats.units_written == 10
     s = dzb.write_shuffled(x, str(tmp_path / "s.zarr"), client=client, seed=2)
     np.testing.assert_array_equal(s[...], data[dzb.shuffle_order(100, 2)])
+
+
+def test_cli_shuffle_writes_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from daskzarr_batches.tools.cli import main
+
+    group = zarr.open_group(str(tmp_path / "in.zarr"), mode="w")
+    group.create_array("x", shape=(50, 2), chunks=(8, 2), dtype="f4")[:] = np.arange(100).reshape(
+        50, 2
+    )
+    group.create_array("y", shape=(50,), chunks=(8,), dtype="i8")[:] = np.arange(50)
+    argv = [str(tmp_path / "in.zarr"), str(tmp_path / "out.zarr"), "--array", "x",
+            "--labels", "y", "--seed", "7", "--memory-budget", "2K"]  # fmt: skip
+    assert main(["shuffle", *argv]) == 0
+    assert "7 of 7 chunks written" in capsys.readouterr().out
+    assert main(["shuffle", *argv]) == 0
+    assert "0 of 7 chunks written, 7 already complete" in capsys.readouterr().out
+    order = dzb.shuffle_order(50, 7)
+    result = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")
+    np.testing.assert_array_equal(result["y"][:], order)
+    np.testing.assert_array_equal(result["x"][:, 0], order * 2.0)
+    assert main(["shuffle", *argv[:-4], "--seed", "8"]) == 2
+    assert "its seed was 7" in capsys.readouterr().err
