@@ -70,6 +70,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "50 stores of 20,000 rows (open_collection) vs one of 1,000,000: every "
               "stream kind, medians; opening 1,000 stores; writes --out/collection.md",
               ("rounds", "out", "data")),
+    Benchmark("writes", "benchmarks.suite.run", "run_writes",
+              "issue 19: map_to_zarr vs x.map_blocks(f).to_zarr(out), a resume after an "
+              "interruption at half, write_shuffled vs the exact shuffle; writes --out/writes.md",
+              ("rows", "rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",

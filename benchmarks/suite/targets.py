@@ -16,6 +16,7 @@ from . import cache_cases as cc
 from . import collection as coll
 from . import patch_cases as pc
 from . import stores_cases as sc
+from . import writes as wr
 from .cases import (
     BUFFERED,
     CLUSTER_BUFFERED,
@@ -276,6 +277,27 @@ COLLECTION_TARGETS: tuple[TargetSpec, ...] = (
         "<=",
         10.0,
         "{value:.2f} s",
+        skip=None,
+    ),
+)
+
+#: issue 19: map_to_zarr against dask's map_blocks(f).to_zarr(out) on the same data and
+#: chunks, and a resume after an interruption at half (``writes``); evaluated by
+#: ``python -m benchmarks --only writes``
+WRITE_TARGETS: tuple[TargetSpec, ...] = (
+    TargetSpec(
+        "map_to_zarr >= 1.0x x.map_blocks(f).to_zarr(out) (medians)",
+        lambda run: wr.median_seconds(run.result(wr.DASK)) / wr.median_seconds(run.result(wr.MAP)),
+        ">=",
+        1.0,
+        skip=None,
+    ),
+    TargetSpec(
+        "resume after an interruption at half: its time / a full run's <= 0.6 (medians)",
+        lambda run: wr.resume_share(run.results),
+        "<=",
+        0.6,
+        "{value:.2f}",
         skip=None,
     ),
 )
