@@ -26,8 +26,10 @@ one is refused with :class:`ResumeMismatchError` naming the field.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import math
 import os
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +68,10 @@ __all__ = ["WriteStats", "map_to_zarr", "shuffle_order", "write_shuffled"]
 FINGERPRINT_KEY = "daskzarr_batches"
 #: ``write_shuffled``'s default ``memory_budget``
 DEFAULT_WRITE_BUDGET = 256 * 2**20
+#: the manifest of object sizes beside the output (see :class:`_Manifest`)
+MANIFEST_NAME = "daskzarr_batches_manifest.json"
+#: the caller rewrites the manifest at most this often (and at the end)
+MANIFEST_SECONDS = 1.0
 
 
 @dataclass
@@ -188,8 +194,23 @@ def _write_unit(reads: tuple[tuple[np.ndarray, Any], ...], job: _WriteJob, range
             out[start:stop] = result
             nbytes += result.nbytes
         written.append((start, stop))
+    sizes = _object_sizes(job.outs, written)
     return {"written": written, "failed": False, "bytes": nbytes, "calls": calls,
-            "missing": missing}  # fmt: skip
+            "missing": missing, "sizes": sizes}  # fmt: skip
+
+
+def _object_sizes(outs: Sequence[zarr.Array], ranges: Sequence[tuple[int, int]]) -> dict[str, int]:
+    """``{store key: bytes}`` of the objects holding rows ``ranges`` of every array."""
+    from zarr.core.sync import sync
+
+    keys = [(out, key) for out in outs for a, b in ranges for key in storage_keys(out, a, b)]
+
+    async def sized() -> list[int]:
+        import asyncio
+
+        return await asyncio.gather(*(out.store.getsize(key) for out, key in keys))
+
+    return {key: int(size) for (_, key), size in zip(keys, sync(sized()), strict=True)}
 
 
 # --------------------------------------------------------------------------
@@ -248,6 +269,7 @@ def _open_output(
         overwrite=overwrite,
         config=config,
     )
+    _Manifest(array).delete()  # sizes of an earlier output must not vouch for this one's
     return array
 
 
@@ -312,6 +334,8 @@ def _complete_units(
 ) -> set[int]:
     """The units every stored object of which exists and decodes to the right shape."""
     present = [_existing_keys(out) for out in outs]
+    manifest = _Manifest(outs[0]) if outs else None
+    recorded = manifest.read() if manifest is not None else {}
     candidates = [
         number
         for number, (start, stop) in enumerate(units)
@@ -321,8 +345,14 @@ def _complete_units(
         )
     ]
 
+    sizes = _sizes_of(outs[0], [k for n in candidates for k in _keys_of(outs, units[n])
+                                if k in recorded]) if candidates and recorded else {}  # fmt: skip
+
     def decodes(number: int) -> bool:
         start, stop = units[number]
+        keys = _keys_of(outs, (start, stop))
+        if all(k in recorded and sizes.get(k) == recorded[k] for k in keys):
+            return True  # written whole by a task that reported it: no decode
         try:
             return all(out[start:stop].shape[0] == stop - start for out in outs)
         except Exception:  # a truncated or damaged object: written again
@@ -330,6 +360,70 @@ def _complete_units(
 
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
         return {n for n, ok in zip(candidates, pool.map(decodes, candidates), strict=True) if ok}
+
+
+def _keys_of(outs: Sequence[zarr.Array], unit: tuple[int, int]) -> list[str]:
+    return [key for out in outs for key in storage_keys(out, *unit)]
+
+
+def _sizes_of(array: zarr.Array, keys: Sequence[str]) -> dict[str, int]:
+    from zarr.core.sync import sync
+
+    async def sized() -> list[int]:
+        import asyncio
+
+        return await asyncio.gather(*(array.store.getsize(key) for key in keys))
+
+    return dict(zip(keys, (int(n) for n in sync(sized())), strict=True))
+
+
+class _Manifest:
+    """The sizes of the objects of the units the tasks reported written, kept by the caller.
+
+    One small JSON object beside the output's first array (``MANIFEST_NAME``
+    under its path), rewritten by the caller only (never by a worker) at most
+    every ``MANIFEST_SECONDS`` and at the end.  A resume takes a unit whose
+    objects have the recorded sizes as complete without decoding it; any
+    other unit whose objects exist is decoded.  A manifest that does not
+    parse (a kill while it was written) is ignored: every unit is decoded.
+    """
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        self.key = (f"{array.path}/" if array.path else "") + MANIFEST_NAME
+        self.sizes: dict[str, int] = {}
+        self.saved = time.monotonic()
+
+    def read(self) -> dict[str, int]:
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        try:
+            found = sync(self.array.store.get(self.key, prototype=default_buffer_prototype()))
+            if found is None:
+                return {}
+            value = json.loads(found.to_bytes())
+            return {str(k): int(v) for k, v in value["sizes"].items()}
+        except Exception:  # absent, truncated, not ours: decode every unit
+            return {}
+
+    def add(self, sizes: Mapping[str, int], force: bool = False) -> None:
+        self.sizes.update(sizes)
+        if force or time.monotonic() - self.saved >= MANIFEST_SECONDS:
+            self.write()
+
+    def delete(self) -> None:
+        from zarr.core.sync import sync
+
+        sync(self.array.store.delete(self.key))
+
+    def write(self) -> None:
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        data = json.dumps({"sizes": self.sizes}).encode()
+        sync(self.array.store.set(self.key, default_buffer_prototype().buffer.from_bytes(data)))
+        self.saved = time.monotonic()
 
 
 def _qualname(func: Any) -> str:
@@ -368,6 +462,8 @@ def _run(
     token = uuid.uuid4().hex
     chunks_per_row = [math.prod(math.ceil(n / c) for n, c in zip(o.shape[1:], _obj(o)[1:],
                       strict=True)) for o in job.outs]  # fmt: skip
+    manifest = _Manifest(job.outs[0])
+    manifest.sizes = manifest.read()
     bar = tqdm(total=len(tasks), desc=what, unit="task", disable=not progress)
     pending = list(reversed(tasks))
     flying: dict[Any, _Task] = {}
@@ -400,10 +496,14 @@ def _run(
                 finally:
                     runner.release(future)
                 _account(report, task, job, stats, chunks_per_row, read, what)
+                if report.get("sizes"):
+                    manifest.add(report["sizes"])
                 bar.update(1)
     finally:
         bar.close()
         runner.close()
+        if tasks:
+            manifest.write()
 
 
 def _obj(array: zarr.Array) -> tuple[int, ...]:
