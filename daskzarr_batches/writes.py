@@ -170,6 +170,8 @@ class _WriteJob:
     func: Callable[[Any], Any] | None
     inputs: _Inputs
     outs: tuple[zarr.Array, ...]
+    #: a shuffle's consecutive units are written together up to this many rows
+    write_rows: int = 0
 
 
 def _write_unit(reads: tuple[tuple[np.ndarray, Any], ...], job: _WriteJob, ranges: Any) -> Any:
@@ -181,8 +183,8 @@ def _write_unit(reads: tuple[tuple[np.ndarray, Any], ...], job: _WriteJob, range
     rows = [np.asarray(r) for r, _ in reads]
     offset, nbytes, calls, written = 0, 0, 0, []
     units = ranges.tolist()
-    if job.func is None:  # a shuffle's units one after another: one write each run
-        units = _runs(units)
+    if job.func is None:  # a shuffle's consecutive units: one write per group of them
+        units = _runs(units, job.write_rows)
     for start, stop in units:
         n = stop - start
         parts = [r[offset : offset + n] for r in rows]
@@ -208,11 +210,12 @@ def _write_unit(reads: tuple[tuple[np.ndarray, Any], ...], job: _WriteJob, range
             "missing": missing, "sizes": sizes}  # fmt: skip
 
 
-def _runs(ranges: list[list[int]]) -> list[tuple[int, int]]:
-    """Consecutive ranges joined, so Zarr encodes and writes their chunks concurrently."""
+def _runs(ranges: list[list[int]], max_rows: int) -> list[tuple[int, int]]:
+    """Consecutive ranges joined up to ``max_rows`` rows, so Zarr encodes and writes their
+    chunks concurrently while the copies it encodes from stay within ``max_rows`` rows."""
     joined: list[tuple[int, int]] = []
     for start, stop in ranges:
-        if joined and joined[-1][1] == start:
+        if joined and joined[-1][1] == start and stop - joined[-1][0] <= max_rows:
             joined[-1] = (joined[-1][0], stop)
         else:
             joined.append((start, stop))
@@ -843,8 +846,12 @@ def write_shuffled(
         ranges = np.array([units[u] for u in todo], dtype=np.int64)
         samples = np.concatenate([order[a:b] for a, b in ranges.tolist()])
         tasks.append(_Task(number, samples, ranges))
-    _run(tasks, inputs, _WriteJob(None, inputs, tuple(outs)), read, in_flight, stats, progress,
-         plan.decode_bytes, "write_shuffled")  # fmt: skip
+    # the write reuses the window's decode allowance (its reads are done by then) for the
+    # chunk buffers Zarr encodes from
+    write_rows = max(unit_rows, plan.decode_bytes // max(row_bytes, 1) // unit_rows * unit_rows)
+    job = _WriteJob(None, inputs, tuple(outs), write_rows)
+    _run(tasks, inputs, job, read, in_flight, stats, progress, plan.decode_bytes,
+         "write_shuffled")  # fmt: skip
     if inputs.kind == "single":
         return outs[0]
     if inputs.kind == "dict":

@@ -259,3 +259,22 @@ def test_cli_shuffle_writes_and_resumes(tmp_path: Path, capsys: pytest.CaptureFi
     np.testing.assert_array_equal(result["x"][:, 0], order * 2.0)
     assert main(["shuffle", *argv[:-4], "--seed", "8"]) == 2
     assert "its seed was 7" in capsys.readouterr().err
+
+
+def test_write_shuffled_stays_within_its_memory_budget(tmp_path: Path) -> None:
+    """Python-heap peak (numpy buffers included) under the budget, for 2.5x the budget of data."""
+    import tracemalloc
+
+    rows = 40_000  # 10 MiB
+    x = zarr.create_array(str(tmp_path / "x.zarr"), shape=(rows, 64), chunks=(1000, 64),
+                          dtype="f4")  # fmt: skip
+    x[:] = np.random.default_rng(0).random((rows, 64), dtype=np.float32)
+    budget = 4 * 2**20
+    tracemalloc.start()
+    try:
+        out = dzb.write_shuffled(x, str(tmp_path / "s.zarr"), memory_budget=budget, chunks=1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= budget, f"peak {peak / 2**20:.2f} MiB over a {budget / 2**20:.0f} MiB budget"
+    np.testing.assert_array_equal(out[:100], x[:][dzb.shuffle_order(rows, 0)[:100]])
