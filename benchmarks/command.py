@@ -79,6 +79,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "(docs/quality_vs_buffer.png), and the first buffered batch beside x[a:b] "
               "over its chunks, local and on a 20 ms store; writes --out/quality.md",
               ("rounds", "out", "data")),
+    Benchmark("writes", "benchmarks.suite.run", "run_writes",
+              "issue 19: map_to_zarr vs x.map_blocks(f).to_zarr(out), a resume after an "
+              "interruption at half, write_shuffled vs the exact shuffle; writes --out/writes.md",
+              ("rows", "rounds", "out", "data")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",

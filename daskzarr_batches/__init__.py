@@ -12,7 +12,8 @@ split by what each part knows and importing one way, bottom to top
 - ``execute``: computing graphs on local threads or a ``distributed.Client``;
 - ``read``: dask task functions and graph builders (each chunk decoded once);
 - ``streams``: validated settings, the stream iterators, the public constructors;
-- ``loader``, ``mapreduce``: training epochs with resumable state; per-chunk jobs;
+- ``loader``, ``mapreduce``, ``writes``: training epochs with resumable state; per-chunk
+  jobs; per-chunk jobs that write new Zarr arrays, resumably;
 - ``torch``, ``tools``: the PyTorch adapter; the command line.
 """
 
@@ -29,6 +30,7 @@ from .errors import (
     LoaderBusyError,
     MissingChunkError,
     MissingChunksWarning,
+    ResumeMismatchError,
     SkippedChunksWarning,
     StoreGoneError,
     StreamFailedError,
@@ -67,6 +69,7 @@ from .streams.spec import (
 )
 from .streams.splits import chunk_split
 from .streams.timing import time_epoch
+from .writes import WriteStats, map_to_zarr, shuffle_order, write_shuffled
 
 __version__ = "0.1.0"
 
@@ -98,6 +101,7 @@ __all__ = [
     "Mixture",
     "Moments",
     "PlanSummary",
+    "ResumeMismatchError",
     "ShuffleQuality",
     "SkippedChunk",
     "SkippedChunksWarning",
@@ -110,6 +114,7 @@ __all__ = [
     "WindowError",
     "WindowSummary",
     "WindowTimeoutError",
+    "WriteStats",
     "__version__",
     "batch_stream",
     "chunk_split",
@@ -118,6 +123,7 @@ __all__ = [
     "count_batches",
     "feature_moments",
     "map_chunks",
+    "map_to_zarr",
     "mix",
     "open_array",
     "open_collection",
@@ -126,6 +132,8 @@ __all__ = [
     "patch_stream",
     "plan_epoch",
     "reduce_chunks",
+    "shuffle_order",
     "shuffled_batch_stream",
     "time_epoch",
+    "write_shuffled",
 ]

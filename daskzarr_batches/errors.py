@@ -55,6 +55,7 @@ __all__ = [
     "LoaderBusyError",
     "MissingChunkError",
     "MissingChunksWarning",
+    "ResumeMismatchError",
     "SkippedChunksWarning",
     "StoreGoneError",
     "StreamFailedError",
@@ -77,6 +78,16 @@ class ArgumentValueError(DaskZarrBatchesError, ValueError):
 
 class LengthMismatchError(ArgumentValueError):
     """Arrays that must be paired sample by sample differ in length."""
+
+
+class ResumeMismatchError(ArgumentValueError):
+    """An output exists but was written by another job: a resume would mix two results.
+
+    Raised by :func:`map_to_zarr` and :func:`write_shuffled` when the
+    fingerprint in the output's attributes (job, input, seed) or its shape,
+    dtype or grid differ from this call's; the message names the field.
+    ``overwrite=True`` starts over.
+    """
 
 
 class ArrayNotFoundError(DaskZarrBatchesError, KeyError, FileNotFoundError):

@@ -638,6 +638,35 @@ def test_killed_worker_mid_epoch_still_yields_every_batch_once(
     process_client.wait_for_workers(2, timeout=30)  # the nanny restarts the killed worker
 
 
+def test_map_to_zarr_survives_a_killed_worker(process_client: Any, tmp_path: Any) -> None:
+    """A worker SIGKILLed while it computes an output chunk: the scheduler runs the task
+    again elsewhere and the output is that of an undisturbed run."""
+    data = np.arange(2000 * 4, dtype=np.float32).reshape(2000, 4)
+    x = zarr.create_array(str(tmp_path / "x.zarr"), shape=data.shape, chunks=(100, 4),
+                          dtype="f4")  # fmt: skip
+    x[:] = data
+    marker = str(tmp_path / "killed")
+
+    def func(rows: np.ndarray) -> np.ndarray:
+        if rows[0, 0] == 10 * 100 * 4:  # chunk 10: kill this worker, the first time only
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return rows * 2
+
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(func, x, str(tmp_path / "y.zarr"), dtype="f4", sample_shape=(4,),
+                        client=process_client, stats=stats)  # fmt: skip
+    assert os.path.exists(marker), "no worker was killed"
+    np.testing.assert_array_equal(y[...], data * 2)
+    assert stats.units_written == 20
+    assert our_tasks(process_client) == []
+    process_client.wait_for_workers(2, timeout=30)  # the nanny restarts the killed worker
+
+
 def test_cluster_giving_up_raises_window_error_and_leaves_nothing(
     process_client: Any, tmp_path: Any
 ) -> None:

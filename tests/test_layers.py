@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"execute"},
     {"read"},
     {"streams"},
-    {"loader", "mapreduce"},
+    {"loader", "mapreduce", "writes"},
     {"torch", "tools"},
 ]
 ON_THE_PUBLIC_API = {"tools"}  # may import the package root (``from .. import X``)

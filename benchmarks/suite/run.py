@@ -34,6 +34,7 @@ from . import big_samples as big
 from . import cache_cases, cases, memory, patch_cases, quality, report, stores_cases, targets
 from . import collection as coll
 from . import mixture as mx
+from . import writes as wr
 from .dataset import Dataset, default_shape, make_dataset
 from .measure import MB, Result, SuiteRun, rounds
 
@@ -415,3 +416,49 @@ def mixture_report(
         *(f"| {t.what} | {t.measured} | {t.status} |" for t in evaluated),
     ]
     return "\n".join(lines) + "\n"
+
+
+def run_writes(options: argparse.Namespace) -> None:
+    """Measure, evaluate ``WRITE_TARGETS``, write ``writes.md`` / ``.json``."""
+    data_dir, out = Path(options.data), Path(options.out)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    repeats = options.rounds or wr.ROUNDS
+    rows = options.rows or wr.ROWS
+    load = os.getloadavg()
+    results = wr.measure(data_dir, rows, repeats)
+    load_after = os.getloadavg()
+    run = SuiteRun(None, False, repeats, results, {}, {}, {}, [])  # type: ignore[arg-type]  # no dataset
+    evaluated = targets.evaluate(run, targets.WRITE_TARGETS)
+    command = (
+        "python -m benchmarks --only writes"
+        + (f" --rounds {repeats}" if repeats != wr.ROUNDS else "")
+        + (f" --rows {rows}" if rows != wr.ROWS else "")
+    )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Per-chunk jobs that write (issue 19)",
+        "",
+        f"`{command}` on {now}: {rows:,} x {wr.COLS} float32 in {wr.CHUNK_ROWS}-row chunks, "
+        f"zarr's default codec (zstd), local directory stores, local threads; "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, zarr {zarr.__version__}, "
+        f"numpy {np.__version__}; load average (1 min) {load[0]:.1f} at the start, "
+        f"{load_after[0]:.1f} at the end.  Medians of {repeats} interleaved rounds.",
+        "",
+        *wr.table(results),
+        "",
+        "| target | measured | result |",
+        "|---|---|---|",
+        *(f"| {t.what} | {t.measured} | {t.status} |" for t in evaluated),
+    ]
+    text = "\n".join(lines) + "\n"
+    (out / "writes.md").write_text(text)
+    payload = {
+        "command": command,
+        "date": now,
+        "load": [load, load_after],
+        "cases": {r.name: {"bytes": r.bytes, **r.extra} for r in results.values()},
+        "targets": [t.__dict__ for t in evaluated],
+    }
+    (out / "writes.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    print("\n" + text)

@@ -17,6 +17,7 @@ from . import collection as coll
 from . import mixture as mx
 from . import patch_cases as pc
 from . import stores_cases as sc
+from . import writes as wr
 from .cases import (
     BUFFERED,
     CLUSTER_BUFFERED,
@@ -313,6 +314,27 @@ MIXTURE_TARGETS: tuple[TargetSpec, ...] = tuple(
         skip=None,
     )
     for kind in mx.KINDS
+)
+
+#: issue 19: map_to_zarr against dask's map_blocks(f).to_zarr(out) on the same data and
+#: chunks, and a resume after an interruption at half (``writes``); evaluated by
+#: ``python -m benchmarks --only writes``
+WRITE_TARGETS: tuple[TargetSpec, ...] = (
+    TargetSpec(
+        "map_to_zarr >= 1.0x x.map_blocks(f).to_zarr(out) (medians)",
+        lambda run: wr.median_seconds(run.result(wr.DASK)) / wr.median_seconds(run.result(wr.MAP)),
+        ">=",
+        1.0,
+        skip=None,
+    ),
+    TargetSpec(
+        "resume after an interruption at half: its time / a full run's <= 0.6 (medians)",
+        lambda run: wr.resume_share(run.results),
+        "<=",
+        0.6,
+        "{value:.2f}",
+        skip=None,
+    ),
 )
 
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.

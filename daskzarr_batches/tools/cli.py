@@ -34,7 +34,10 @@ from .. import (
     ChunkCache,
     DaskZarrBatchesError,
     MissingChunksWarning,
+    WriteStats,
     __version__,
+    open_array,
+    write_shuffled,
 )
 from ..store.backends import BACKENDS
 from ..streams.spec import byte_size
@@ -80,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if args.command == "info":
                 return _info_command(args, out, err)
+            if args.command == "shuffle":
+                return _shuffle_command(args, out, err)
             return _bench_command(args, out, err)
         except DaskZarrBatchesError as exc:
             _error(err, exc)
@@ -124,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_options(demo)
     _add_info_parser(commands)
     _add_bench_parser(commands)
+    _add_shuffle_parser(commands)
     return parser
 
 
@@ -317,6 +323,63 @@ def _add_read_policy_options(policy: Any) -> None:
         default=3,
         help="retries of a read after a transient fault (default 3)",
     )
+
+
+def _add_shuffle_parser(commands: Any) -> None:
+    shuffle = commands.add_parser(
+        "shuffle",
+        help="write a seeded, exactly shuffled copy of arrays of STORE to OUT (resumable)",
+        description=(
+            "Write the samples of --array (and --labels, permuted together, rows aligned) in "
+            "the order of an exact seeded permutation to OUT, under the same array names, out "
+            "of core within --memory-budget. Run it again after an interruption: the chunks "
+            "already written are kept and only the others are written (--overwrite starts "
+            "over). Training then reads OUT in order."
+        ),
+    )
+    shuffle.add_argument("store", metavar="STORE", help="a Zarr group: a directory or a URL")
+    shuffle.add_argument("out", metavar="OUT", help="where the shuffled copy is written")
+    shuffle.add_argument("--array", required=True, help="the array of STORE to shuffle")
+    shuffle.add_argument("--labels", help="an array of STORE permuted with --array")
+    shuffle.add_argument("--seed", type=int, default=0, help="the permutation's seed (default 0)")
+    shuffle.add_argument(
+        "--memory-budget",
+        type=_size,
+        default=256 * 2**20,
+        help="bytes the windows in flight may hold, e.g. 1G (default 256M)",
+    )
+    shuffle.add_argument("--chunk-rows", type=_positive_int, help="rows per output chunk")
+    shuffle.add_argument("--overwrite", action="store_true", help="start over")
+    shuffle.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bar (off anyway without a tty)"
+    )
+    _add_cluster_options(shuffle)
+
+
+def _shuffle_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    names = [args.array] if args.labels is None else [args.array, args.labels]
+    data = {name: open_array(args.store, name) for name in names}
+    stats = WriteStats()
+    with _compute_target(args.scheduler, args.local_cluster) as (client, described):
+        write_shuffled(
+            data,
+            args.out,
+            seed=args.seed,
+            memory_budget=args.memory_budget,
+            chunks=args.chunk_rows,
+            overwrite=args.overwrite,
+            client=client,
+            timeout=None if client is None else WINDOW_TIMEOUT,
+            progress=_progress(err, args.quiet) is not None,
+            stats=stats,
+        )
+    print(
+        f"shuffled {', '.join(names)} of {args.store} to {args.out} (seed {args.seed}, "
+        f"{described}): {stats.units_written} of {stats.units} chunks written, "
+        f"{stats.units_skipped} already complete, {stats.bytes_written} bytes",
+        file=out,
+    )
+    return 0
 
 
 def _check_combinations(args: argparse.Namespace) -> None:

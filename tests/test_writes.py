@@ -1,0 +1,280 @@
+"""map_to_zarr and write_shuffled: per-chunk jobs that write a new Zarr array, resumably.
+
+Properties over shapes and chunk grids (sharded input and output, functions
+that change the sample shape and dtype); a job SIGKILLed mid-way in a
+subprocess and resumed (identical output, ``func`` called only for the chunks
+not written); a truncated output chunk written again; a fingerprint mismatch
+refused; the shuffled copy is the seeded permutation, pairs aligned, within a
+small memory budget; the same job on a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+import zarr.storage
+from hypothesis import given
+from hypothesis import strategies as st
+
+import daskzarr_batches as dzb
+from tests.strategies import property_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _zarr(data: np.ndarray, chunks: tuple[int, ...], shards: tuple[int, ...] | None = None,
+          store: Any = None) -> zarr.Array:  # fmt: skip
+    array = zarr.create_array(
+        store if store is not None else zarr.storage.MemoryStore(),
+        shape=data.shape, chunks=chunks, shards=shards, dtype=data.dtype,
+    )  # fmt: skip
+    array[...] = data
+    return array
+
+
+def _widen(rows: np.ndarray) -> np.ndarray:
+    """Changes the sample shape and dtype, row by row."""
+    return np.concatenate([rows, rows * 2], axis=1).astype(np.float64) + 0.5
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(0, 40))
+    width = draw(st.integers(1, 3))
+    in_rows = draw(st.integers(1, 12))
+    in_shards = draw(st.sampled_from([None, 2, 3]))
+    out_rows = draw(st.sampled_from([None, 1, 5, 16]))
+    out_shards = draw(st.sampled_from([None, 2]))
+    return {"n": n, "width": width, "in_rows": in_rows, "in_shards": in_shards,
+            "out_rows": out_rows, "out_shards": out_shards}  # fmt: skip
+
+
+@given(_cases())
+@property_settings(25)
+def test_map_to_zarr_equals_func_of_the_whole_array(case: dict[str, Any]) -> None:
+    n, width = case["n"], case["width"]
+    data = np.arange(n * width, dtype=np.int32).reshape(n, width)
+    chunks = (case["in_rows"], width)
+    shards = None if case["in_shards"] is None else (case["in_rows"] * case["in_shards"], width)
+    x = _zarr(data, chunks, shards)
+    out_chunks = case["out_rows"]
+    out_shards = None
+    if out_chunks is not None and case["out_shards"] is not None:
+        out_shards = out_chunks * case["out_shards"]
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(_widen, x, zarr.storage.MemoryStore(), chunks=out_chunks,
+                        shards=out_shards, stats=stats)  # fmt: skip
+    assert y.dtype == np.float64 and y.shape == (n, 2 * width)
+    np.testing.assert_array_equal(y[...], _widen(data))
+    assert y.chunks[0] == (out_chunks or case["in_rows"])
+    assert stats.units_written == stats.units == -(-n // (out_shards or y.chunks[0]))
+    # a second run finds everything complete and calls func for nothing
+    again = dzb.WriteStats()
+    dzb.map_to_zarr(_widen, x, y.store, chunks=out_chunks, shards=out_shards, stats=again)
+    assert (again.units_skipped, again.units_written, again.func_calls) == (stats.units, 0, 0)
+
+
+def test_dict_input_dask_and_numpy(tmp_path: Path) -> None:
+    import dask.array as da
+
+    x = np.arange(60.0).reshape(20, 3)
+    labels = np.arange(20)
+    data = {"x": da.from_array(x, chunks=(7, 2)), "y": labels}
+
+    def func(rows: dict[str, np.ndarray]) -> np.ndarray:
+        return rows["x"].sum(axis=1) + rows["y"]
+
+    y = dzb.map_to_zarr(func, data, tmp_path / "out.zarr", chunks=4)
+    np.testing.assert_array_equal(y[:], x.sum(axis=1) + labels)
+    assert y.shape == (20,) and y.chunks == (4,)
+
+
+def test_wrong_number_of_rows_names_the_chunk() -> None:
+    x = _zarr(np.zeros((10, 2), "f4"), (5, 2))
+    with pytest.raises(dzb.WindowError, match=r"rows 5:10") as info:
+        dzb.map_to_zarr(lambda r: r[:2] if r[0, 0] else r, _rows_marked(x),
+                        zarr.storage.MemoryStore(), dtype="f4", sample_shape=(2,))  # fmt: skip
+    assert isinstance(info.value.__cause__, dzb.ArgumentValueError)
+    with pytest.raises(dzb.ArgumentValueError, match="same number of rows"):
+        dzb.map_to_zarr(lambda r: r[:1], x, zarr.storage.MemoryStore())
+
+
+def _rows_marked(x: zarr.Array) -> zarr.Array:
+    x[5:] = 1
+    return x
+
+
+def test_truncated_chunk_is_written_again(tmp_path: Path) -> None:
+    x = _zarr(np.arange(40.0).reshape(20, 2), (5, 2))
+    out = tmp_path / "y.zarr"
+    y = dzb.map_to_zarr(_widen, x, out)
+    reference = y[...]
+    chunk = out / "c" / "2" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:7])
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(_widen, x, out, stats=stats)
+    assert (stats.units_written, stats.units_skipped, stats.func_calls) == (1, 3, 1)
+    np.testing.assert_array_equal(y[...], reference)
+
+
+def test_fingerprint_mismatch_refused(tmp_path: Path) -> None:
+    x = _zarr(np.arange(40.0).reshape(20, 2), (5, 2))
+    out = tmp_path / "y.zarr"
+    dzb.map_to_zarr(_widen, x, out, job_id="normalise")
+    with pytest.raises(dzb.ResumeMismatchError, match="job was 'normalise'"):
+        dzb.map_to_zarr(_widen, x, out, job_id="embed")
+    other = _zarr(np.arange(42.0).reshape(21, 2), (5, 2))
+    with pytest.raises(dzb.ResumeMismatchError, match="inputs"):
+        dzb.map_to_zarr(_widen, other, out, job_id="normalise")
+    with pytest.raises(dzb.ArgumentValueError, match="exists"):
+        dzb.map_to_zarr(_widen, x, out, job_id="normalise", resume=False)
+    y = dzb.map_to_zarr(_widen, other, out, job_id="embed", overwrite=True)
+    assert y.shape == (21, 4)
+
+
+_JOB = """
+import os, sys, time
+import numpy as np
+import daskzarr_batches as dzb
+x_path, out, log, slow = sys.argv[1:5]
+
+def func(rows):
+    with open(log, "a") as f:
+        f.write(f"{int(rows[0, 0]) // 4}\\n")
+    time.sleep(float(slow))
+    return (rows - 100.0) / 7.0
+
+dzb.map_to_zarr(func, x_path, out, job_id="job", io_concurrency=1)
+"""
+
+
+def test_sigkilled_job_resumes_to_the_same_output(tmp_path: Path) -> None:
+    data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    x_path = tmp_path / "x.zarr"
+    _zarr(data, (4, 4), store=str(x_path))  # 16 chunks, row 0 of chunk i starts at 16 * i
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(_JOB))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    reference = tmp_path / "ref.zarr"
+    subprocess.run([sys.executable, str(script), str(x_path), str(reference),
+                    str(tmp_path / "ref.log"), "0"], check=True, env=env, timeout=120)  # fmt: skip
+    out, log = tmp_path / "out.zarr", tmp_path / "out.log"
+    job = subprocess.Popen([sys.executable, str(script), str(x_path), str(out), str(log), "0.2"],
+                           env=env)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (
+        not log.exists() or len(log.read_text().split()) < 9
+    ):  # the probe + 8
+        time.sleep(0.05)
+    job.send_signal(signal.SIGKILL)
+    job.wait(timeout=30)
+    first = {int(c) // 4 for c in log.read_text().split()}
+    assert 8 <= len(first) < 16
+    written = {
+        i for i in range(16) if (out / "c" / str(i) / "0").exists()
+    }  # fmt: skip
+    calls: list[int] = []
+
+    def func(rows: np.ndarray) -> np.ndarray:
+        calls.append(int(rows[0, 0]) // 16)
+        return (rows - 100.0) / 7.0
+
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(func, str(x_path), out, job_id="job", stats=stats)
+    expected = zarr.open_array(str(reference), mode="r")
+    np.testing.assert_array_equal(y[...], expected[...])
+    # only chunks not complete were computed: none of those written whole before the kill
+    assert len(calls) == len(set(calls)) == stats.units_written
+    assert set(calls) | written >= set(range(16))
+    assert len(set(calls) & written) <= 1  # at most the chunk being written at the kill
+    assert stats.units_skipped >= len(written) - 1 and stats.units_written < 16
+
+
+def test_write_shuffled_is_the_seeded_permutation_pairs_aligned(tmp_path: Path) -> None:
+    n = 203
+    x = _zarr(np.arange(n * 3, dtype=np.int64).reshape(n, 3), (16, 3), (32, 3))
+    labels = np.arange(n, dtype=np.int32) * 10
+    stats = dzb.WriteStats()
+    out = dzb.write_shuffled((x, labels), tmp_path / "s.zarr", seed=5, memory_budget="4KiB",
+                             chunks=8, stats=stats)  # fmt: skip
+    xs, ys = out[0][...], out[1][...]
+    order = dzb.shuffle_order(n, 5)
+    assert sorted(order.tolist()) == list(range(n))
+    np.testing.assert_array_equal(xs[:, 0] // 3, order)
+    np.testing.assert_array_equal(ys, order * 10)  # rows aligned
+    assert stats.units == stats.units_written == 26 and out[0].chunks == (8, 3)
+    other = dzb.write_shuffled(labels, tmp_path / "t.zarr", seed=6)
+    assert not np.array_equal(other[...], ys) and sorted(other[...]) == sorted(ys)
+    again = dzb.write_shuffled(labels, tmp_path / "u.zarr", seed=5)
+    np.testing.assert_array_equal(again[...], ys)
+    # resume: one chunk removed, only its unit written again; another seed refused
+    (tmp_path / "s.zarr" / "1" / "c" / "3").unlink()
+    stats = dzb.WriteStats()
+    out = dzb.write_shuffled((x, labels), tmp_path / "s.zarr", seed=5, memory_budget="4KiB",
+                             chunks=8, stats=stats)  # fmt: skip
+    assert (stats.units_written, stats.units_skipped) == (1, 25)
+    np.testing.assert_array_equal(out[1][...], order * 10)
+    with pytest.raises(dzb.ResumeMismatchError, match="seed"):
+        dzb.write_shuffled((x, labels), tmp_path / "s.zarr", seed=6, chunks=8)
+
+
+def test_map_to_zarr_on_a_cluster(client: Any, tmp_path: Path) -> None:
+    data = np.arange(300.0).reshape(100, 3)
+    x = _zarr(data, (10, 3), store=str(tmp_path / "x.zarr"))
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(_widen, x, str(tmp_path / "y.zarr"), client=client, stats=stats)
+    np.testing.assert_array_equal(y[...], _widen(data))
+    assert stats.units_written == 10
+    s = dzb.write_shuffled(x, str(tmp_path / "s.zarr"), client=client, seed=2)
+    np.testing.assert_array_equal(s[...], data[dzb.shuffle_order(100, 2)])
+
+
+def test_cli_shuffle_writes_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from daskzarr_batches.tools.cli import main
+
+    group = zarr.open_group(str(tmp_path / "in.zarr"), mode="w")
+    group.create_array("x", shape=(50, 2), chunks=(8, 2), dtype="f4")[:] = np.arange(100).reshape(
+        50, 2
+    )
+    group.create_array("y", shape=(50,), chunks=(8,), dtype="i8")[:] = np.arange(50)
+    argv = [str(tmp_path / "in.zarr"), str(tmp_path / "out.zarr"), "--array", "x",
+            "--labels", "y", "--seed", "7", "--memory-budget", "2K"]  # fmt: skip
+    assert main(["shuffle", *argv]) == 0
+    assert "7 of 7 chunks written" in capsys.readouterr().out
+    assert main(["shuffle", *argv]) == 0
+    assert "0 of 7 chunks written, 7 already complete" in capsys.readouterr().out
+    order = dzb.shuffle_order(50, 7)
+    result = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")
+    np.testing.assert_array_equal(result["y"][:], order)
+    np.testing.assert_array_equal(result["x"][:, 0], order * 2.0)
+    assert main(["shuffle", *argv[:-4], "--seed", "8"]) == 2
+    assert "its seed was 7" in capsys.readouterr().err
+
+
+def test_write_shuffled_stays_within_its_memory_budget(tmp_path: Path) -> None:
+    """Python-heap peak (numpy buffers included) under the budget, for 2.5x the budget of data."""
+    import tracemalloc
+
+    rows = 40_000  # 10 MiB
+    x = zarr.create_array(str(tmp_path / "x.zarr"), shape=(rows, 64), chunks=(1000, 64),
+                          dtype="f4")  # fmt: skip
+    x[:] = np.random.default_rng(0).random((rows, 64), dtype=np.float32)
+    budget = 4 * 2**20
+    tracemalloc.start()
+    try:
+        out = dzb.write_shuffled(x, str(tmp_path / "s.zarr"), memory_budget=budget, chunks=1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= budget, f"peak {peak / 2**20:.2f} MiB over a {budget / 2**20:.0f} MiB budget"
+    np.testing.assert_array_equal(out[:100], x[:][dzb.shuffle_order(rows, 0)[:100]])
