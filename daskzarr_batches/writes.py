@@ -46,6 +46,7 @@ from tqdm import tqdm
 from .errors import (
     ArgumentTypeError,
     ArgumentValueError,
+    CacheWarning,
     LengthMismatchError,
     MissingChunksWarning,
     ResumeMismatchError,
@@ -59,6 +60,8 @@ from .plan.budget import exact_budget
 from .plan.epoch import permutation
 from .plan.windows import Window, chunk_offsets, pieces_for
 from .read.graphs import window_graph
+from .read.window import read_kept_chunk
+from .store.cache import ChunkCache
 from .store.layout import storage_keys
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .store.sources import Source, as_source
@@ -99,6 +102,9 @@ class WriteStats:
         Decoded bytes written.
     func_calls : int
         Calls of ``func`` (``map_to_zarr``; the probe call included).
+    cache_hits, cache_misses : int
+        Input chunk reads served by ``cache=`` (neither fetched nor decoded),
+        and looked up there but read from the store (0 without a cache).
     """
 
     units: int = 0
@@ -108,6 +114,8 @@ class WriteStats:
     chunks_written: int = 0
     bytes_written: int = 0
     func_calls: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
 
 
 # --------------------------------------------------------------------------
@@ -178,8 +186,11 @@ def _write_unit(reads: tuple[tuple[np.ndarray, Any], ...], job: _WriteJob, range
     """Apply ``job.func`` to the rows read for ``ranges`` and write them; a small report."""
     reports = [report for _, report in reads]
     missing = tuple(k for r in reports for k in r.missing_keys)
+    hits = sum(r.cache.hits for r in reports if r.cache is not None)
+    misses = sum(r.cache.misses for r in reports if r.cache is not None)
     if any(r.skipped for r in reports):
-        return {"written": [], "failed": True, "bytes": 0, "calls": 0, "missing": missing}
+        return {"written": [], "failed": True, "bytes": 0, "calls": 0, "missing": missing,
+                "hits": hits, "misses": misses}  # fmt: skip
     rows = [np.asarray(r) for r, _ in reads]
     offset, nbytes, calls, written = 0, 0, 0, []
     units = ranges.tolist()
@@ -207,7 +218,7 @@ def _write_unit(reads: tuple[tuple[np.ndarray, Any], ...], job: _WriteJob, range
         written.append((start, stop))
     sizes = _object_sizes(job.outs, written)
     return {"written": written, "failed": False, "bytes": nbytes, "calls": calls,
-            "missing": missing, "sizes": sizes}  # fmt: skip
+            "missing": missing, "sizes": sizes, "hits": hits, "misses": misses}  # fmt: skip
 
 
 def _runs(ranges: list[list[int]], max_rows: int) -> list[tuple[int, int]]:
@@ -481,6 +492,8 @@ def _run(
     concurrency = read.io_concurrency or max(os.cpu_count() or 1, in_flight)
     runner = make_runner(read.client, in_flight=in_flight, read_workers=concurrency)
     policy = read.policy.limited(concurrency).tokened(stored_arrays(list(inputs.sources)))
+    # a cache on a cluster: decoded chunks kept as cluster futures, windows cut from them
+    kept = None if policy.cache is None else runner.keeper(policy.cache, read_kept_chunk, policy)
     offsets = [chunk_offsets(s.chunks[0]) for s in inputs.sources]
     token = uuid.uuid4().hex
     chunks_per_row = [math.prod(math.ceil(n / c) for n, c in zip(o.shape[1:], _obj(o)[1:],
@@ -498,7 +511,8 @@ def _run(
                 pieces = tuple(tuple(pieces_for(task.samples, off)) for off in offsets)
                 window = Window(task.number, 0, task.samples, pieces)
                 dsk, key = window_graph(sources, window, token, policy, runner.scope,
-                                        plan_order=True, decode_bytes=decode_bytes)  # fmt: skip
+                                        plan_order=True, decode_bytes=decode_bytes,
+                                        kept=kept)  # fmt: skip
                 write_key = (f"dzb-write-{token}", task.number)
                 dsk[write_key] = (_write_unit, key, job, task.ranges)
                 flying[runner.submit(dsk, write_key, -task.number)] = task
@@ -547,6 +561,11 @@ def _account(
     read: ReadOptions,
     what: str,
 ) -> None:
+    stats.cache_hits += report.get("hits", 0)
+    stats.cache_misses += report.get("misses", 0)
+    problem = None if read.cache is None else read.cache.take_write_error()
+    if problem is not None:
+        warn_caller(CacheWarning(problem))
     if report["missing"] and read.missing == "warn":
         keys = report["missing"]
         warn_caller(
@@ -586,14 +605,15 @@ def _units(rows: int, step: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _read_rows(inputs: _Inputs, stop: int) -> list[np.ndarray]:
-    """Samples ``0:stop`` of every input, read here (the probe)."""
+def _read_rows(inputs: _Inputs, stop: int, read: ReadOptions) -> list[np.ndarray]:
+    """Samples ``0:stop`` of every input, read here (the probe; through the cache if any)."""
     if stop == 0:
         return [np.empty((0, *s.shape[1:]), dtype=s.dtype) for s in inputs.sources]
     samples = range(stop)
     pieces = tuple(tuple(pieces_for(samples, chunk_offsets(s.chunks[0]))) for s in inputs.sources)
+    policy = read.policy.tokened(stored_arrays(list(inputs.sources)))
     dsk, key = window_graph(list(inputs.sources), Window(0, 0, samples, pieces), "probe",
-                            plan_order=True)  # fmt: skip
+                            policy, plan_order=True)  # fmt: skip
     return [np.asarray(rows) for rows, _ in dask.get(dsk, key)]
 
 
@@ -620,6 +640,7 @@ def map_to_zarr(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
     progress: bool = False,
     stats: WriteStats | None = None,
 ) -> zarr.Array:
@@ -665,6 +686,9 @@ def map_to_zarr(
         As for :func:`map_chunks`; the read policy applies to the input.  With
         ``on_error="skip"`` a chunk that touches an undecodable input chunk is
         left unwritten (a later run writes it).
+    cache : ChunkCache, optional
+        Decoded input chunks served from (and kept in) this cache, as for
+        the streams (on a cluster, as cluster futures).
     progress : bool, default False
         A ``tqdm`` progress bar of the tasks.
     stats : WriteStats, optional
@@ -695,7 +719,7 @@ def map_to_zarr(
     if not callable(func):
         raise ArgumentTypeError(f"func must be callable, got {func!r}")
     stats = WriteStats() if stats is None else stats
-    read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency)
+    read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
     inputs = _inputs(data)
     rows = inputs.rows
     existing = None if overwrite else _existing(out, None)
@@ -703,7 +727,7 @@ def map_to_zarr(
         dtype = existing.dtype if dtype is None else dtype
         sample_shape = existing.shape[1:] if sample_shape is None else sample_shape
     if dtype is None or sample_shape is None:
-        probe = _read_rows(inputs, min(rows, 2))
+        probe = _read_rows(inputs, min(rows, 2), read)
         result = np.asarray(func(inputs.pack(probe)))
         stats.func_calls += 1
         if result.ndim == 0 or result.shape[0] != min(rows, 2):
@@ -760,6 +784,7 @@ def write_shuffled(
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
+    cache: ChunkCache | None = None,
     progress: bool = False,
     stats: WriteStats | None = None,
 ) -> Any:
@@ -793,6 +818,11 @@ def write_shuffled(
         As for :func:`map_to_zarr`.
     client, timeout, missing, on_error, retries, io_concurrency
         As for :func:`map_to_zarr` (``job_id`` defaults to ``"write_shuffled"``).
+    cache : ChunkCache, optional
+        Decoded input chunks served from (and kept in) this cache.  Every
+        window of a shuffle touches nearly every input chunk, so with a cache
+        that holds the input each stored chunk is read from the store once
+        over the whole job (read amplification 1) instead of once per window.
 
     Returns
     -------
@@ -807,7 +837,7 @@ def write_shuffled(
     ([0, 1, 2, 3, 4, 5], True)
     """
     stats = WriteStats() if stats is None else stats
-    read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency)
+    read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
     inputs = _inputs(data)
     rows = inputs.rows
     if not isinstance(seed, int | np.integer) or isinstance(seed, bool):

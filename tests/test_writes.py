@@ -278,3 +278,53 @@ def test_write_shuffled_stays_within_its_memory_budget(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert peak <= budget, f"peak {peak / 2**20:.2f} MiB over a {budget / 2**20:.0f} MiB budget"
     np.testing.assert_array_equal(out[:100], x[:][dzb.shuffle_order(rows, 0)[:100]])
+
+
+def _counted_input(tmp_path: Path, name: str) -> tuple[zarr.Array, np.ndarray, Any]:
+    """A 1000 x 6 float32 array in 20 chunks behind a store counting its chunk reads."""
+    from tests.stores import NamedCountingStore
+
+    data = np.random.default_rng(3).random((1000, 6), dtype=np.float32)
+    _zarr(data, (50, 6), store=str(tmp_path / "in.zarr"))
+    store = NamedCountingStore(
+        zarr.storage.LocalStore(str(tmp_path / "in.zarr"), read_only=True),
+        f"{name}-{tmp_path.name}",
+    )
+    return zarr.open_array(store=store, mode="r"), data, store
+
+
+def test_write_shuffled_with_a_cache_reads_each_chunk_once(tmp_path: Path) -> None:
+    """A window of a tenth of the data touches every chunk: ~10 reads of each without a
+    cache, one with a cache that holds the input (read amplification 1)."""
+    x, data, store = _counted_input(tmp_path, "writes-cache")
+    budget = data.nbytes // 5  # half for the window's samples, half for decoded chunks
+    order = dzb.shuffle_order(1000, 4)
+    plain = dzb.write_shuffled(x, str(tmp_path / "a.zarr"), seed=4, memory_budget=budget,
+                               chunks=25)  # fmt: skip
+    np.testing.assert_array_equal(plain[...], data[order])
+    assert len(store.counts) == 20 and min(store.counts.values()) >= 5
+    store.counts.clear()
+    cache, stats = dzb.ChunkCache("64MiB"), dzb.WriteStats()
+    out = dzb.write_shuffled(x, str(tmp_path / "b.zarr"), seed=4, memory_budget=budget,
+                             chunks=25, cache=cache, stats=stats)  # fmt: skip
+    np.testing.assert_array_equal(out[...], data[order])
+    assert dict(store.counts) == {key: 1 for key in store.counts} and len(store.counts) == 20
+    assert stats.cache_misses == 20 and stats.cache_hits > 20 * 4
+    store.counts.clear()  # map_to_zarr reads through the same cache: nothing from the store
+    y = dzb.map_to_zarr(_widen, x, str(tmp_path / "m.zarr"), cache=cache, stats=stats)
+    np.testing.assert_array_equal(y[...], _widen(data))
+    assert dict(store.counts) == {}
+
+
+def test_write_shuffled_with_a_cache_on_a_cluster(client: Any, tmp_path: Path) -> None:
+    from tests.scheduler_state import our_tasks
+
+    x, data, store = _counted_input(tmp_path, "writes-cache-cluster")
+    cache, stats = dzb.ChunkCache("64MiB"), dzb.WriteStats()
+    out = dzb.write_shuffled(x, str(tmp_path / "s.zarr"), seed=2, memory_budget=data.nbytes // 5,
+                             chunks=25, cache=cache, client=client, stats=stats)  # fmt: skip
+    np.testing.assert_array_equal(out[...], data[dzb.shuffle_order(1000, 2)])
+    assert dict(store.counts) == {key: 1 for key in store.counts} and len(store.counts) == 20
+    assert stats.cache_misses == 20 and stats.cache_hits > 20
+    cache.clear()
+    assert our_tasks(client) == []
