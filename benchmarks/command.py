@@ -80,9 +80,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "over its chunks, local and on a 20 ms store; writes --out/quality.md",
               ("rounds", "out", "data")),
     Benchmark("writes", "benchmarks.suite.run", "run_writes",
-              "issue 19: map_to_zarr vs x.map_blocks(f).to_zarr(out), a resume after an "
-              "interruption at half, write_shuffled vs the exact shuffle; writes --out/writes.md",
-              ("rows", "rounds", "out", "data")),
+              "issue 19: map_to_zarr vs x.map_blocks(f).to_zarr(out), locally and on a "
+              "LocalCluster, a resume after an interruption at half, write_shuffled vs the "
+              "exact shuffle; writes --out/writes.md",
+              ("rows", "rounds", "out", "data", "no_cluster")),
     Benchmark("exact-sweep", "benchmarks.suite.memory", "run_sweep",
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",
@@ -165,7 +166,9 @@ def parser() -> argparse.ArgumentParser:
     cases.add_argument("--workers", type=int, help="cluster: worker processes (2)")
     cases.add_argument("--epochs", type=int, help="torch-workers: epochs per DataLoader (3)")
     cases.add_argument("--match", help="torch-workers: only cases whose name contains this")
-    cases.add_argument("--no-cluster", action="store_true", help="suite: no LocalCluster cases")
+    cases.add_argument(
+        "--no-cluster", action="store_true", help="suite, writes: no LocalCluster cases"
+    )
     cases.add_argument(
         "--no-stores", action="store_true", help="suite: no sharded/latency/S3/codec cases"
     )

@@ -426,21 +426,25 @@ def run_writes(options: argparse.Namespace) -> None:
     repeats = options.rounds or wr.ROUNDS
     rows = options.rows or wr.ROWS
     load = os.getloadavg()
-    results = wr.measure(data_dir, rows, repeats)
+    cluster = not getattr(options, "no_cluster", False)
+    results = wr.measure(data_dir, rows, repeats, cluster=cluster)
     load_after = os.getloadavg()
-    run = SuiteRun(None, False, repeats, results, {}, {}, {}, [])  # type: ignore[arg-type]  # no dataset
+    skipped = {} if cluster else {"cluster": "--no-cluster"}
+    run = SuiteRun(None, False, repeats, results, skipped, {}, {}, [])  # type: ignore[arg-type]  # no dataset
     evaluated = targets.evaluate(run, targets.WRITE_TARGETS)
     command = (
         "python -m benchmarks --only writes"
         + (f" --rounds {repeats}" if repeats != wr.ROUNDS else "")
         + (f" --rows {rows}" if rows != wr.ROWS else "")
+        + ("" if cluster else " --no-cluster")
     )
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Per-chunk jobs that write (issue 19)",
         "",
         f"`{command}` on {now}: {rows:,} x {wr.COLS} float32 in {wr.CHUNK_ROWS}-row chunks, "
-        f"zarr's default codec (zstd), local directory stores, local threads; "
+        f"zarr's default codec (zstd), local directory stores, local threads "
+        f"(and a LocalCluster of {wr.WORKERS} process workers x 1 thread for its cases); "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, zarr {zarr.__version__}, "
         f"numpy {np.__version__}; load average (1 min) {load[0]:.1f} at the start, "
         f"{load_after[0]:.1f} at the end.  Medians of {repeats} interleaved rounds.",

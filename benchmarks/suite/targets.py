@@ -335,6 +335,16 @@ WRITE_TARGETS: tuple[TargetSpec, ...] = (
         "{value:.2f}",
         skip=None,
     ),
+    TargetSpec(
+        "map_to_zarr on a LocalCluster >= 1.0x x.map_blocks(f).to_zarr(out) on it (medians)",
+        lambda run: (
+            wr.median_seconds(run.result(wr.CLUSTER_DASK))
+            / wr.median_seconds(run.result(wr.CLUSTER_MAP))
+        ),
+        ">=",
+        1.0,
+        skip="cluster",
+    ),
 )
 
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.

@@ -12,7 +12,10 @@ interleaved rounds (medians):
   the objects present are complete, a truncated one would be found and redone as well),
   then ``map_to_zarr`` again; its time over a full run's;
 - ``write_shuffled`` at a quarter-dataset budget against one epoch of the exact shuffle
-  (``shuffled_batch_stream(..., memory_budget=same)``, batch 256) streamed and dropped.
+  (``shuffled_batch_stream(..., memory_budget=same)``, batch 256) streamed and dropped;
+- ``map_to_zarr(..., client=client)`` against ``x.map_blocks(f).to_zarr(out)`` computed
+  by the same client, on one ``LocalCluster`` of ``WORKERS`` process workers x 1 thread
+  (127.0.0.1), started once before the rounds (``--no-cluster`` leaves these out).
 
 ``suite/run.py`` (``run_writes``) writes ``<out>/writes.md`` and ``writes.json``; the
 targets are ``WRITE_TARGETS`` of ``suite/targets.py``.
@@ -20,11 +23,15 @@ targets are ``WRITE_TARGETS`` of ``suite/targets.py``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 import zarr
@@ -38,13 +45,17 @@ COLS = 64
 CHUNK_ROWS = 8192
 BATCH = 256
 ROUNDS = 3
+WORKERS = 2
+ROOT = Path(__file__).resolve().parents[2]
 
 MAP = "map_to_zarr, normalising func"
 DASK = "x.map_blocks(f).to_zarr(out) (dask)"
 RESUME = "map_to_zarr resumed after an interruption at half"
 SHUFFLED = "write_shuffled, quarter-dataset budget"
 EXACT = "exact shuffle streamed once, same budget"
-KINDS = (MAP, DASK, RESUME, SHUFFLED, EXACT)
+CLUSTER_MAP = f"map_to_zarr on a LocalCluster ({WORKERS} process workers)"
+CLUSTER_DASK = "x.map_blocks(f).to_zarr(out) on the same LocalCluster (dask)"
+KINDS = (MAP, DASK, RESUME, SHUFFLED, EXACT, CLUSTER_MAP, CLUSTER_DASK)
 
 
 class Normalise:
@@ -73,13 +84,44 @@ def make_input(data_dir: Path, rows: int) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def local_cluster(workers: int) -> Iterator[Any]:
+    """A client of a LocalCluster of ``workers`` process workers x 1 thread on 127.0.0.1.
+
+    The workers import ``benchmarks`` (they unpickle ``Normalise``): the repository root
+    is put on their ``PYTHONPATH``.
+    """
+    from distributed import Client, LocalCluster
+
+    extra = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *([extra] if extra else [])])
+    try:
+        with (
+            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                         host="127.0.0.1", dashboard_address=":0") as cluster,
+            Client(cluster, set_as_default=False) as client,
+        ):  # fmt: skip
+            yield client
+    finally:
+        if extra is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = extra
+
+
 def _fresh(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     return path
 
 
-def measure(data_dir: Path, rows: int, repeats: int) -> dict[str, Result]:
-    """Every case, in one set of interleaved rounds."""
+def measure(data_dir: Path, rows: int, repeats: int, cluster: bool = True) -> dict[str, Result]:
+    """Every case, in one set of interleaved rounds (the cluster's cases with ``cluster``)."""
+    with contextlib.ExitStack() as stack:
+        client = stack.enter_context(local_cluster(WORKERS)) if cluster else None
+        return _measure(data_dir, rows, repeats, client)
+
+
+def _measure(data_dir: Path, rows: int, repeats: int, client: Any) -> dict[str, Result]:
     source = make_input(data_dir, rows)
     x = zarr.open_array(source, mode="r")
     func = Normalise(dzb.feature_moments(x))
@@ -120,8 +162,25 @@ def measure(data_dir: Path, rows: int, repeats: int) -> dict[str, Result]:
     def run_exact() -> tuple[int, int, float]:
         return drain(dzb.shuffled_batch_stream(x, BATCH, seed=0, memory_budget=budget))
 
+    def run_cluster_map() -> tuple[int, int, float]:
+        dzb.map_to_zarr(func, x, str(_fresh(work / "cmap.zarr")), job_id="normalise",
+                        client=client)  # fmt: skip
+        return nbytes, rows, 1.0
+
+    def run_cluster_dask() -> tuple[int, int, float]:
+        stored = (
+            da.from_zarr(x)
+            .map_blocks(func, dtype=np.float32)
+            .to_zarr(str(_fresh(work / "cdask.zarr")), overwrite=True, compute=False)
+        )
+        dask.compute(stored, scheduler=client)
+        return nbytes, rows, 1.0
+
     seconds_of_resume: list[float] = []
     run_map()  # imports, pools, page cache
+    if client is not None:
+        run_cluster_map()  # the workers' imports
+        run_cluster_dask()
     print(f"writes: {rows} x {COLS} float32 in {CHUNK_ROWS}-row chunks, {repeats} rounds")
     cases = [
         Case(MAP, "this", run_map),
@@ -130,6 +189,9 @@ def measure(data_dir: Path, rows: int, repeats: int) -> dict[str, Result]:
         Case(SHUFFLED, "this", run_shuffled),
         Case(EXACT, "this", run_exact),
     ]
+    if client is not None:
+        cases += [Case(CLUSTER_MAP, "cluster", run_cluster_map),
+                  Case(CLUSTER_DASK, "dask", run_cluster_dask)]  # fmt: skip
     results = rounds(cases, repeats)
     results[RESUME].extra["resume_seconds"] = seconds_of_resume
     shutil.rmtree(work, ignore_errors=True)
