@@ -328,3 +328,35 @@ def test_write_shuffled_with_a_cache_on_a_cluster(client: Any, tmp_path: Path) -
     assert stats.cache_misses == 20 and stats.cache_hits > 20
     cache.clear()
     assert our_tasks(client) == []
+
+
+def test_cli_shuffle_reads_a_url_store_with_storage_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--storage-option`` and ``--backend`` reach the opening of STORE, as for info/bench."""
+    pytest.importorskip("fsspec")
+    from daskzarr_batches.tools.cli import main
+
+    url = f"memory://shuffle-{tmp_path.name}/in.zarr"
+    group = zarr.open_group(url, mode="w")
+    group.create_array("x", shape=(30, 2), chunks=(8, 2), dtype="i8")[:] = np.arange(60).reshape(
+        30, 2
+    )
+    seen: list[dict[str, Any]] = []
+    from_url = zarr.storage.FsspecStore.from_url
+
+    def recording(url: str, **kwargs: Any) -> Any:
+        seen.append({"url": url, **kwargs})
+        return from_url(url, **kwargs)
+
+    monkeypatch.setattr(zarr.storage.FsspecStore, "from_url", staticmethod(recording))
+    argv = ["shuffle", url, str(tmp_path / "out.zarr"), "--array", "x", "--seed", "3",
+            "--backend", "fsspec", "--storage-option", "skip_instance_cache=true"]  # fmt: skip
+    assert main(argv) == 0
+    assert "4 of 4 chunks written" in capsys.readouterr().out
+    assert seen and all(s["storage_options"] == {"skip_instance_cache": True} for s in seen)
+    result = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")
+    np.testing.assert_array_equal(result["x"][:, 0], dzb.shuffle_order(30, 3) * 2)
+    local = ["shuffle", str(tmp_path / "out.zarr"), str(tmp_path / "o.zarr"), "--array", "x"]
+    assert main([*local, "--storage-option", "a=1"]) == 2
+    assert "storage_options" in capsys.readouterr().err  # a local STORE takes none

@@ -150,6 +150,17 @@ def _add_cluster_options(command: argparse.ArgumentParser) -> None:
 
 
 def _add_store_options(command: argparse.ArgumentParser) -> None:
+    _add_url_options(command)
+    command.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress bars (they are off anyway when stderr is not a terminal)",
+    )
+
+
+def _add_url_options(command: argparse.ArgumentParser) -> None:
+    """``--storage-option`` and ``--backend``: how a URL STORE is read."""
     command.add_argument(
         "--storage-option",
         metavar="KEY=VALUE",
@@ -167,12 +178,6 @@ def _add_store_options(command: argparse.ArgumentParser) -> None:
         default="auto",
         help="what reads a URL store: obstore (zarr's ObjectStore), fsspec, or auto "
         "(obstore when installed, else fsspec; the default)",
-    )
-    command.add_argument(
-        "--quiet",
-        "-q",
-        action="store_true",
-        help="no progress bars (they are off anyway when stderr is not a terminal)",
     )
 
 
@@ -353,12 +358,17 @@ def _add_shuffle_parser(commands: Any) -> None:
     shuffle.add_argument(
         "--quiet", "-q", action="store_true", help="no progress bar (off anyway without a tty)"
     )
+    _add_url_options(shuffle)
     _add_cluster_options(shuffle)
 
 
 def _shuffle_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     names = [args.array] if args.labels is None else [args.array, args.labels]
-    data = {name: open_array(args.store, name) for name in names}
+    options = dict(args.storage_options) or None
+    data = {
+        name: open_array(args.store, name, storage_options=options, backend=args.backend)
+        for name in names
+    }
     stats = WriteStats()
     with _compute_target(args.scheduler, args.local_cluster) as (client, described):
         write_shuffled(
