@@ -277,6 +277,22 @@ def test_mixture_resumes_in_a_new_process(tmp_path: Path) -> None:
     assert {len(r) for r in rests} <= {len(rests[0])}  # equal shares of the rest
 
 
+def test_buffered_mixture_reads_each_chunk_once(tmp_path: Path) -> None:
+    # Windows of whole buffers of each source: every stored chunk decoded once per
+    # epoch (planned and delivered), each sample once, each source in its own order.
+    sources = [to_zarr(np.arange(n)[:, None] + 10_000 * k, (50, 1)) for k, n in
+               enumerate((2000, 1000))]  # fmt: skip
+    data = dzb.mix(sources, [2.0, 1.0], seed=3)
+    stream = dzb.shuffled_batch_stream(data, 32, seed=9, shuffle_buffer_size=200)
+    assert stream.summary().read_amplification == 1.0
+    ids = np.concatenate(list(stream))[:, 0]
+    assert stream.stats.chunks_read == 60
+    assert sorted(ids.tolist()) == [*range(2000), *range(10_000, 11_000)]
+    for k, source in enumerate(sources):
+        alone = dzb.shuffled_batch_stream(source, 1, seed=mix_seed(9, k), shuffle_buffer_size=200)
+        assert np.array_equal(ids[ids // 10_000 == k], np.concatenate(list(alone))[:, 0])
+
+
 def test_bad_arguments() -> None:
     a, b = np.zeros((4, 2)), np.zeros((6, 2))
     with pytest.raises(dzb.ArgumentValueError, match="weights"):
