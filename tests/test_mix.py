@@ -8,10 +8,17 @@ epoch with equal steps and resume is exact, also at another world size.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import zarr
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import property_settings, seeds, to_zarr
@@ -192,6 +199,98 @@ def test_ranks_and_elastic_resume(
     again.load_state_dict(one.state_dict())
     tail = [b[:, 0] for b in again]
     assert np.array_equal(np.concatenate([*head, *tail]), whole)
+
+
+#: the new process: rebuild the mixture from the stores, load the states, print the rest
+RESUME = """
+import json, sys
+import numpy as np, zarr, daskzarr_batches as dzb
+
+root, states, world = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
+ranks = [int(r) for r in sys.argv[4].split(",")]
+sources = [zarr.open_array(f"{root}/s{k}.zarr", mode="r") for k in range(2)]
+data = dzb.mix(sources, [2.0, 1.0], seed=7)
+rest = []
+for rank in ranks:
+    loader = dzb.Loader(data, 8, shuffle=True, shuffle_buffer_size=32, seed=5, rank=rank,
+                        world_size=world, even_batches=False)
+    loader.set_epoch(1)
+    loader.load_state_dict(states)
+    rest.append(np.concatenate([b[:, 0] for b in loader]).tolist() if len(loader) else [])
+print(json.dumps(rest))
+"""
+
+
+def _resume_elsewhere(tmp_path: Path, states: Any, world: int, ranks: list[int]) -> list[list[int]]:
+    """Each of ``ranks``' rest of the epoch, resumed from ``states`` in a new Python process."""
+    (tmp_path / "state.json").write_text(json.dumps(states))
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", textwrap.dedent(RESUME), str(tmp_path),
+         str(tmp_path / "state.json"), str(world), ",".join(map(str, ranks))],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rest: list[list[int]] = json.loads(done.stdout)
+    return rest
+
+
+def test_mixture_resumes_in_a_new_process(tmp_path: Path) -> None:
+    # Stopped after some batches, the state's JSON is all a new process needs: at the
+    # same world size it delivers the rest of the uncut run, at another one the new
+    # ranks' rests cover what the old ranks had not used, each sample once.
+    sources = []
+    for k, (length, chunk) in enumerate([(300, 24), (140, 20)]):
+        x = zarr.create_array(tmp_path / f"s{k}.zarr", shape=(length, 2), chunks=(chunk, 2),
+                              dtype="i8")  # fmt: skip
+        x[:] = np.arange(1000 * k, 1000 * k + length)[:, None] + np.zeros(2, dtype=np.int64)
+        sources.append(x)
+    data = dzb.mix(sources, [2.0, 1.0], seed=7)
+
+    def loader(rank: int, world: int) -> dzb.Loader:
+        one = dzb.Loader(data, 8, shuffle=True, shuffle_buffer_size=32, seed=5, rank=rank,
+                         world_size=world, even_batches=False)  # fmt: skip
+        one.set_epoch(1)
+        return one
+
+    whole = np.concatenate([b[:, 0] for b in loader(0, 1)])
+    assert len(np.unique(whole)) == len(whole) == 420  # first_exhausted: 280 + 140, once each
+    # exact: rank 1 of 2 stopped after 6 batches resumes where it stopped
+    cut = loader(1, 2)
+    full = np.concatenate([b[:, 0] for b in loader(1, 2)])
+    it = iter(cut)
+    head = np.concatenate([next(it)[:, 0] for _ in range(6)])
+    (rest,) = _resume_elsewhere(tmp_path, cut.state_dict(), 2, [1])
+    assert head.tolist() + rest == full.tolist()
+    # elastic: both ranks of 2 stopped after 5 and 9 batches, resumed by 3 ranks
+    old = [loader(r, 2) for r in range(2)]
+    used = []
+    for one, steps in zip(old, (5, 9), strict=True):
+        it = iter(one)
+        used.extend(next(it)[:, 0] for _ in range(steps))
+    rests = _resume_elsewhere(tmp_path, [one.state_dict() for one in old], 3, [0, 1, 2])
+    delivered = np.concatenate([*used, *[np.asarray(r, dtype=np.int64) for r in rests]])
+    assert len(np.unique(delivered)) == len(delivered)  # each sample once
+    _within(delivered, whole, 2 + 3)  # and all of the epoch but what equal shares leave over
+    assert {len(r) for r in rests} <= {len(rests[0])}  # equal shares of the rest
+
+
+def test_buffered_mixture_reads_each_chunk_once(tmp_path: Path) -> None:
+    # Windows of whole buffers of each source: every stored chunk decoded once per
+    # epoch (planned and delivered), each sample once, each source in its own order.
+    sources = [to_zarr(np.arange(n)[:, None] + 10_000 * k, (50, 1)) for k, n in
+               enumerate((2000, 1000))]  # fmt: skip
+    data = dzb.mix(sources, [2.0, 1.0], seed=3)
+    stream = dzb.shuffled_batch_stream(data, 32, seed=9, shuffle_buffer_size=200)
+    assert stream.summary().read_amplification == 1.0
+    ids = np.concatenate(list(stream))[:, 0]
+    assert stream.stats.chunks_read == 60
+    assert sorted(ids.tolist()) == [*range(2000), *range(10_000, 11_000)]
+    for k, source in enumerate(sources):
+        alone = dzb.shuffled_batch_stream(source, 1, seed=mix_seed(9, k), shuffle_buffer_size=200)
+        assert np.array_equal(ids[ids // 10_000 == k], np.concatenate(list(alone))[:, 0])
 
 
 def test_bad_arguments() -> None:

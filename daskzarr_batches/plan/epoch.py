@@ -436,10 +436,20 @@ class EpochPlan:
         return self.mix.order(self.shuffle, self.window_rows, self.seed, self.epoch, self.ramp)
 
     def _mix_orders(self) -> Iterator[SampleIds]:
+        assert self.mix is not None
         order = self.mix_order()[0][: self.n_used]
-        step = max(self.window_rows, 1)
-        for lo in range(0, len(order), step):
-            yield order[lo : lo + step]
+        ends = self.mix.window_ends(
+            self.shuffle, self.window_rows, self.seed, self.epoch, self.ramp
+        )
+        if ends is None:  # every window_rows draws
+            step = max(self.window_rows, 1)
+            ends = np.arange(step, len(order) + step, step)
+        lo = 0
+        for end in ends.tolist():
+            if lo >= len(order):
+                return
+            yield order[lo:end]
+            lo = end
 
     def _exact_orders(self) -> Iterator[SampleIds]:
         order = permutation(self.rng(), self.n_samples)[: self.n_used]

@@ -122,7 +122,7 @@ class MixOrder:
     stop: str = "first_exhausted"
     samples_per_epoch: int | None = None
     seed: int = 0
-    _cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = field(
+    _cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -143,13 +143,18 @@ class MixOrder:
 
     def schedule(self, epoch: int) -> np.ndarray:
         """The source of each draw of ``epoch`` (int64), stratified per source."""
+        return self._draws(epoch)[0]
+
+    def _draws(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, time)`` of each draw of ``epoch``, by time (stratified per source)."""
         counts = self.counts
         rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(0, epoch)))
         times = np.concatenate(
             [(np.arange(c) + rng.random(c)) / c for c in counts.tolist()]
         ) if counts.sum() else np.empty(0)  # fmt: skip
         source = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        return source[np.argsort(times, kind="stable")]
+        by_time = np.argsort(times, kind="stable")
+        return source[by_time], times[by_time]
 
     def source_order(
         self,
@@ -161,6 +166,18 @@ class MixOrder:
         ramp: bool,
     ) -> np.ndarray:
         """Source ``source``'s own epoch order (local sample ids), as its stream gives it."""
+        return self._source_windows(source, shuffle, window_rows, seed, epoch, ramp)[0]
+
+    def _source_windows(
+        self,
+        source: int,
+        shuffle: ShuffleMode,
+        window_rows: int,
+        seed: int,
+        epoch: int,
+        ramp: bool,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Source ``source``'s own order and where its own windows start in it (and end)."""
         plan = EpochPlan(
             n_samples=self.lengths[source],
             offsets=self.offsets[source],
@@ -174,7 +191,8 @@ class MixOrder:
             ramp=ramp,
         )
         parts = [np.asarray(window.samples, dtype=np.int64) for window in plan.windows()]
-        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+        edges = np.cumsum([0, *(len(p) for p in parts)]).astype(np.int64)
+        return (np.concatenate(parts) if parts else np.empty(0, np.int64)), edges
 
     def order(
         self, shuffle: ShuffleMode, window_rows: int, seed: int, epoch: int, ramp: bool
@@ -183,21 +201,91 @@ class MixOrder:
 
         Sample ids are the joined ids (source ``k``'s local id plus
         ``starts[k]``); ``shuffle``, ``window_rows``, ``seed`` and ``ramp``
-        give each source's own order (:meth:`source_order`).
+        give each source's own order (:meth:`source_order`).  A buffered
+        shuffle's draws are grouped into buffer-aligned windows
+        (:meth:`window_ends`).
         """
+        ids, source, _ = self._ordered(shuffle, window_rows, seed, epoch, ramp)
+        return ids, source
+
+    def window_ends(
+        self, shuffle: ShuffleMode, window_rows: int, seed: int, epoch: int, ramp: bool
+    ) -> np.ndarray | None:
+        """Where the epoch's windows end (draw positions), or ``None``: every ``window_rows``.
+
+        A buffered shuffle's windows hold whole buffers of every source, so each
+        source chunk is decoded once per epoch (and per cycle of a cycled
+        source): the source with the fewest buffers paces them, each window
+        holds one of its buffers and the buffers of the other sources whose
+        middle (in the schedule's time) falls within it, the draws in a window
+        in the schedule's order.  A window then holds about ``sum_k c_k / c_p``
+        buffers (``c`` the draws per source, ``p`` the pacing one); where one
+        would exceed ``ALIGN_LIMIT`` buffers the windows are ``window_rows``
+        consecutive draws instead (each window re-reads the buffers it cuts).
+        """
+        return self._ordered(shuffle, window_rows, seed, epoch, ramp)[2]
+
+    def _ordered(
+        self, shuffle: ShuffleMode, window_rows: int, seed: int, epoch: int, ramp: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         key = (shuffle, window_rows, seed, epoch, ramp)
         if key in self._cache:
             return self._cache[key]
         source = self.schedule(epoch)
         ids = np.empty(len(source), dtype=np.int64)
         starts = self.starts
+        segments: list[np.ndarray | None] = []
         for k in range(len(self.lengths)):
             where = np.flatnonzero(source == k)
+            segments.append(None)
             if not len(where):
                 continue
-            own = self.source_order(k, shuffle, window_rows, seed, epoch, ramp)
+            own, edges = self._source_windows(k, shuffle, window_rows, seed, epoch, ramp)
             ids[where] = starts[k] + own[np.arange(len(where)) % len(own)]
+            cycles = -(-len(where) // len(own))
+            cuts = (np.arange(cycles)[:, None] * len(own) + edges[None, :-1]).ravel()
+            segments[-1] = np.append(cuts[cuts < len(where)], len(where))
+        ends = None
+        if shuffle == "buffer" and len(source):
+            aligned = _aligned(source, segments, max(window_rows, 1))
+            if aligned is not None:
+                moved, ends = aligned
+                ids, source = ids[moved], source[moved]
         if len(self._cache) >= 2:
             self._cache.clear()
-        self._cache[key] = (ids, source)
-        return ids, source
+        self._cache[key] = (ids, source, ends)
+        return ids, source, ends
+
+
+#: the most buffers (of ``window_rows``) a buffer-aligned mixture window may hold
+ALIGN_LIMIT = 8
+
+
+def _aligned(
+    source: np.ndarray, segments: Sequence[np.ndarray | None], window_rows: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Draws (in time order, of ``source``) regrouped into windows of whole buffers.
+
+    ``segments[k]``: where source ``k``'s buffers start among its draws, and
+    its count of draws.  Returns the new order of the draws and the windows'
+    ends, or ``None`` when a window would exceed ``ALIGN_LIMIT`` buffers.
+    """
+    used = [k for k, cuts in enumerate(segments) if cuts is not None]
+    pace = min(used, key=lambda k: len(segments[k]))  # type: ignore[arg-type]
+    cuts = segments[pace]
+    assert cuts is not None
+    edges = cuts[:-1] / cuts[-1]  # pacing buffers' start times: the windows' starts
+    window = np.empty(len(source), dtype=np.int64)
+    for k in used:
+        cut = segments[k]
+        assert cut is not None
+        where = np.flatnonzero(source == k)
+        middle = (cut[:-1] + cut[1:]) / 2 / cut[-1]
+        of_segment = np.searchsorted(edges, middle, side="right") - 1
+        sizes = np.diff(cut)
+        window[where] = np.repeat(of_segment, sizes)
+    ends = np.cumsum(np.bincount(window))
+    ends = np.unique(ends[ends > 0])
+    if np.diff(ends, prepend=0).max() > ALIGN_LIMIT * window_rows:
+        return None
+    return np.argsort(window, kind="stable"), ends
