@@ -61,6 +61,7 @@ from .plan.epoch import permutation
 from .plan.windows import Window, chunk_offsets, pieces_for
 from .read.graphs import window_graph
 from .read.window import read_kept_chunk
+from .store.backends import resolve_backend, url_store
 from .store.cache import ChunkCache
 from .store.layout import storage_keys
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
@@ -271,6 +272,21 @@ def _normal_grid(name: str, value: Any, shape: tuple[int, ...]) -> tuple[int, ..
             f"{name}={value!r} does not fit the output's shape {shape}: one positive size per axis"
         )
     return grid
+
+
+def output_store(out: Any, storage_options: dict[str, Any] | None, backend: str) -> Any:
+    """``out`` as zarr writes to it: a URL opened writable on its backend, else as given."""
+    protocol = out.split("://", 1)[0].lower() if isinstance(out, str) and "://" in out else None
+    if protocol in (None, "file"):
+        if storage_options:
+            raise ArgumentValueError(
+                f"storage_options={storage_options!r} apply to an output URL (s3://, gs://, "
+                f"...), not to {out!r}"
+            )
+        return out
+    chosen = resolve_backend(backend, protocol)
+    assert chosen is not None
+    return url_store(out, storage_options, chosen, read_only=False)
 
 
 def _open_output(
@@ -648,6 +664,8 @@ def map_to_zarr(
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    backend: str = "auto",
     stats: WriteStats | None = None,
 ) -> zarr.Array:
     """Write ``func`` of every chunk of samples of ``data`` as a new Zarr array.
@@ -697,6 +715,12 @@ def map_to_zarr(
         the streams (on a cluster, as cluster futures).
     progress : bool, default False
         A ``tqdm`` progress bar of the tasks.
+    storage_options : dict, optional
+        For an ``out`` URL (``s3://``, ``gs://``, ...): the options
+        :func:`open_array` takes (credentials, endpoint), translated for the
+        backend as when reading.
+    backend : {"auto", "obstore", "fsspec"}, default "auto"
+        The store an ``out`` URL is written through, as :func:`open_array`'s.
     stats : WriteStats, optional
         Filled with what this call did.
 
@@ -728,6 +752,7 @@ def map_to_zarr(
     read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
     inputs = _inputs(data)
     rows = inputs.rows
+    out = output_store(out, storage_options, backend)
     existing = None if overwrite else _existing(out, None)
     if existing is not None:  # a resume: its dtype and sample shape, func not called
         dtype = existing.dtype if dtype is None else dtype
@@ -792,6 +817,8 @@ def write_shuffled(
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    backend: str = "auto",
     stats: WriteStats | None = None,
 ) -> Any:
     """Write an exact seeded permutation of ``data``'s samples as new Zarr array(s).
@@ -820,8 +847,8 @@ def write_shuffled(
     chunks, shards : int, optional
         Rows per output chunk / shard (whole samples).  Default: the first
         array's chunk rows.
-    compressors, overwrite, resume, job_id, progress, stats
-        As for :func:`map_to_zarr`.
+    compressors, overwrite, resume, job_id, progress, stats, storage_options, backend
+        As for :func:`map_to_zarr` (``out`` may be a URL).
     client, timeout, missing, on_error, retries, io_concurrency
         As for :func:`map_to_zarr` (``job_id`` defaults to ``"write_shuffled"``).
     cache : ChunkCache, optional
@@ -854,6 +881,7 @@ def write_shuffled(
     shard_rows = _rows_arg("shards", shards)
     fingerprint = {"job": job_id or "write_shuffled", "kind": "write_shuffled",
                    "seed": int(seed), "inputs": inputs.identity()}  # fmt: skip
+    out = output_store(out, storage_options, backend)
     outs = []
     for name, source in zip(inputs.names, inputs.sources, strict=True):
         sample = tuple(source.shape[1:])

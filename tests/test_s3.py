@@ -500,3 +500,27 @@ def test_a_bucket_or_array_deleted_mid_epoch_is_an_outage(
         got.extend(stream)  # missing="warn": it was 1,750 rows of zeros
     assert len(got) < len(stream)
     assert_bit_identical(np.concatenate(got), X[: len(got) * BATCH])
+
+
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_writes_go_to_an_s3_url_on_either_backend(s3_server: Any, backend: str) -> None:
+    """map_to_zarr and write_shuffled write an ``out`` URL through open_array's backends."""
+    x = np.arange(40 * 3, dtype="f4").reshape(40, 3)
+    bucket = s3_server.new_bucket()
+    options = s3_server.storage_options()
+    url = f"s3://{bucket}/double.zarr"
+    out = dzb.map_to_zarr(
+        lambda rows: rows * 2, x, url, chunks=16, storage_options=options, backend=backend
+    )
+    np.testing.assert_array_equal(out[:], x * 2)
+    stats = dzb.WriteStats()
+    again = dzb.map_to_zarr(  # a resume: every chunk is there, nothing is computed
+        lambda rows: rows * 2, x, url, chunks=16, storage_options=options, backend=backend,
+        stats=stats,
+    )  # fmt: skip
+    np.testing.assert_array_equal(again[:], x * 2)
+    assert stats.units_skipped == stats.units
+    shuffled = dzb.write_shuffled(
+        x, f"s3://{bucket}/shuffled.zarr", seed=3, storage_options=options, backend=backend
+    )
+    np.testing.assert_array_equal(shuffled[:], x[dzb.shuffle_order(40, 3)])

@@ -113,12 +113,16 @@ def backend_of(store: Any) -> str | None:
 
 
 def url_store(
-    url: str, storage_options: dict[str, Any] | None, backend: Literal["obstore", "fsspec"]
+    url: str,
+    storage_options: dict[str, Any] | None,
+    backend: Literal["obstore", "fsspec"],
+    read_only: bool = True,
 ) -> zarr.abc.store.Store:
-    """A read-only Zarr store for ``url`` on ``backend`` (see :func:`resolve_backend`)."""
+    """A Zarr store for ``url`` on ``backend`` (see :func:`resolve_backend`); read-only unless
+    ``read_only=False`` (an output)."""
     if backend == "fsspec":
         return zarr.storage.FsspecStore.from_url(
-            url, storage_options=storage_options or None, read_only=True
+            url, storage_options=storage_options or None, read_only=read_only
         )
     from obstore.store import from_url
 
@@ -131,7 +135,7 @@ def url_store(
         upstream = from_url(url, **kwargs)
     except Exception as exc:
         raise _config_error(exc, protocol, config, client, retry) from exc
-    return zarr.storage.ObjectStore(upstream, read_only=True)
+    return zarr.storage.ObjectStore(upstream, read_only=read_only)
 
 
 # --------------------------------------------------------------------------

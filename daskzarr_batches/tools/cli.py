@@ -382,6 +382,8 @@ def _shuffle_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             timeout=None if client is None else WINDOW_TIMEOUT,
             progress=_progress(err, args.quiet) is not None,
             stats=stats,
+            storage_options=options if "://" in str(args.out) else None,  # a URL OUT too
+            backend=args.backend,
         )
     print(
         f"shuffled {', '.join(names)} of {args.store} to {args.out} (seed {args.seed}, "
