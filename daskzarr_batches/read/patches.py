@@ -210,14 +210,14 @@ def read_patches(
     edges: frozenset[Block] = frozenset()
     if share is not None and boxes:  # the chunks the windows before and after may need
         edges = _edges(boxes, bounds, cuts, origins)
+    coverage = _coverage(grid, cuts)
     for lo, hi in _box_groups(boxes, dtype.itemsize):
         part = boxes[lo:hi]
         if isinstance(array, np.ndarray):
             filled = [array[box] for box in part]
         elif isinstance(array, zarr.Array):
             filled, lost, mine = _read_boxes(
-                array, name, part, bounds, ledger, policy, scope, share, _coverage(grid, cuts),
-                edges, pool,
+                array, name, part, bounds, ledger, policy, scope, share, coverage, edges, pool,
             )  # fmt: skip
             bad |= lost
             done |= mine

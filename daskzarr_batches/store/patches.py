@@ -13,13 +13,12 @@ for all of them (an input and its forecast target, say).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..plan.patches import Cut, PatchGrid
-from .sources import SliceSource, Source
+from .sources import Source
 
 __all__ = ["PatchSource"]
 
@@ -66,19 +65,3 @@ class PatchSource(Source):
         if grid is self.grid:
             return self
         return replace(self, grid=grid, chunks=(grid.unit_sizes, *self.chunks[1:]))
-
-    @property
-    def stored(self) -> bool:
-        """Whether the base array is read from a Zarr store."""
-        return isinstance(self.base, SliceSource) and self.base.stored
-
-    @property
-    def decoded_bytes(self) -> int:
-        """Decoded bytes of one element of the base array."""
-        assert self.base is not None
-        return self.base.dtype.itemsize
-
-    @property
-    def patch_elements(self) -> int:
-        """Elements of one patch."""
-        return math.prod(self.shape[1:])
