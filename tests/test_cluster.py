@@ -283,6 +283,19 @@ def test_numpy_source_is_scattered_once_not_shipped_per_window(client: Any) -> N
     np.testing.assert_array_equal(np.concatenate(got), data)
 
 
+def test_streams_back_to_back_over_one_array_keep_their_scattered_copy(client: Any) -> None:
+    # The first stream's release of its scattered copy is queued to the scheduler; a
+    # second stream scattering under the same key had it forgotten mid-epoch (lost
+    # dependencies, 59 of 60 runs).  Each stream scatters under a key of its own.
+    # (a collection keeps its members' sources, so their tokens, from stream to stream)
+    rows = np.arange(71 * 3).reshape(71, 3)
+    data = dzb.concat([rows[:30], rows[30:]])
+    for buffer in (None, 16, None):
+        kwargs = {"seed": 4, "shuffle_buffer_size": buffer, "client": client}
+        got = list(dzb.shuffled_batch_stream(data, 6, **kwargs))
+        assert sorted(np.concatenate(got)[:, 0]) == list(rows[:, 0])
+
+
 def test_memory_store_zarr_behind_a_wrapper_is_scattered_too(client: Any) -> None:
     data = np.random.default_rng(0).random((300, 5))
     inner = zarr.storage.MemoryStore()

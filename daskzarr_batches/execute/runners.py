@@ -166,6 +166,9 @@ class ClientRunner:
         self.plan_order = True  # workers permute, the client cuts batches by slicing
         self._live: dict[int, Fetched] = {}  # id -> future, submitted and not released
         self._scattered: dict[str, Any] = {}  # graph key -> future of a scattered array
+        # scattered keys are this runner's own: a key shared with an earlier stream
+        # could be forgotten by that stream's release, queued before this scatter
+        self._name = uuid.uuid4().hex[:8]
         # one thread per graph in flight brings its result here as soon as it is ready
         self._fetchers = DaemonExecutor(max(in_flight, 1), "dzb-fetch")
         self.peak_in_flight = 0
@@ -198,7 +201,7 @@ class ClientRunner:
             members = tuple(self._placed(member, timeout) for member in source.members)
             return dataclasses.replace(source, members=members)
         if isinstance(source, SliceSource) and source.carries_data:
-            key = f"dzb-scattered-{source.token}"
+            key = f"dzb-scattered-{source.token}-{self._name}"
             if key not in self._scattered:
                 scattered = self.client.scatter(
                     {key: source.array},
