@@ -38,11 +38,13 @@ from .tasks import (
     read_shard,
     read_sources,
 )
-from .window import cut_kept_chunks, read_subset_window, read_window
+from .window import cut_kept_block, cut_kept_chunks, read_subset_window, read_window
 
 #: ``kept(source, piece, priority)``: the cluster future of the whole axis-0 chunk of
 #: ``piece`` a cache keeps and whether it was made now, or ``None`` (not kept: read it)
 Kept = Callable[[SliceSource, ChunkPiece, int], tuple[Any, bool] | None]
+#: ``kept`` at the priority of the window (or block) being built
+KeptHere = Callable[[SliceSource, ChunkPiece], tuple[Any, bool] | None]
 
 __all__ = [
     "block_graph",
@@ -108,18 +110,10 @@ def window_graph(
                 read_sources, source.collection.offsets, tuple(pieces), window.size, plan_order,
             )  # fmt: skip
             continue
-        if kept is not None and isinstance(source, SliceSource):
-            refs = [kept(source, piece, -window.index) for piece in pieces]
-            if pieces and all(ref is not None for ref in refs):
-                futures = [ref[0] for ref in refs if ref is not None]
-                made = tuple(ref[1] for ref in refs if ref is not None)
-                dsk[out_key] = (
-                    cut_kept_chunks, futures, tuple(pieces), window.size, plan_order, made
-                )  # fmt: skip
-                continue
         _add_rows(
             dsk, source, tuple(pieces), window.size, out_key, (token, window.index, position),
             policy, scope, plan_order, _share(decode_bytes, source, sources),
+            kept=None if kept is None else _at_priority(kept, -window.index),
         )  # fmt: skip
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
@@ -138,15 +132,22 @@ def _add_rows(
     plan_order: bool,
     decode_bytes: int | None,
     local: dict[int, tuple[int, int, int]] | None = None,
+    kept: KeptHere | None = None,
 ) -> None:
     """Add task ``out_key``: ``(rows, ReadReport)`` of ``pieces`` of one array.
 
     ``where`` (token, window, output) makes the keys of helper tasks unique.
+    ``kept`` (a cache on a cluster): a Zarr array's rows, when every chunk
+    they touch is kept, are cut from the kept chunks (:func:`cut_kept_chunks`),
+    whatever holds the array (a chunk subset's base, a collection's member).
     """
     if isinstance(source, SubsetSource):  # its pieces read in place in the base array
         pieces = tuple(source.base_piece(piece) for piece in pieces)
         base = source.base
         if isinstance(base, SliceSource):
+            if _add_kept(dsk, base, pieces, size, out_key, plan_order, kept,
+                         source.local_chunks()):  # fmt: skip
+                return
             dsk[out_key] = (
                 read_subset_window, source.local_chunks(), base.array, base.name,
                 size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes,
@@ -154,14 +155,16 @@ def _add_rows(
             return
         if isinstance(base, ConcatSource):
             _add_members(dsk, base, pieces, size, out_key, where, policy, scope, plan_order,
-                         decode_bytes, source.local_chunks())  # fmt: skip
+                         decode_bytes, source.local_chunks(), kept)  # fmt: skip
             return
         source = base
     if isinstance(source, ConcatSource):
         _add_members(dsk, source, pieces, size, out_key, where, policy, scope, plan_order,
-                     decode_bytes, local)  # fmt: skip
+                     decode_bytes, local, kept)  # fmt: skip
         return
     if isinstance(source, SliceSource):
+        if _add_kept(dsk, source, pieces, size, out_key, plan_order, kept, local):
+            return
         dsk[out_key] = (
             read_window, source.array, source.name, size, source.row_bytes,
             tuple(pieces), policy, scope, plan_order, decode_bytes,
@@ -177,6 +180,36 @@ def _add_rows(
     dsk[out_key] = (join_pieces, piece_keys, dests)
 
 
+def _at_priority(kept: Kept, priority: int) -> KeptHere:
+    """``kept`` for the chunks of one window (or block): at that window's priority."""
+    return lambda source, piece: kept(source, piece, priority)
+
+
+def _add_kept(
+    dsk: dict[Key, Any],
+    source: SliceSource,
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    out_key: Key,
+    plan_order: bool,
+    kept: KeptHere | None,
+    local: dict[int, tuple[int, int, int]] | None,
+) -> bool:
+    """Add task ``out_key`` cutting ``pieces`` from kept chunks, if the cache keeps them all.
+
+    Returns whether it did (else the caller reads the pieces from the store).
+    """
+    if kept is None or not pieces:
+        return False
+    refs = [kept(source, piece) for piece in pieces]
+    if not all(ref is not None for ref in refs):
+        return False
+    futures = [ref[0] for ref in refs if ref is not None]
+    made = tuple(ref[1] for ref in refs if ref is not None)
+    dsk[out_key] = (cut_kept_chunks, futures, tuple(pieces), size, plan_order, made, local)
+    return True
+
+
 def _add_members(
     dsk: dict[Key, Any],
     source: ConcatSource,
@@ -189,6 +222,7 @@ def _add_members(
     plan_order: bool,
     decode_bytes: int | None,
     local: dict[int, tuple[int, int, int]] | None,
+    kept: KeptHere | None = None,
 ) -> None:
     """Add a collection's rows: one read per member the window touches, then one join.
 
@@ -209,7 +243,7 @@ def _add_members(
         key = (f"dzb-member-{where[0]}", *where[1:], member)
         _add_rows(
             dsk, source.members[member], member_pieces, rows, key,
-            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share,
+            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share, kept=kept,
         )  # fmt: skip
         parts.append(key)
         to_global = source._grid[2][member]
@@ -326,19 +360,24 @@ def block_graph(
     transform: Callable[[np.ndarray], Any] | None = None,
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
+    kept: KeptHere | None = None,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph reading one stored block (all axes) of ``source``.
 
     With ``transform``, a second task applies it to the block; the scheduler
-    runs it where the block was read, so only its result moves.
+    runs it where the block was read, so only its result moves.  ``kept`` (a
+    cache on a cluster): a Zarr array's block (also a chunk subset's, a
+    collection member's) is cut from its kept axis-0 chunk
+    (:func:`cut_kept_block`), so the scheduler runs the block's tasks where
+    that chunk lives and the store is read by the chunk's own task alone.
     """
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
     if isinstance(source, SubsetSource):  # the stored block, cropped to the subset's ranges
         _add_block(dsk, key, source.base, source.block_index(block), source.block_slices(block),
-                   policy, scope)  # fmt: skip
+                   policy, scope, kept)  # fmt: skip
     else:
-        _add_block(dsk, key, source, block, None, policy, scope)
+        _add_block(dsk, key, source, block, None, policy, scope, kept)
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
@@ -354,6 +393,7 @@ def _add_block(
     where: tuple[slice, ...] | None,
     policy: ReadPolicy,
     scope: CancelScope | None,
+    kept: KeptHere | None = None,
 ) -> None:
     """Add task ``key``: stored ``block`` of ``source``, cropped to ``where`` if given.
 
@@ -366,9 +406,18 @@ def _add_block(
             shift = int(source.offsets[member])
             first = slice(where[0].start - shift, where[0].stop - shift)
             where = (first, *where[1:])
-        _add_block(dsk, key, source.members[member], local, where, policy, scope)
+        _add_block(dsk, key, source.members[member], local, where, policy, scope, kept)
     elif isinstance(source, SliceSource):
+        rows = source.block_slices(block)[0]  # the whole axis-0 chunk holding the block
         where = source.block_slices(block) if where is None else where
+        chunk = ChunkPiece(block[0], rows.start, rows.stop, slice(None), slice(None))
+        ref = None if kept is None else kept(source, chunk)
+        if ref is not None:
+            dsk[key] = (
+                cut_kept_block, ref[0], rows.start, ref[1], source.array, source.name, block,
+                where, policy, scope,
+            )  # fmt: skip
+            return
         dsk[key] = (read_block, source.array, source.name, block, where, policy, scope)
     else:
         assert isinstance(source, DaskSource)

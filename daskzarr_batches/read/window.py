@@ -21,7 +21,7 @@ from ..errors import CorruptChunkError, ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
 from ..store.cache import CacheCounts
-from ..store.layout import object_shape, storage_keys
+from ..store.layout import block_key, object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
@@ -32,9 +32,10 @@ from ..store.policy import (
 )
 from ..store.shards import read_sharded, sharding_codec
 from .failures import raise_failed_read, read_named
-from .tasks import _owned, put_rows, read_views, run_on_loop
+from .tasks import _owned, put_rows, read_block, read_views, run_on_loop
 
 __all__ = [
+    "cut_kept_block",
     "cut_kept_chunks",
     "read_kept_chunk",
     "read_rows",
@@ -164,6 +165,7 @@ def cut_kept_chunks(
     size: int,
     plan_order: bool,
     made: Sequence[bool],
+    local: dict[int, tuple[int, int, int]] | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """One window's rows cut from the kept chunks ``parts`` (one per piece), and its report.
 
@@ -171,6 +173,9 @@ def cut_kept_chunks(
     order; the rows of chunks skipped as undecodable left out.  ``made``:
     whether each chunk's task was made for this window (a cache miss; its
     retries are counted here), else it was kept from before (a hit).
+    ``local``: a chunk subset's window (the pieces mapped to its base
+    array), its report in the subset's chunks as :func:`read_subset_window`
+    gives it.
     """
     first = parts[0][0]
     out = np.empty((size, *first.shape[1:]), first.dtype)
@@ -204,7 +209,67 @@ def cut_kept_chunks(
         retries=retries,
         skipped=tuple((p.chunk, p.start, p.stop) for p, _ in skipped),
     )
-    return _without(out, skipped, size, plan_order), report
+    rows = _without(out, skipped, size, plan_order)
+    return rows, report if local is None else in_subset(report, local)
+
+
+def cut_kept_block(
+    part: tuple[np.ndarray, ReadReport],
+    first_row: int,
+    made: bool,
+    array: Any,
+    name: str,
+    block: tuple[int, ...],
+    slices: tuple[slice, ...],
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+) -> tuple[np.ndarray | None, ReadReport]:
+    """Stored ``block`` (at ``slices``) cut from its kept axis-0 chunk ``part``, and its report.
+
+    A chunk stream's block on a cluster with a cache: ``part`` is every row
+    of the axis-0 chunk holding the block (:func:`read_kept_chunk`, starting
+    at row ``first_row``), so the block is a copy of its part (the caller
+    owns it), a miss if ``made`` for this block, else a hit.  The chunk's
+    missing keys are reported for the block if they are its own.  If the
+    chunk was skipped as undecodable (a block of its row does not decode),
+    this block is read alone (:func:`read_block`, ``policy`` less its cache),
+    so only the blocks that do not decode are skipped, as without a cache.
+    """
+    rows, report = part
+    if report.skipped:
+        plain = dataclasses.replace(policy, cache=None, cache_tokens=())
+        return read_block(array, name, block, slices, plain, scope)
+    local = (slice(slices[0].start - first_row, slices[0].stop - first_row), *slices[1:])
+    data = np.array(rows[local], copy=True)
+    own = set(block_key(array, block))
+    missing = tuple(key for key in report.missing_keys if key in own)
+    counts = CacheCounts()
+    if made:
+        counts.misses = 1
+    else:
+        counts.hits, counts.bytes_hit = 1, data.nbytes
+    return data, ReadReport(
+        cache=counts,
+        missing_keys=missing,
+        missing_chunks=(block[0],) if missing else (),
+        retries=report.retries if made else 0,
+    )
+
+
+def in_subset(report: ReadReport, local: dict[int, tuple[int, int, int]]) -> ReadReport:
+    """``report`` of a read of a chunk subset's base chunks, in the subset's chunks.
+
+    ``local`` maps a base chunk to the subset's chunk and the samples it
+    holds (``SubsetSource.local_chunks``), so that the stream counts and
+    names missing and skipped chunks as it planned them.
+    """
+    if report.missing_chunks or report.skipped:
+        report = dataclasses.replace(
+            report,
+            missing_chunks=tuple(local[chunk][0] for chunk in report.missing_chunks),
+            skipped=tuple(local[chunk] for chunk, _, _ in report.skipped),
+        )
+    return report
 
 
 def read_subset_window(
@@ -213,19 +278,10 @@ def read_subset_window(
     """:func:`read_window` of a chunk subset's window, its report in the subset's chunks.
 
     ``args`` are :func:`read_window`'s, the pieces already mapped to the base
-    array's chunks (``SubsetSource.base_piece``); ``local`` maps a base
-    chunk to the subset's chunk and samples it holds
-    (``SubsetSource.local_chunks``), so that the stream counts and names
-    missing and skipped chunks as it planned them.
+    array's chunks (``SubsetSource.base_piece``); ``local``: see :func:`in_subset`.
     """
     rows, report = read_window(*args)
-    if report.missing_chunks or report.skipped:
-        report = dataclasses.replace(
-            report,
-            missing_chunks=tuple(local[chunk][0] for chunk in report.missing_chunks),
-            skipped=tuple(local[chunk] for chunk, _, _ in report.skipped),
-        )
-    return rows, report
+    return rows, in_subset(report, local)
 
 
 def _decode_limit(
