@@ -25,7 +25,7 @@ from ..store.policy import (
 from ..store.sources import DaskSource, SliceSource, Source
 from ..store.subsets import SubsetSource
 from .buffers import BufferPool
-from .patches import ChunkShare, read_origins, read_patches
+from .patches import ChunkShare, kept_rows, patch_ids, read_origins, read_patches
 from .tasks import (
     Key,
     apply_transform,
@@ -101,7 +101,8 @@ def window_graph(
         outputs.append(out_key)
         if isinstance(source, PatchSource):
             _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
-                         scope, plan_order, shares.get(id(source.base)), pool)  # fmt: skip
+                         scope, plan_order, shares.get(id(source.base)), pool,
+                         None if kept is None else _at_priority(kept, -window.index))  # fmt: skip
             continue
         if isinstance(source, SourcesSource):  # provenance: computed from the sample ids
             if isinstance(source.rows, SubsetSource):
@@ -273,8 +274,14 @@ def _add_patches(
     plan_order: bool,
     share: ChunkShare | None,
     pool: BufferPool | None,
+    kept: KeptHere | None = None,
 ) -> None:
-    """Add output ``out_key`` of a patch source: one read task per base array, shared."""
+    """Add output ``out_key`` of a patch source: one read task per base array, shared.
+
+    ``kept`` (a cache on a cluster): a Zarr base array's boxes are filled
+    from its kept axis-0 chunks (every one the window's boxes reach), so the
+    task runs where they live and reads nothing from the store.
+    """
     grid = source.grid
     assert grid is not None
     if source.cut is None:  # the patches' origins
@@ -286,9 +293,21 @@ def _add_patches(
     if group not in groups:
         key = (f"dzb-patches-{token}", window.index, position)
         array = base.array if isinstance(base, SliceSource | DaskSource) else None
+        refs: list[tuple[Any, bool] | None] = []
+        rows: list[ChunkPiece] = []
+        if kept is not None and isinstance(base, SliceSource):
+            ids, counts, _ = patch_ids(pieces, window.size, plan_order)
+            boxes = grid.boxes(ids, counts, source.group) if len(ids) else []
+            rows = kept_rows(base.chunks, boxes)
+            refs = [kept(base, row) for row in rows]
+        held = [ref for ref in refs if ref is not None]
+        extra: tuple[Any, ...] = ()
+        if rows and len(held) == len(rows):  # every chunk the boxes reach is kept
+            extra = ([ref[0] for ref in held], tuple(r.start for r in rows),
+                     tuple(ref[1] for ref in held))  # fmt: skip
         dsk[key] = (
             read_patches, array, base.name, base.chunks, grid, source.group, window.size,
-            tuple(pieces), policy, scope, plan_order, share, pool,
+            tuple(pieces), policy, scope, plan_order, share, pool, *extra,
         )  # fmt: skip
         groups[group] = (key, [])
     key, _ = groups[group]
