@@ -375,6 +375,9 @@ def _pass(entry: str, arrays: tuple[Any, Any], cache: Any, client: Any) -> tuple
         "concat-chunks": lambda: dzb.chunk_stream(dzb.concat([a, b]), **kw),
     }[entry]()
     with stream:
+        if isinstance(stream, dzb.BatchStream) and client is not None and cache.cluster_chunks:
+            plan = stream.summary()  # what the cache keeps on the cluster counts as held
+            assert plan.chunks_cached == plan.chunks_read > 0
         got = list(stream)
     if entry == "map_chunks":  # as reads complete: compare in a fixed order
         got = sorted(got, key=lambda x: x.tobytes())
