@@ -86,11 +86,13 @@ def window_graph(
     :class:`ChunkShare` per base array (``id``), which its windows' reads use;
     ``pool``: where patch reads take their outputs from (local reads).
 
-    ``kept`` (a cache on a cluster): a Zarr array's window, when every chunk
-    it touches is kept as a cluster future, is one task cutting its rows from
-    those futures (:func:`cut_kept_chunks`), so the scheduler runs it where
-    most of its chunks live and the store is read only by the chunks' own
-    tasks, once each while the cache keeps them.
+    ``kept`` (a cache on a cluster): a Zarr array's window (a chunk subset's
+    base, a collection's member), when every chunk it touches is kept as a
+    cluster future, is one task cutting its rows from those futures
+    (:func:`cut_kept_chunks`), and a patch window's boxes are filled from
+    them, so the scheduler runs it where most of its chunks live and the
+    store is read only by the chunks' own tasks, once each while the cache
+    keeps them.
     """
     shares = shares or {}
     dsk: dict[Key, Any] = {}
