@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import os
 import sys
 import threading
@@ -29,7 +30,8 @@ from typing import Any, Protocol
 import dask.threaded
 
 from ..errors import ArgumentTypeError
-from ..store.cache import rows_name
+from ..plan.windows import ChunkPiece
+from ..store.cache import kept_part, rows_name
 from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
 from ..store.policy import CancelScope
@@ -307,6 +309,47 @@ class Keeper:
         held = cache.key(token, rows_name(piece.start, piece.stop))
         nbytes = piece.rows * source.row_bytes
         return cache.cluster_chunk(held, client.id, nbytes, make)
+
+    def block(
+        self, source: SliceSource, block: tuple[int, ...], priority: int, read: Callable[..., Any]
+    ) -> tuple[Any, bool, tuple[slice, ...]] | None:
+        """The kept part holding stored ``block``: its future, whether it was made now, and
+        the region of the array it holds; or ``None`` (not kept).
+
+        The part is the block's stored object decoded
+        (``store.cache.kept_part``): for a block of a sharded array, every
+        inner block of its shard (one fetch of the shard); for a block
+        spanning every column, its axis-0 chunk, kept as batch windows keep
+        it (:meth:`__call__`: the same future serves both); else the block
+        alone.  A part of its own is one task,
+        ``read(array, name, blocks, slices, region, policy)`` with the policy
+        less its cache (``read.window.read_kept_part``), keyed
+        ``dzb-cached-<cache id>-<array token>-b<first block>``; its result is
+        ``(data, report)``, ``data`` covering the region.
+        """
+        token = self.token(source)
+        if token is None:
+            return None
+        part = kept_part(source, block)
+        if part.rows:  # its axis-0 chunk's rows, as batch windows keep them
+            rows = part.region[0]
+            piece = ChunkPiece(block[0], rows.start, rows.stop, slice(None), slice(None))
+            found = self(source, piece, priority)
+            return None if found is None else (*found, part.region)
+        array, blocks, slices, region = source.array, part.blocks, part.slices, part.region
+        cache, client, plain = self.cache, self.client, self.plain
+        key = f"dzb-cached-{cache.id}-{token}-b{'.'.join(map(str, blocks[0]))}"
+
+        def make(retry: bool) -> Any:  # a failed one's key may still be known: a new one
+            name = f"{key}-{uuid.uuid4().hex[:8]}" if retry else key
+            return client.submit(
+                read, array, source.name, blocks, slices, region, plain,
+                key=name, pure=False, priority=priority,
+            )  # fmt: skip
+
+        nbytes = math.prod(s.stop - s.start for s in region) * source.dtype.itemsize
+        future, made = cache.cluster_chunk(cache.key(token, part.name), client.id, nbytes, make)
+        return future, made, region
 
 
 class _Slotted:

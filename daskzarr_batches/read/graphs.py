@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from dask.optimization import cull
@@ -25,7 +25,7 @@ from ..store.policy import (
 from ..store.sources import DaskSource, SliceSource, Source
 from ..store.subsets import SubsetSource
 from .buffers import BufferPool
-from .patches import ChunkShare, kept_rows, patch_ids, read_origins, read_patches
+from .patches import ChunkShare, kept_blocks, patch_ids, read_origins, read_patches
 from .tasks import (
     Key,
     apply_transform,
@@ -38,12 +38,34 @@ from .tasks import (
     read_shard,
     read_sources,
 )
-from .window import cut_kept_block, cut_kept_chunks, read_subset_window, read_window
+from .window import (
+    cut_kept_block,
+    cut_kept_chunks,
+    read_kept_part,
+    read_subset_window,
+    read_window,
+)
 
-#: ``kept(source, piece, priority)``: the cluster future of the whole axis-0 chunk of
-#: ``piece`` a cache keeps and whether it was made now, or ``None`` (not kept: read it)
-Kept = Callable[[SliceSource, ChunkPiece, int], tuple[Any, bool] | None]
-#: ``kept`` at the priority of the window (or block) being built
+
+class Kept(Protocol):
+    """The chunks a cache keeps on a cluster (``execute.runners.Keeper``).
+
+    Each call returns the cluster future and whether it was made now (a
+    miss), or ``None``: not kept, read it.
+    """
+
+    def __call__(
+        self, source: SliceSource, piece: ChunkPiece, priority: int
+    ) -> tuple[Any, bool] | None:
+        """The whole axis-0 chunk of ``piece`` (every row, every column)."""
+
+    def block(
+        self, source: SliceSource, block: tuple[int, ...], priority: int, read: Callable[..., Any]
+    ) -> tuple[Any, bool, tuple[slice, ...]] | None:
+        """The kept part holding stored ``block``, and the region of the array it holds."""
+
+
+#: ``kept`` at the priority of the window being built
 KeptHere = Callable[[SliceSource, ChunkPiece], tuple[Any, bool] | None]
 
 __all__ = [
@@ -103,8 +125,7 @@ def window_graph(
         outputs.append(out_key)
         if isinstance(source, PatchSource):
             _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
-                         scope, plan_order, shares.get(id(source.base)), pool,
-                         None if kept is None else _at_priority(kept, -window.index))  # fmt: skip
+                         scope, plan_order, shares.get(id(source.base)), pool, kept)  # fmt: skip
             continue
         if isinstance(source, SourcesSource):  # provenance: computed from the sample ids
             if isinstance(source.rows, SubsetSource):
@@ -276,13 +297,14 @@ def _add_patches(
     plan_order: bool,
     share: ChunkShare | None,
     pool: BufferPool | None,
-    kept: KeptHere | None = None,
+    kept: Kept | None = None,
 ) -> None:
     """Add output ``out_key`` of a patch source: one read task per base array, shared.
 
     ``kept`` (a cache on a cluster): a Zarr base array's boxes are filled
-    from its kept axis-0 chunks (every one the window's boxes reach), so the
-    task runs where they live and reads nothing from the store.
+    from its kept stored blocks (``kept.block``: every one the window's
+    boxes overlap), so the task runs where they live and reads nothing from
+    the store.
     """
     grid = source.grid
     assert grid is not None
@@ -295,18 +317,14 @@ def _add_patches(
     if group not in groups:
         key = (f"dzb-patches-{token}", window.index, position)
         array = base.array if isinstance(base, SliceSource | DaskSource) else None
-        refs: list[tuple[Any, bool] | None] = []
-        rows: list[ChunkPiece] = []
+        extra: tuple[Any, ...] = ()
         if kept is not None and isinstance(base, SliceSource):
             ids, counts, _ = patch_ids(pieces, window.size, plan_order)
             boxes = grid.boxes(ids, counts, source.group) if len(ids) else []
-            rows = kept_rows(base.chunks, boxes)
-            refs = [kept(base, row) for row in rows]
-        held = [ref for ref in refs if ref is not None]
-        extra: tuple[Any, ...] = ()
-        if rows and len(held) == len(rows):  # every chunk the boxes reach is kept
-            extra = ([ref[0] for ref in held], tuple(r.start for r in rows),
-                     tuple(ref[1] for ref in held))  # fmt: skip
+            parts = _kept_parts(kept, base, kept_blocks(base.chunks, boxes), -window.index)
+            if parts:  # every stored block the boxes reach is kept
+                extra = ([p[0] for p in parts], tuple(p[2] for p in parts),
+                         tuple(p[1] for p in parts))  # fmt: skip
         dsk[key] = (
             read_patches, array, base.name, base.chunks, grid, source.group, window.size,
             tuple(pieces), policy, scope, plan_order, share, pool, *extra,
@@ -314,6 +332,20 @@ def _add_patches(
         groups[group] = (key, [])
     key, _ = groups[group]
     dsk[out_key] = (operator.getitem, key, source.group.index(source.cut))
+
+
+def _kept_parts(
+    kept: Kept, source: SliceSource, blocks: Sequence[tuple[int, ...]], priority: int
+) -> list[tuple[Any, bool, tuple[slice, ...]]]:
+    """The kept parts holding ``blocks``, each once (a shard holds several); empty if one
+    of them is not kept (or there are no blocks)."""
+    parts: dict[tuple[tuple[int, int], ...], tuple[Any, bool, tuple[slice, ...]]] = {}
+    for block in blocks:
+        ref = kept.block(source, block, priority, read_kept_part)
+        if ref is None:
+            return []
+        parts.setdefault(tuple((s.start, s.stop) for s in ref[2]), ref)
+    return list(parts.values())
 
 
 def _share(decode_bytes: int | None, source: Source, sources: Sequence[Source]) -> int | None:
@@ -381,24 +413,25 @@ def block_graph(
     transform: Callable[[np.ndarray], Any] | None = None,
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
-    kept: KeptHere | None = None,
+    kept: Kept | None = None,
+    priority: int = 0,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph reading one stored block (all axes) of ``source``.
 
     With ``transform``, a second task applies it to the block; the scheduler
     runs it where the block was read, so only its result moves.  ``kept`` (a
-    cache on a cluster): a Zarr array's block (also a chunk subset's, a
-    collection member's) is cut from its kept axis-0 chunk
-    (:func:`cut_kept_block`), so the scheduler runs the block's tasks where
-    that chunk lives and the store is read by the chunk's own task alone.
+    cache on a cluster): a Zarr array's stored block (also a chunk subset's,
+    a collection member's) is cut from its kept future (:func:`cut_kept_block`;
+    ``kept.block``, at ``priority``), so the scheduler runs the block's tasks
+    where it lives and the store is read by the kept block's own task alone.
     """
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
     if isinstance(source, SubsetSource):  # the stored block, cropped to the subset's ranges
         _add_block(dsk, key, source.base, source.block_index(block), source.block_slices(block),
-                   policy, scope, kept)  # fmt: skip
+                   policy, scope, kept, priority)  # fmt: skip
     else:
-        _add_block(dsk, key, source, block, None, policy, scope, kept)
+        _add_block(dsk, key, source, block, None, policy, scope, kept, priority)
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
@@ -414,7 +447,8 @@ def _add_block(
     where: tuple[slice, ...] | None,
     policy: ReadPolicy,
     scope: CancelScope | None,
-    kept: KeptHere | None = None,
+    kept: Kept | None = None,
+    priority: int = 0,
 ) -> None:
     """Add task ``key``: stored ``block`` of ``source``, cropped to ``where`` if given.
 
@@ -427,16 +461,17 @@ def _add_block(
             shift = int(source.offsets[member])
             first = slice(where[0].start - shift, where[0].stop - shift)
             where = (first, *where[1:])
-        _add_block(dsk, key, source.members[member], local, where, policy, scope, kept)
+        _add_block(dsk, key, source.members[member], local, where, policy, scope, kept,
+                   priority)  # fmt: skip
     elif isinstance(source, SliceSource):
-        rows = source.block_slices(block)[0]  # the whole axis-0 chunk holding the block
-        where = source.block_slices(block) if where is None else where
-        chunk = ChunkPiece(block[0], rows.start, rows.stop, slice(None), slice(None))
-        ref = None if kept is None else kept(source, chunk)
+        whole = source.block_slices(block)
+        where = whole if where is None else where
+        ref = None if kept is None else kept.block(source, block, priority, read_kept_part)
         if ref is not None:
+            origin = tuple(s.start for s in ref[2])
             dsk[key] = (
-                cut_kept_block, ref[0], rows.start, ref[1], source.array, source.name, block,
-                where, policy, scope,
+                cut_kept_block, ref[0], origin, ref[1], source.array, source.name, block, where,
+                policy, scope,
             )  # fmt: skip
             return
         dsk[key] = (read_block, source.array, source.name, block, where, policy, scope)

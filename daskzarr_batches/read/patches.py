@@ -36,7 +36,7 @@ from ..store.policy import DEFAULT_POLICY, CancelScope, Ledger, ReadPolicy, Read
 from .buffers import BufferPool
 from .tasks import read_block, read_views, run_on_loop
 
-__all__ = ["ChunkShare", "kept_rows", "patch_ids", "read_origins", "read_patches"]
+__all__ = ["ChunkShare", "kept_blocks", "patch_ids", "read_origins", "read_patches"]
 
 Block = tuple[int, ...]
 
@@ -162,7 +162,7 @@ def read_patches(
     share: ChunkShare | None = None,
     pool: BufferPool | None = None,
     kept: Sequence[tuple[np.ndarray, ReadReport]] | None = None,
-    kept_starts: Sequence[int] = (),
+    kept_places: Sequence[tuple[slice, ...]] = (),
     kept_made: Sequence[bool] = (),
 ) -> tuple[tuple[np.ndarray, ReadReport], ...]:
     """Read one window's patches of one array: one ``(patches, report)`` per cut.
@@ -189,15 +189,16 @@ def read_patches(
         them (local reads only).
     pool : BufferPool, optional
         Where the outputs come from (the stream gives them back once cut).
-    kept, kept_starts, kept_made : optional
-        A cache on a cluster: every axis-0 chunk of the array the window's
-        boxes reach, as kept (``read_kept_chunk``: every row, and its
-        report), the first row of each and whether it was made for this
-        window (a cache miss) or kept from before (a hit).  The boxes are
-        filled from them, nothing read from the store; if one of them was
-        skipped as undecodable, the window is read from the store as
-        without them (``policy`` less its cache), so that only the patches
-        touching a chunk that does not decode are dropped.
+    kept, kept_places, kept_made : optional
+        A cache on a cluster: every stored block the window's boxes overlap,
+        as kept (``(data, report)``: the block, or its whole axis-0 chunk
+        when the block spans every column), where each sits in the array
+        and whether it was made for this window (a cache miss) or kept from
+        before (a hit).  The boxes are filled from them, nothing read from
+        the store; if one of them was skipped as undecodable, the window is
+        read from the store as without them (``policy`` less its cache), so
+        that only the patches touching a chunk that does not decode are
+        dropped.
 
     Returns
     -------
@@ -230,7 +231,7 @@ def read_patches(
     for lo, hi in _box_groups(boxes, dtype.itemsize):
         part = boxes[lo:hi]
         if kept is not None:
-            filled = [_kept_box(box, kept, kept_starts, dtype) for box in part]
+            filled = [_kept_box(box, kept, kept_places, dtype) for box in part]
         elif isinstance(array, np.ndarray):
             filled = [array[box] for box in part]
         elif isinstance(array, zarr.Array):
@@ -279,29 +280,27 @@ def read_patches(
     return tuple((out, first if i == 0 else rest) for i, out in enumerate(outs))
 
 
-def kept_rows(chunks: tuple[tuple[int, ...], ...], boxes: Sequence[Box]) -> list[ChunkPiece]:
-    """The axis-0 chunks (every row of each, as pieces) that ``boxes`` reach."""
-    if not boxes:
-        return []
-    bounds = chunk_offsets(chunks[0])
-    first = int(np.searchsorted(bounds, min(box[0].start for box in boxes), side="right")) - 1
-    last = int(np.searchsorted(bounds, max(box[0].stop for box in boxes), side="left"))
-    return [
-        ChunkPiece(c, int(bounds[c]), int(bounds[c + 1]), slice(None), slice(None))
-        for c in range(first, last)
-    ]
+def kept_blocks(chunks: tuple[tuple[int, ...], ...], boxes: Sequence[Box]) -> list[Block]:
+    """The stored blocks ``boxes`` overlap (what a cache keeps for them on a cluster), sorted."""
+    bounds = [chunk_offsets(sizes) for sizes in chunks]
+    return sorted(box_chunks(boxes, bounds)[0])
 
 
 def _kept_box(
-    box: Box, kept: Sequence[tuple[np.ndarray, ReadReport]], starts: Sequence[int], dtype: Any
+    box: Box,
+    kept: Sequence[tuple[np.ndarray, ReadReport]],
+    places: Sequence[tuple[slice, ...]],
+    dtype: Any,
 ) -> np.ndarray:
-    """``box`` of the array, filled from its kept axis-0 chunks (every row of each)."""
-    rows = box[0]
+    """``box`` of the array, filled from the kept parts it overlaps (each at its ``places``)."""
     out = np.empty(tuple(s.stop - s.start for s in box), dtype=dtype)
-    for (data, _), start in zip(kept, starts, strict=True):
-        lo, hi = max(rows.start, start), min(rows.stop, start + len(data))
-        if lo < hi:
-            out[lo - rows.start : hi - rows.start] = data[(slice(lo - start, hi - start), *box[1:])]
+    for (data, _), place in zip(kept, places, strict=True):
+        inner = tuple(
+            slice(max(a.start, b.start), min(a.stop, b.stop))
+            for a, b in zip(place, box, strict=True)
+        )
+        if all(s.start < s.stop for s in inner):
+            out[_local(inner, box)] = data[_local(inner, place)]
     return out
 
 

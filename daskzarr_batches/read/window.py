@@ -32,12 +32,13 @@ from ..store.policy import (
 )
 from ..store.shards import read_sharded, sharding_codec
 from .failures import raise_failed_read, read_named
-from .tasks import _owned, put_rows, read_block, read_views, run_on_loop
+from .tasks import _owned, put_rows, read_block, read_shard, read_views, run_on_loop
 
 __all__ = [
     "cut_kept_block",
     "cut_kept_chunks",
     "read_kept_chunk",
+    "read_kept_part",
     "read_rows",
     "read_subset_window",
     "read_window",
@@ -213,9 +214,50 @@ def cut_kept_chunks(
     return rows, report if local is None else in_subset(report, local)
 
 
+def read_kept_part(
+    array: Any,
+    name: str,
+    blocks: Sequence[tuple[int, ...]],
+    slices: Sequence[tuple[slice, ...]],
+    region: tuple[slice, ...],
+    policy: ReadPolicy,
+) -> tuple[np.ndarray | None, ReadReport]:
+    """Stored ``blocks`` (at ``slices``) decoded into one array covering ``region``.
+
+    The part of an array a cache keeps on a cluster for chunk streams and
+    patches (``Keeper.block``): one block (:func:`read_block`), or every
+    inner block of one shard, fetched once by the shard reader
+    (:func:`read_shard`), with ``policy`` (missing chunks, ``on_error``,
+    retries); read-only (tasks on an in-process cluster share it).  A block
+    skipped as undecodable is listed in the report (its rows left
+    unwritten): whoever cuts it reads that block again on its own.
+    """
+    if len(blocks) == 1:
+        data, report = read_block(array, name, blocks[0], slices[0], policy)
+    else:
+        items = read_shard(array, name, blocks, slices, policy)
+        data = np.empty(tuple(s.stop - s.start for s in region), dtype=array.dtype)
+        skipped: list[tuple[int, int, int]] = []
+        for (_, item, report, _), where in zip(items, slices, strict=True):
+            skipped.extend(report.skipped)
+            if item is not None:
+                data[tuple(slice(w.start - r.start, w.stop - r.start)
+                           for w, r in zip(where, region, strict=True))] = item  # fmt: skip
+        first = items[0][2]
+        report = ReadReport(
+            missing_keys=first.missing_keys,
+            missing_chunks=first.missing_chunks,
+            retries=sum(item[2].retries for item in items),
+            skipped=tuple(skipped),
+        )
+    if data is not None:
+        data.setflags(write=False)
+    return data, report
+
+
 def cut_kept_block(
-    part: tuple[np.ndarray, ReadReport],
-    first_row: int,
+    part: tuple[np.ndarray | None, ReadReport],
+    origin: tuple[int, ...],
     made: bool,
     array: Any,
     name: str,
@@ -226,21 +268,22 @@ def cut_kept_block(
 ) -> tuple[np.ndarray | None, ReadReport]:
     """Stored ``block`` (at ``slices``) cut from its kept axis-0 chunk ``part``, and its report.
 
-    A chunk stream's block on a cluster with a cache: ``part`` is every row
-    of the axis-0 chunk holding the block (:func:`read_kept_chunk`, starting
-    at row ``first_row``), so the block is a copy of its part (the caller
-    owns it), a miss if ``made`` for this block, else a hit.  The chunk's
-    missing keys are reported for the block if they are its own.  If the
-    chunk was skipped as undecodable (a block of its row does not decode),
-    this block is read alone (:func:`read_block`, ``policy`` less its cache),
-    so only the blocks that do not decode are skipped, as without a cache.
+    A chunk stream's block on a cluster with a cache: ``part`` is what the
+    cache keeps for it, the block itself (``read_block``) or, for a block
+    spanning every column, its whole axis-0 chunk (:func:`read_kept_chunk`),
+    starting at ``origin`` in the array; the block is a copy of its part
+    (the caller owns it), a miss if ``made`` for this block, else a hit.
+    The part's missing keys are reported if they are the block's own.  If
+    the part was skipped as undecodable, the block is read alone
+    (:func:`read_block`, ``policy`` less its cache), so that it is skipped
+    (or read) as without a cache.
     """
-    rows, report = part
-    if report.skipped:
+    kept, report = part
+    if report.skipped or kept is None:
         plain = dataclasses.replace(policy, cache=None, cache_tokens=())
         return read_block(array, name, block, slices, plain, scope)
-    local = (slice(slices[0].start - first_row, slices[0].stop - first_row), *slices[1:])
-    data = np.array(rows[local], copy=True)
+    local = tuple(slice(s.start - o, s.stop - o) for s, o in zip(slices, origin, strict=True))
+    data = np.array(kept[local], copy=True)
     own = set(block_key(array, block))
     missing = tuple(key for key in report.missing_keys if key in own)
     counts = CacheCounts()

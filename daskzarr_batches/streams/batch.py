@@ -38,7 +38,7 @@ from ..read.graphs import (
 )
 from ..read.patches import ChunkShare
 from ..read.window import read_kept_chunk, release_free_memory
-from ..store.cache import ChunkCache, array_token, chunk_name, rows_name
+from ..store.cache import ChunkCache, array_token, chunk_name, kept_part, rows_name
 from ..store.collections import ConcatSource
 from ..store.layout import chunk_grid
 from ..store.patches import PatchSource
@@ -122,11 +122,13 @@ def _cached_summary(
             grid = tuple(len(sizes) for sizes in base.chunks)
             stored_array: zarr.Array = array
             patch_base: Any = base
-            edges = np.cumsum([0, *stored.chunks[0]]).tolist()
 
             def block(chunk: int) -> bool:
                 index = patch_base.block_index(tuple(int(i) for i in np.unravel_index(chunk, grid)))
-                return kept(stored_array, edges, index[0]) or held(stored_array, [index], True)
+                name = kept_part(stored, index).name  # kept on a cluster
+                if cache.contains(cache.key(token_of(stored_array), name)):
+                    return True
+                return held(stored_array, [index], True)
 
             return block
         if isinstance(source, SubsetSource):  # a subset's chunk: its stored chunk's

@@ -130,8 +130,8 @@ class ChunkStream(Stream[Any]):
 
     def _produce(self) -> Iterator[Any]:
         (source,) = self._place([self.source])  # nothing in flight yet if this fails
-        # a cache on a cluster: decoded axis-0 chunks kept as cluster futures, blocks cut
-        # from them (a sharded array's blocks too: one by one, each from its kept chunk)
+        # a cache on a cluster: decoded blocks kept as cluster futures, each block cut from
+        # its own (a sharded array's inner blocks too: one by one, not a shard per read)
         cache, policy = self.policy.cache, self.policy
         kept = None if cache is None else self._runner.keeper(cache, read_kept_chunk, policy)
         if kept is not None and self._sharded and kept.keeps(source):
@@ -163,8 +163,9 @@ class ChunkStream(Stream[Any]):
         def submit(number: int) -> Any:
             unit = units[number]
             if not sharded:
-                here = None if kept is None else lambda s, p: kept(s, p, -number)
-                dsk, key = block_graph(source, unit[0], token, transform, policy, scope, here)
+                dsk, key = block_graph(
+                    source, unit[0], token, transform, policy, scope, kept, -number
+                )
             else:
                 assert isinstance(source, SliceSource)
                 dsk, key = shard_graph(source, unit, token, transform, policy, scope)
