@@ -126,11 +126,12 @@ class ChunkCache:
     cache can serve several streams, epochs and arrays.
 
     On a ``distributed`` cluster, every stream and per-chunk job reading
-    Zarr arrays keeps each decoded axis-0 chunk as a cluster future this
-    object holds (in the workers' memory, spilled by dask under pressure),
-    up to ``memory`` bytes in total, least recently used released first;
-    the tasks cutting windows, blocks or patches depend on them and run
-    where they live.  :meth:`clear`, or dropping the cache,
+    Zarr arrays keeps its decoded chunks (a batch window's axis-0 chunks, a
+    chunk or patch stream's stored blocks or whole shards) as cluster
+    futures this object holds (in the workers' memory, spilled by dask
+    under pressure), up to ``memory`` bytes in total, least recently used
+    released first; the tasks cutting windows, blocks or patches depend on
+    them and run where they live.  :meth:`clear`, or dropping the cache,
     releases them.  It holds chunks as
     decoded (the codecs' output), keyed so that an array rewritten with other
     metadata is never served from it; an array rewritten in place with the
