@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.suite import cache_cases, cases, cpu, report, stores_cases, targets
 from benchmarks.suite.dataset import Dataset
 from benchmarks.suite.measure import L0, Case, MiB, Result, SuiteRun, rounds
@@ -325,3 +327,39 @@ def test_rounds_keep_every_rounds_wall_and_cpu_seconds() -> None:
     assert 2.0 <= result.cpu_s_gb < 3.0  # 1 GB a round
     low, median, high = result.spread
     assert low == result.seconds <= median <= high
+
+
+def test_the_cpu_profile_sorts_functions_into_kinds_and_reports_shares() -> None:
+    """Issue 20's breakdown on a fabricated yappi record (nothing measured)."""
+    from benchmarks import profile_cpu as pc
+
+    functions = {
+        "zarr/core/buffer/cpu.py:as_numpy_array_wrapper": 0.8,
+        "zarr/core/buffer/cpu.py:NDBuffer.__setitem__": 0.3,
+        "numpy:asarray": 0.2,
+        "builtins:<method 'take' of 'numpy.ndarray' objects>": 0.2,
+        "dask/local.py:get_async": 0.1,
+        "asyncio/base_events.py:_UnixSelectorEventLoop._run_once": 0.1,
+        "daskzarr_batches/streams/batch.py:BatchStream._produce": 0.1,
+        "builtins:len": 0.1,
+    }
+    kinds = [pc.kind_of(function) for function in functions]
+    assert [kind.split(":")[0].split(" (")[0] for kind in kinds] == [
+        "decode", "copy in zarr", "sample ids", "copies in this library", "dask",
+        "zarr's pipeline and asyncio's event loop", "this library's Python per batch and window",
+        "other",
+    ]  # fmt: skip
+    record = {"plain": 1.5, "profiled": 2.0, "in_threads": 2.0, "bytes": 10**9,
+              "functions": functions}  # fmt: skip
+    assert pc.shares(record)[pc.RUST] == pytest.approx(0.1)  # 2.0 - 1.9 in functions
+    text = pc.report({"sequential, zarr": record}, top=2)
+    assert "| cpu-s/GB, unprofiled epochs | 1.50 |" in text
+    assert f"| {pc.KINDS[0][0]} | 40.0% (0.80) |" in text
+    assert "- 40.0%  0.800 cpu-s/GB  `zarr/core/buffer/cpu.py:as_numpy_array_wrapper`" in text
+
+
+def test_the_cpu_profiles_single_operations_run_at_a_tiny_size() -> None:
+    from benchmarks import profile_cpu as pc
+
+    costs = pc.direct_costs(rows=2048, cols=4, chunk_rows=256, repeats=1)
+    assert len(costs) == 6 and all(value >= 0 for value in costs.values())
