@@ -134,8 +134,9 @@ def pinned(ds: Dataset, repeats: int) -> dict[str, Result]:
     record = json.loads(done.stdout.strip().splitlines()[-1])
     results = {}
     for case, values in record["cases"].items():
-        result = Result(case, values["group"], min(values["seconds"]), values["bytes"],
-                        values["samples"], cpu=min(values["cpu"]))  # fmt: skip
+        best = values["seconds"].index(min(values["seconds"]))  # the round kept, as rounds()
+        result = Result(case, values["group"], values["seconds"][best], values["bytes"],
+                        values["samples"], cpu=values["cpu"][best])  # fmt: skip
         result.extra |= {"seconds": values["seconds"], "cpu": values["cpu"], "core": core}
         results[case] = result
     return results
@@ -175,11 +176,6 @@ def child(path: str, repeats: int) -> None:
 
 def median_seconds(result: Result) -> float:
     return float(statistics.median(result.extra.get("seconds") or [result.seconds]))
-
-
-def floor_multiple(results: dict[str, Result], case: str) -> float:
-    """Median cpu-s/GB of ``case`` over the floor's (same run)."""
-    return results[case].cpu_s_gb / results[FLOOR].cpu_s_gb
 
 
 def slowest_over_fastest(result: Result) -> float:
