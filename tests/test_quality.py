@@ -175,6 +175,15 @@ def test_summary_shows_the_quality() -> None:
 # shuffle_buffer_size="auto"
 
 
+def planned_entropy(x: zarr.Array, rows: int, seed: int, epoch: int = 0, **kw: object) -> float:
+    """``plan_epoch(...).quality.entropy`` of a buffer of ``rows``: what a user is shown."""
+    plan = dzb.plan_epoch(
+        x, 64, shuffle=True, seed=seed, epoch=epoch, shuffle_buffer_size=rows, **kw
+    )  # type: ignore[arg-type]
+    assert plan.quality is not None
+    return plan.quality.entropy
+
+
 @pytest.mark.parametrize(("chunk", "target"), [(100, 0.9), (100, 0.95), (250, 0.8)])
 def test_auto_buffer_meets_its_target_and_is_the_smallest(chunk: int, target: float) -> None:
     x = ids_array(20_000, chunk)
@@ -184,18 +193,101 @@ def test_auto_buffer_meets_its_target_and_is_the_smallest(chunk: int, target: fl
     stream.close()
     size = stream.spec.shuffle_buffer_size
     assert isinstance(size, int) and size % chunk == 0
-    units = sample_units((stream.plan.offsets[0],), 20_000)
-    assert buffer_entropy(units, size) >= target
-    assert size == chunk or buffer_entropy(units, size - chunk) < target
+    # held to this epoch's own planned figure, the one summary() shows
     summary = stream.summary()
-    assert summary.buffer_figure == buffer_entropy(units, size)
-    assert f"'auto': estimated {summary.buffer_figure:.3f}" in str(summary)
-    # the same size for every seed, from every entry point that takes a buffer size
-    other = dzb.plan_epoch(x, 64, shuffle=True, seed=9, shuffle_buffer_size="auto",
+    assert summary.quality is not None and summary.quality.entropy >= target
+    assert summary.buffer_figure == summary.quality.entropy
+    assert planned_entropy(x, size, seed=5) == summary.quality.entropy
+    assert size == chunk or planned_entropy(x, size - chunk, seed=5) < target
+    assert "sized by shuffle_buffer_size='auto'" in str(summary)
+    # the same size from every entry point given the same (seed, epoch)
+    other = dzb.plan_epoch(x, 64, shuffle=True, seed=5, shuffle_buffer_size="auto",
                            shuffle_quality=target)  # fmt: skip
     assert other.windows[0].samples == size  # the first window is the first buffer
-    loader = dzb.Loader(x, 64, shuffle=True, shuffle_buffer_size="auto", shuffle_quality=target)
+    loader = dzb.Loader(
+        x, 64, shuffle=True, seed=5, shuffle_buffer_size="auto", shuffle_quality=target
+    )
     assert loader.spec.shuffle_buffer_size == size
+
+
+def test_auto_buffer_is_sized_per_epoch_in_a_loader() -> None:
+    # each epoch of a Loader sizes its own buffer, as a stream of that epoch would
+    x = ids_array(20_000, 100)
+    loader = dzb.Loader(x, 64, shuffle=True, seed=1, shuffle_buffer_size="auto")
+    sizes = []
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        stream = loader.stream()
+        stream.close()
+        alone = dzb.shuffled_batch_stream(x, 64, seed=1, epoch=epoch, shuffle_buffer_size="auto")
+        alone.close()
+        assert stream.spec.shuffle_buffer_size == alone.spec.shuffle_buffer_size
+        summary = stream.summary()
+        assert summary.quality is not None and summary.quality.entropy >= 0.95
+        sizes.append(stream.spec.shuffle_buffer_size)
+    # a state names the request, not one epoch's size, and resumes in a new loader
+    loader.set_epoch(2)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    batches.close()
+    assert state["shuffle_buffer_size"] == "auto (shuffle_quality=0.95)"
+    again = dzb.Loader(x, 64, shuffle=True, seed=1, shuffle_buffer_size="auto")
+    again.load_state_dict(state)
+    assert again.stream().spec.shuffle_buffer_size == sizes[2]
+    fixed = dzb.Loader(x, 64, shuffle=True, seed=1, shuffle_buffer_size=sizes[0])
+    with pytest.raises(dzb.ArgumentValueError, match="shuffle_buffer_size"):
+        fixed.load_state_dict(state)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 30_000),
+    chunk=st.integers(1, 4_000),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 50),
+    target=st.floats(0.3, 1.0),
+    budget_rows=st.one_of(st.none(), st.integers(1, 40_000)),
+    drop_remainder=st.booleans(),
+)
+def test_auto_buffer_meets_the_target_in_every_epoch(
+    n: int,
+    chunk: int,
+    seed: int,
+    epoch: int,
+    target: float,
+    budget_rows: int | None,
+    drop_remainder: bool,
+) -> None:
+    # the planned figure of the stream's own (seed, epoch) reaches the target, one
+    # chunk less would not, and a budget that holds no such buffer is an error
+    x = ids_array(n, min(chunk, n))
+    chunk = min(chunk, n)
+    kw = {"drop_remainder": drop_remainder}
+    if budget_rows is not None:  # 16 bytes a sample, prefetch 2: three buffers
+        kw["memory_budget"] = 3 * 16 * budget_rows
+    try:
+        plan = dzb.plan_epoch(x, 64, shuffle=True, seed=seed, epoch=epoch,
+                              shuffle_buffer_size="auto", shuffle_quality=target, **kw)  # fmt: skip
+    except dzb.ArgumentValueError as error:
+        assert "no buffer within the memory budget" in str(error)
+        assert budget_rows is not None and budget_rows < n
+        top = budget_rows // chunk
+        assert top < 1 or planned_entropy(x, top * chunk, seed, epoch, **kw) < target
+        return
+    assert plan.quality is not None and plan.buffer_figure == plan.quality.entropy
+    size = plan.windows[0].samples if len(plan.windows) > 1 else None
+    # one buffer of the whole dataset is the exact shuffle: it meets any target
+    assert plan.quality.entropy >= target or len(plan.windows) <= 1
+    stream = dzb.shuffled_batch_stream(x, 64, seed=seed, epoch=epoch,
+                                       shuffle_buffer_size="auto", shuffle_quality=target, **kw)  # fmt: skip
+    stream.close()
+    rows = stream.spec.shuffle_buffer_size
+    assert isinstance(rows, int) and rows % chunk == 0
+    assert size is None or size >= rows
+    assert planned_entropy(x, rows, seed, epoch, **kw) == plan.quality.entropy
+    if rows > chunk:
+        assert planned_entropy(x, rows - chunk, seed, epoch, **kw) < target
 
 
 def test_auto_buffer_estimate_tracks_the_epochs() -> None:

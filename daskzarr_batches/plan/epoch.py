@@ -80,6 +80,13 @@ def permutation(rng: np.random.Generator, n: int) -> SampleIds:
     return ids
 
 
+def _unit_rows(starts: IndexArray, stops: IndexArray) -> IndexArray:
+    """The sample ids of units ``starts[i]:stops[i]``, one after another (int64)."""
+    sizes = stops - starts
+    at = np.cumsum(sizes) - sizes  # where each unit begins in the output
+    return np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(starts - at, sizes)
+
+
 @dataclass(frozen=True)
 class _UnitShuffle:
     """A buffered window as whole units permuted, so its pieces need no sort.
@@ -307,6 +314,18 @@ class EpochPlan:
 
     def windows(self) -> Iterator[Window]:
         """Yield the epoch's windows in delivery order (lazily)."""
+        position = 0
+        for index, (samples, units) in enumerate(self._truncate(self._orders())):
+            if units is not None:
+                pieces = tuple(tuple(units.pieces(off)) for off in self.offsets)
+            else:
+                order = None if isinstance(samples, range) else sorting_order(samples)
+                pieces = tuple(tuple(pieces_for(samples, off, order)) for off in self.offsets)
+            yield Window(index, position, samples, pieces)
+            position += len(samples)
+
+    def _orders(self) -> Iterator[tuple[range | SampleIds, _UnitShuffle | None]]:
+        """Each window's sample ids (and a buffered window's unit layout), untruncated."""
         orders: Iterator[tuple[range | SampleIds, _UnitShuffle | None]]
         if self.mix is not None:
             orders = ((samples, None) for samples in self._mix_orders())
@@ -318,15 +337,7 @@ class EpochPlan:
             orders = ((samples, None) for samples in self._exact_orders())
         else:  # pragma: no cover - guarded by the public API
             raise ValueError(f"unknown shuffle mode {self.shuffle!r}")
-        position = 0
-        for index, (samples, units) in enumerate(self._truncate(orders)):
-            if units is not None:
-                pieces = tuple(tuple(units.pieces(off)) for off in self.offsets)
-            else:
-                order = None if isinstance(samples, range) else sorting_order(samples)
-                pieces = tuple(tuple(pieces_for(samples, off, order)) for off in self.offsets)
-            yield Window(index, position, samples, pieces)
-            position += len(samples)
+        return orders
 
     def windows_between(self, first: int, end: int, index: int = 0) -> Iterator[Window]:
         """The windows that deliver epoch positions ``first:end``, cut to them.
@@ -416,19 +427,46 @@ class EpochPlan:
                     yield range(start, end)
                 start, unit = end, unit + count
 
-    def _buffered_orders(self) -> Iterator[tuple[IndexArray, _UnitShuffle]]:
+    def _buffered_draws(self) -> Iterator[tuple[IndexArray, IndexArray, IndexArray]]:
+        """Each buffered window's units (starts, stops) and its row shuffle.
+
+        The one place a buffered epoch draws from its generator, shared by
+        :meth:`windows` and :meth:`entropy`, so both see the same order.
+        """
         rng = self.rng()
         unit_order = rng.permutation(len(self.units) - 1)
         for group in self._unit_groups(unit_order.tolist()):
             starts, stops = self.units[group], self.units[np.asarray(group) + 1]
-            samples = np.concatenate(
-                [np.arange(lo, hi) for lo, hi in zip(starts, stops, strict=True)]
-            )
             # numpy's Generator draws the same swaps for permutation(array) and
             # permutation(len(array)): samples[shuffle] is rng.permutation(samples)
             # (tests/test_plan.py checks it), and the shuffle gives the pieces.
-            shuffle = rng.permutation(len(samples))
-            yield samples[shuffle], _UnitShuffle.of(starts, stops, shuffle)
+            yield starts, stops, rng.permutation(int((stops - starts).sum()))
+
+    def _buffered_orders(self) -> Iterator[tuple[IndexArray, _UnitShuffle]]:
+        for starts, stops, shuffle in self._buffered_draws():
+            yield _unit_rows(starts, stops)[shuffle], _UnitShuffle.of(starts, stops, shuffle)
+
+    def entropy(self, limit: int | None = None) -> float:
+        """The epoch's neighbour entropy, as a fraction of an exact shuffle's.
+
+        ``summary().quality.entropy``, from the ids alone (no pieces, no
+        displacement or sources): what ``shuffle_buffer_size="auto"`` checks
+        a candidate buffer against for this ``(seed, epoch)``.  ``limit``:
+        over the epoch's first ``limit`` samples only (buffered epochs).
+        """
+        counter = self.quality_counter()
+        if self.shuffle == "buffer" and self.mix is None:
+            remaining = self.n_used if limit is None else min(self.n_used, limit)
+            for starts, stops, shuffle in self._buffered_draws():
+                if remaining <= 0:
+                    break
+                ids = _unit_rows(starts, stops)[shuffle[:remaining]]
+                counter.add_neighbours(ids)
+                remaining -= len(ids)
+        else:
+            for samples, _ in self._truncate(self._orders()):
+                counter.add_neighbours(samples)
+        return counter.quality().entropy
 
     def mix_order(self) -> tuple[SampleIds, IndexArray]:
         """A mixture's ``(sample ids, source)`` per draw of this epoch (``mix`` set)."""

@@ -41,6 +41,8 @@ import numpy.typing as npt
 from ..errors import ArgumentValueError
 
 __all__ = [
+    "AUTO_EXACT_SAMPLES",
+    "AUTO_PREFIX_MARGIN",
     "DEFAULT_SHUFFLE_QUALITY",
     "ENTROPY_BINS",
     "QualityCounter",
@@ -57,6 +59,14 @@ ENTROPY_BINS = 256
 #: ``shuffle_quality`` of ``shuffle_buffer_size="auto"``: the fraction of an exact
 #: shuffle's neighbour entropy the buffer must reach.
 DEFAULT_SHUFFLE_QUALITY = 0.95
+
+#: ``shuffle_buffer_size="auto"`` holds epochs of up to this many samples to their
+#: whole planned figure (about 0.1 s per candidate buffer here); a longer epoch to
+#: the figure of its first this many samples less ``AUTO_PREFIX_MARGIN`` (measured
+#: from 2e7 to 1e8 samples: the prefix's figure within -0.007..+0.002 of the
+#: epoch's), so a candidate costs the same whatever the epoch's length.
+AUTO_EXACT_SAMPLES = 2**23
+AUTO_PREFIX_MARGIN = 0.003
 
 #: Neighbour differences :func:`buffer_entropy` draws per estimate, and the windows
 #: they are drawn from.
@@ -261,6 +271,19 @@ class QualityCounter:
             self._add_sources(ids)
         self.samples += len(ids)
 
+    def add_neighbours(self, ids: npt.ArrayLike) -> None:
+        """Count the next samples for the neighbour entropy only (no displacement, sources).
+
+        What :meth:`EpochPlan.entropy` feeds: the entropy of the ids fed
+        through here alone equals that of the same ids through :meth:`add`.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) == 0:
+            return
+        diffs = np.diff(ids) if self._last is None else np.diff(ids, prepend=self._last)
+        self._bins += np.bincount(_bins(diffs, self.n), minlength=ENTROPY_BINS)
+        self._last = int(ids[-1])
+
     def _add_sources(self, ids: npt.NDArray[np.int64]) -> None:
         assert self._members is not None and self._partial is not None
         k, size = len(self._partial), self.batch_size
@@ -390,21 +413,32 @@ def smallest_buffer(
     most_rows: int,
     target: float,
     n: int,
+    planned: Callable[[int], float] | None = None,
 ) -> tuple[int, float]:
-    """The smallest buffer of whole units whose :func:`buffer_entropy` meets ``target``.
+    """The smallest buffer of whole units whose epoch meets ``target``.
 
     Buffers of ``k * unit_rows`` samples, ``k = 1, 2, ...`` (``unit_rows``: the
     largest unit, so a window holds at least ``k`` units) up to ``most_rows``
-    (what the memory budget holds) or the whole dataset, searched by
-    bisection on the estimate (nondecreasing in ``k`` but for noise of about
-    0.001; the answer ``k`` always meets the target and ``k - 1`` does not).
-    ``units_for(rows)``: the plan's units for a buffer of ``rows`` (shards
-    become units once they fit).
+    (what the memory budget holds) or the whole dataset.  ``units_for(rows)``:
+    the plan's units for a buffer of ``rows`` (shards become units once they
+    fit).  ``planned(rows)``: the neighbour-entropy fraction of the epoch
+    itself with that buffer (``EpochPlan.entropy``, this ``(seed, epoch)``),
+    the figure the answer is held to.
+
+    The search starts where :func:`buffer_entropy` (an estimate of the mean
+    over epochs, a few milliseconds) crosses ``target``, then brackets and
+    bisects on ``planned``: the answer ``k`` meets the target by ``planned``
+    and ``k - 1`` does not (the figure of one seed is nondecreasing in ``k``
+    but for noise, so the first crossing is taken).  A buffer of the whole
+    dataset meets any target: one window, a uniform permutation, is the
+    exact shuffle the figures are fractions of (on small datasets its own
+    figure is below 1 by the plug-in bias of its few differences).  Without ``planned`` the
+    estimate is the figure (every seed gets the same size).
 
     Returns
     -------
     (rows, figure)
-        The buffer in samples and its estimated entropy fraction.
+        The buffer in samples and its figure (``planned``, else the estimate).
 
     Raises
     ------
@@ -418,28 +452,61 @@ def smallest_buffer(
     whole = max(math.ceil(n / unit_rows), 1)
     top = min(whole, most_rows // unit_rows)
 
-    def figure(k: int) -> float:
+    def estimate(k: int) -> float:
         rows = k * unit_rows
         return buffer_entropy(units_for(rows), rows)
 
-    best = figure(top) if top >= 1 else 0.0
-    if top < 1 or best < target:
-        needed = "" if top >= whole else " (the whole dataset in one buffer reaches {:.3f})"
-        whole_figure = figure(whole) if top < whole else best
-        raise ArgumentValueError(
+    figures: dict[int, float] = {}
+
+    def figure(k: int) -> float:
+        if k not in figures:
+            figures[k] = planned(k * unit_rows) if planned is not None else estimate(k)
+        return figures[k]
+
+    def refuse(best: float) -> ArgumentValueError:
+        whole_note = "" if top >= whole else f" (the whole dataset in one buffer reaches {figure(whole):.3f})"
+        return ArgumentValueError(
             f"shuffle_buffer_size='auto': no buffer within the memory budget reaches "
             f"shuffle_quality={target}: the largest, {max(top, 0)} units of {unit_rows} "
-            f"samples, reaches {best:.3f}"
-            + needed.format(whole_figure)
-            + "; raise memory_budget, lower shuffle_quality, or use the exact shuffle"
+            f"samples, reaches {best:.3f}{whole_note}; raise memory_budget, lower "
+            "shuffle_quality, or use the exact shuffle"
         )
-    lo, hi = 0, top  # figure(lo) < target (k = 0: no buffer), figure(hi) >= target
-    hi_figure = best
+
+    def meets(k: int) -> bool:
+        # one buffer of the whole dataset is a uniform permutation: the reference itself
+        return k >= whole or figure(k) >= target
+
+    if top < 1:
+        raise refuse(0.0)
+    # where the estimate crosses the target (top if it never does): the start
+    lo, hi = 0, top  # estimate(lo) < target (k = 0: no buffer); hi: the start
+    if estimate(top) >= target:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if estimate(mid) >= target:
+                hi = mid
+            else:
+                lo = mid
+    start = hi
+    # bracket the crossing of the figure itself: not meets(lo), meets(hi)
+    if meets(start):
+        hi, step = start, 1
+        lo = max(start - step, 0)
+        while lo > 0 and meets(lo):
+            hi, step = lo, step * 2
+            lo = max(hi - step, 0)
+    else:
+        lo, step = start, 1
+        hi = min(start + step, top)
+        while not meets(hi):
+            if hi >= top:
+                raise refuse(figure(top))
+            lo, step = hi, step * 2
+            hi = min(lo + step, top)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        value = figure(mid)
-        if value >= target:
-            hi, hi_figure = mid, value
+        if meets(mid):
+            hi = mid
         else:
             lo = mid
-    return hi * unit_rows, hi_figure
+    return hi * unit_rows, figure(hi)

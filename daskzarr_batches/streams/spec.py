@@ -36,7 +36,12 @@ from ..execute.runners import resolve_client
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.mix import MixOrder
-from ..plan.quality import DEFAULT_SHUFFLE_QUALITY, buffer_entropy, smallest_buffer
+from ..plan.quality import (
+    AUTO_EXACT_SAMPLES,
+    AUTO_PREFIX_MARGIN,
+    DEFAULT_SHUFFLE_QUALITY,
+    smallest_buffer,
+)
 from ..plan.windows import ShuffleMode, chunk_offsets, sample_units
 from ..store.cache import ChunkCache
 from ..store.collections import ConcatSource, MixSource, SourcesSource, sources_source
@@ -507,33 +512,61 @@ class StreamSpec:
         return tuple(chunk_offsets(source.chunks[0]) for source in self.sources)
 
     def _auto_buffer(self) -> int:
-        """``shuffle_buffer_size="auto"``: the smallest buffer meeting ``shuffle_quality``."""
+        """``shuffle_buffer_size="auto"``: the smallest buffer meeting ``shuffle_quality``.
+
+        Held to this epoch's own planned figure (``plan().entropy()`` for the
+        spec's ``(seed, epoch)``, what ``summary().quality.entropy`` reports),
+        so every epoch meets the target, not their mean; another epoch (the
+        ``Loader``'s next, :meth:`with_epoch`) sizes its own buffer.
+        """
         assert self.prefetch is not None and self.shuffle_quality is not None
         offsets = self._offsets()
         chunk_units = sample_units(offsets, self.n_samples)
         unit_rows = int(np.diff(chunk_units).max(initial=1))
         most_rows = self.memory_budget // ((self.prefetch + 1) * self.row_bytes)
-        rows, _ = smallest_buffer(
+        rows, figure = smallest_buffer(
             lambda rows: self._plan_for(offsets, rows).units,
             unit_rows,
             most_rows,
             self.shuffle_quality,
             self.n_samples,
+            planned=lambda rows: self._planned(offsets, rows),
         )
+        object.__setattr__(self, "_figure", (rows, figure))
         return rows
 
     def buffer_figure(self) -> float | None:
-        """The estimated neighbour-entropy fraction ``"auto"`` sized the buffer by.
+        """The planned neighbour-entropy fraction ``"auto"`` held the buffer to.
 
-        ``None`` unless the buffer was chosen by ``shuffle_buffer_size="auto"``
-        (``shuffle_quality`` is set).  Cached, so asking again costs nothing.
+        This epoch's own figure (``summary().quality.entropy`` of a row
+        stream), at least ``shuffle_quality``.  ``None`` unless the buffer was
+        chosen by ``shuffle_buffer_size="auto"`` (``shuffle_quality`` is set).
+        Kept from the choice, so asking costs nothing.
         """
         if self.shuffle != "buffer" or self.shuffle_quality is None:
             return None
         rows = self.window_rows
-        return buffer_entropy(self._plan_for(self._offsets(), rows).units, rows)
+        kept = self.__dict__.get("_figure")
+        if kept is not None and kept[0] == rows:
+            return float(kept[1])
+        figure = self._planned(self._offsets(), rows)
+        object.__setattr__(self, "_figure", (rows, figure))
+        return figure
+
+    def _planned(self, offsets: tuple[np.ndarray, ...], rows: int) -> float:
+        """The figure "auto" holds a buffer of ``rows`` to: this epoch's own entropy.
+
+        An epoch longer than ``AUTO_EXACT_SAMPLES``: that of its first
+        ``AUTO_EXACT_SAMPLES`` samples less ``AUTO_PREFIX_MARGIN`` (a cost
+        bounded whatever the length; see ``plan.quality``).
+        """
+        plan = self._plan_for(offsets, rows)
+        if plan.n_used <= AUTO_EXACT_SAMPLES:
+            return plan.entropy()
+        return plan.entropy(AUTO_EXACT_SAMPLES) - AUTO_PREFIX_MARGIN
 
     def _plan_for(self, offsets: tuple[np.ndarray, ...], rows: int) -> EpochPlan:
+        """This epoch's plan with a buffer of ``rows`` (``plan()`` when it is the spec's)."""
         return EpochPlan(
             n_samples=self.n_samples,
             offsets=offsets,
@@ -541,7 +574,13 @@ class StreamSpec:
             drop_remainder=self.drop_remainder,
             shuffle="buffer",
             window_rows=rows,
+            seed=self.seed or 0,
+            epoch=self.epoch,
+            row_bytes=tuple(source.row_bytes for source in self.sources),
             shards=tuple(shard_layout(source) for source in self.sources),
+            ramp=self.ramp,
+            mix=self.mix,
+            members=_members(self.sources[0]),
         )
 
     @property
@@ -640,7 +679,15 @@ class StreamSpec:
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:
-        """The same spec for another epoch (same seed: a new order)."""
+        """The same spec for another epoch (same seed: a new order).
+
+        With ``shuffle_buffer_size="auto"`` the epoch sizes its own buffer
+        (the smallest meeting ``shuffle_quality`` in that epoch's plan).
+        """
+        if epoch == self.epoch:
+            return self
+        if self.shuffle == "buffer" and self.shuffle_quality is not None:
+            return dataclasses.replace(self, epoch=epoch, shuffle_buffer_size=AUTO)
         return dataclasses.replace(self, epoch=epoch)
 
 
