@@ -266,9 +266,9 @@ def test_auto_buffer_meets_the_target_in_every_epoch(
     kw = {"drop_remainder": drop_remainder}
     if budget_rows is not None:  # 16 bytes a sample, prefetch 2: three buffers
         kw["memory_budget"] = 3 * 16 * budget_rows
+    auto = {"shuffle_buffer_size": "auto", "shuffle_quality": target, **kw}
     try:
-        plan = dzb.plan_epoch(x, 64, shuffle=True, seed=seed, epoch=epoch,
-                              shuffle_buffer_size="auto", shuffle_quality=target, **kw)  # fmt: skip
+        plan = dzb.plan_epoch(x, 64, shuffle=True, seed=seed, epoch=epoch, **auto)
     except dzb.ArgumentValueError as error:
         assert "no buffer within the memory budget" in str(error)
         assert budget_rows is not None and budget_rows < n
@@ -279,8 +279,7 @@ def test_auto_buffer_meets_the_target_in_every_epoch(
     size = plan.windows[0].samples if len(plan.windows) > 1 else None
     # one buffer of the whole dataset is the exact shuffle: it meets any target
     assert plan.quality.entropy >= target or len(plan.windows) <= 1
-    stream = dzb.shuffled_batch_stream(x, 64, seed=seed, epoch=epoch,
-                                       shuffle_buffer_size="auto", shuffle_quality=target, **kw)  # fmt: skip
+    stream = dzb.shuffled_batch_stream(x, 64, seed=seed, epoch=epoch, **auto)
     stream.close()
     rows = stream.spec.shuffle_buffer_size
     assert isinstance(rows, int) and rows % chunk == 0

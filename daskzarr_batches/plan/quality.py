@@ -464,7 +464,11 @@ def smallest_buffer(
         return figures[k]
 
     def refuse(best: float) -> ArgumentValueError:
-        whole_note = "" if top >= whole else f" (the whole dataset in one buffer reaches {figure(whole):.3f})"
+        whole_note = (
+            ""
+            if top >= whole
+            else f" (the whole dataset in one buffer reaches {figure(whole):.3f})"
+        )
         return ArgumentValueError(
             f"shuffle_buffer_size='auto': no buffer within the memory budget reaches "
             f"shuffle_quality={target}: the largest, {max(top, 0)} units of {unit_rows} "
