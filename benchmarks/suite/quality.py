@@ -10,7 +10,6 @@ beside zarr's own ``x[a:b]`` over as many chunks, locally and on a 20 ms store.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -25,6 +24,7 @@ import numpy as np
 import zarr
 
 import daskzarr_batches as dzb
+from daskzarr_batches.plan.quality import buffer_entropy
 
 
 def shuffle_order(plan: dzb.EpochPlan) -> np.ndarray:
@@ -110,8 +110,8 @@ def curve(x: zarr.Array, chunk_rows: int) -> dict[str, Any]:
         plan = dzb.plan_epoch(x, 256, shuffle=True, seed=0, shuffle_buffer_size=chunks * chunk_rows)
         stream = dzb.shuffled_batch_stream(x, 256, seed=0, shuffle_buffer_size=chunks * chunk_rows)
         stream.close()
-        # the estimate "auto" searches on, for this buffer (a spec with a target reports it)
-        estimate = dataclasses.replace(stream.spec, shuffle_quality=1.0).buffer_figure()
+        # the estimate "auto" starts its search from, for this buffer
+        estimate = buffer_entropy(stream.plan.units, chunks * chunk_rows)
         assert plan.quality is not None
         rows.append(
             {
@@ -157,10 +157,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         if "error" in choice:
             continue
         ax.axhline(float(target), color="grey", lw=0.5)
-        ax.plot([choice["chunks"]], [choice["estimate"]], "r*", ms=12)
+        ax.plot([choice["chunks"]], [choice["entropy"]], "r*", ms=12)
         ax.annotate(
             f"auto, q={target}: {choice['chunks']} chunks",
-            (choice["chunks"], choice["estimate"]),
+            (choice["chunks"], choice["entropy"]),
             textcoords="offset points",
             xytext=(8, -12),
             fontsize=8,

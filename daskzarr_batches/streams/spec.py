@@ -658,7 +658,21 @@ class StreamSpec:
 
     def _exact_budget(self) -> ExactBudget:
         assert self.prefetch is not None  # resolved in __post_init__
-        return exact_budget(self.memory_budget, self.row_bytes, self.prefetch)
+        return exact_budget(self.memory_budget, self._held_row_bytes(), self.prefetch)
+
+    def _held_row_bytes(self) -> int:
+        """Bytes a window holds per sample (``row_bytes``, but for joins on a cluster).
+
+        On a cluster a collection's window is its members' reads, each on any
+        worker, joined by one task into an output of its own: the joining
+        worker holds the collection's rows twice, so they count twice.  Read
+        here the members fill one output (``read.graphs``): once.  The order
+        does not change (an exact shuffle's windows only cut one permutation).
+        """
+        if self.client is None:
+            return self.row_bytes
+        held = sum(source.row_bytes * (2 if _joined(source) else 1) for source in self.sources)
+        return max(held, 1)
 
     def plan(self) -> EpochPlan:
         """The epoch's plan: windows of chunk reads, pure index math."""
@@ -700,6 +714,12 @@ def _provenance(first: Source, role: str) -> SourcesSource:
             f"{role} is {first.name}; a single array's samples come from that array"
         )
     return sources_source(first, collection)
+
+
+def _joined(source: Source) -> bool:
+    """Whether a window of ``source`` is read per member and joined (a collection)."""
+    base = source.base if isinstance(source, SubsetSource) else source
+    return isinstance(base, ConcatSource)
 
 
 def _members(source: Source) -> tuple[int, ...]:
