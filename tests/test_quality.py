@@ -324,3 +324,59 @@ def test_auto_buffer_for_patches_and_bench_arguments() -> None:
     )
     assert isinstance(stream.spec.shuffle_buffer_size, int)
     assert sum(len(b) for b in stream) == 64
+
+
+@SETTINGS
+@given(
+    n=st.integers(2, 5_000),
+    pairs=st.lists(
+        st.tuples(st.floats(0, 1), st.integers(1, 80), st.floats(0, 1), st.integers(1, 80)),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_pair_bins_counts_every_difference(
+    n: int, pairs: list[tuple[float, int, float, int]]
+) -> None:
+    # the closed form equals a histogram of every x - y of the ranges, weighted
+    from daskzarr_batches.plan.quality import _bins, pair_bins
+
+    a = np.asarray([int(x * (n - 1)) for x, _, _, _ in pairs])
+    p = np.minimum([size for _, size, _, _ in pairs], n - a)
+    b = np.asarray([int(y * (n - 1)) for _, _, y, _ in pairs])
+    q = np.minimum([size for _, _, _, size in pairs], n - b)
+    weight = np.linspace(0.5, 2.0, len(pairs))
+    want = np.zeros(ENTROPY_BINS)
+    for i in range(len(pairs)):
+        d = (np.arange(a[i], a[i] + p[i])[:, None] - np.arange(b[i], b[i] + q[i])[None, :]).ravel()
+        want += np.bincount(_bins(d, n), minlength=ENTROPY_BINS) * weight[i]
+    np.testing.assert_allclose(pair_bins(a, p, b, q, weight, n), want)
+
+
+def test_a_long_epoch_is_sized_by_its_expected_figure() -> None:
+    # past AUTO_EXACT_SAMPLES "auto" holds an epoch to its figure given its own windows
+    # (row shuffles in expectation), which tracks the planned figure closely
+    from daskzarr_batches.plan.epoch import EpochPlan
+    from daskzarr_batches.plan.quality import AUTO_EXACT_SAMPLES, AUTO_EXPECTED_MARGIN
+
+    n, chunk = AUTO_EXACT_SAMPLES + 600_000, 4096
+    offsets = np.append(np.arange(0, n, chunk), n)
+
+    def plan(rows: int, batch: int = 256, drop: bool = False) -> EpochPlan:
+        return EpochPlan(n_samples=n, offsets=(offsets,), batch_size=batch, shuffle="buffer",
+                         drop_remainder=drop, window_rows=rows, seed=4, epoch=1)  # fmt: skip
+
+    for chunks, drop in ((3, False), (8, True)):
+        long = plan(chunks * chunk, 1000, drop)
+        expected = long.expected_entropy()
+        assert expected is not None and expected == pytest.approx(long.entropy(), abs=2e-4)
+    x = zarr.create_array(zarr.storage.MemoryStore(), shape=(n, 1), chunks=(chunk, 1), dtype="u1")
+    stream = dzb.shuffled_batch_stream(x, 256, seed=4, epoch=1, shuffle_buffer_size="auto")
+    stream.close()
+    size = stream.spec.shuffle_buffer_size
+    assert isinstance(size, int)
+    figure = stream.summary().buffer_figure
+    assert figure is not None and figure >= 0.95
+    assert plan(size).entropy() >= 0.95
+    # one chunk less would not meet it (up to the margin and the noise of expectation)
+    assert plan(size - chunk).entropy() < 0.95 + AUTO_EXPECTED_MARGIN + 2e-4

@@ -23,9 +23,11 @@ uniform permutation) scores, so 1.0 means "as mixed as an exact shuffle":
 :class:`QualityCounter` accumulates the three over ids fed batch by batch (a
 few microseconds a batch); a plan's figure feeds its windows' ids, a stream's
 feeds what it delivered.  :func:`buffer_entropy` estimates the neighbour
-entropy of a buffered shuffle from a sample of its windows, and
-:func:`smallest_buffer` searches it for ``shuffle_buffer_size="auto"``.
-Pure numpy.
+entropy of a buffered shuffle from a sample of its windows (the mean over
+epochs), :func:`pair_bins` sums the differences of pairs of ranges in closed
+form (``EpochPlan.expected_entropy``), and :func:`smallest_buffer` is the
+search behind ``shuffle_buffer_size="auto"``, which holds each epoch to its
+own planned figure.  Pure numpy.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ..errors import ArgumentValueError
 
 __all__ = [
     "AUTO_EXACT_SAMPLES",
-    "AUTO_PREFIX_MARGIN",
+    "AUTO_EXPECTED_MARGIN",
     "DEFAULT_SHUFFLE_QUALITY",
     "ENTROPY_BINS",
     "QualityCounter",
@@ -50,6 +52,7 @@ __all__ = [
     "buffer_entropy",
     "exact_entropy",
     "exact_source_entropy",
+    "pair_bins",
     "smallest_buffer",
 ]
 
@@ -61,12 +64,13 @@ ENTROPY_BINS = 256
 DEFAULT_SHUFFLE_QUALITY = 0.95
 
 #: ``shuffle_buffer_size="auto"`` holds epochs of up to this many samples to their
-#: whole planned figure (about 0.1 s per candidate buffer here); a longer epoch to
-#: the figure of its first this many samples less ``AUTO_PREFIX_MARGIN`` (measured
-#: from 2e7 to 1e8 samples: the prefix's figure within -0.007..+0.002 of the
-#: epoch's), so a candidate costs the same whatever the epoch's length.
+#: planned figure (every row shuffle drawn: about 0.1 s per candidate buffer here), a
+#: longer epoch to its figure given its own windows with the rows of each window
+#: shuffled in expectation (``EpochPlan.expected_entropy``: milliseconds at any
+#: length) less ``AUTO_EXPECTED_MARGIN`` (measured from 1e7 to 1e8 samples, chunks of
+#: 4,096 to 65,536 rows, buffers of 2 to 30 chunks: within 7e-5 of the planned figure).
 AUTO_EXACT_SAMPLES = 2**23
-AUTO_PREFIX_MARGIN = 0.003
+AUTO_EXPECTED_MARGIN = 0.0005
 
 #: Neighbour differences :func:`buffer_entropy` draws per estimate, and the windows
 #: they are drawn from.
@@ -331,6 +335,57 @@ def _row_entropy(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
     return -(p * logs).sum(axis=1)
 
 
+def pair_bins(
+    a: npt.NDArray[np.int64],
+    p: npt.NDArray[np.int64],
+    b: npt.NDArray[np.int64],
+    q: npt.NDArray[np.int64],
+    weight: npt.NDArray[np.float64],
+    n: int,
+) -> npt.NDArray[np.float64]:
+    """The histogram (:data:`ENTROPY_BINS` bins over ``(-n, n)``) of ``x - y`` over pairs of ranges.
+
+    Pair ``i`` counts every ``x`` in ``[a, a + p)`` and ``y`` in ``[b, b + q)``
+    once, times ``weight[i]``, in closed form (the differences of two ranges
+    form a trapezoid; its mass in a bin is a difference of the counts below
+    the bin's edges), so the cost is per pair and bin touched, not per row.
+    """
+    a, p, b, q = (np.asarray(v, dtype=np.int64) for v in (a, p, b, q))
+    weight = np.asarray(weight, dtype=np.float64)
+    lo_d, hi_d = a - b - q + 1, a - b + p - 1  # the differences' range
+    first, last = _bins(lo_d, n), _bins(hi_d, n)
+    one = first == last  # most pairs: the whole trapezoid in one bin
+    hist = np.zeros(ENTROPY_BINS, dtype=np.float64)
+    hist += np.bincount(first[one], weights=(p * q * weight)[one], minlength=ENTROPY_BINS)
+    if one.all():
+        return hist
+    a, p, b, q, weight, first, last = (v[~one] for v in (a, p, b, q, weight, first, last))
+    span = last - first + 1
+    pair = np.repeat(np.arange(len(a)), span)
+    within = np.arange(len(pair)) - np.repeat(np.cumsum(span) - span, span)
+    bin_ = first[pair] + within
+    edges = -((-2 * n * np.arange(ENTROPY_BINS + 1)) // ENTROPY_BINS) - n  # first d of bin
+    edges[0], edges[-1] = np.iinfo(np.int64).min // 4, np.iinfo(np.int64).max // 4
+    pa, pp, pb, pq = a[pair], p[pair], b[pair], q[pair]
+
+    def below(t: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        # pairs with x - y <= t: sum over y of clip(t - a + b + v + 1, 0, p), v < q
+        t = np.clip(t, pa - pb - pq, pa - pb + pp)  # saturated beyond the trapezoid
+        s = (t - pa + pb + 1).astype(np.float64)
+        fp, fq = pp.astype(np.float64), pq.astype(np.float64)
+
+        def upto(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:  # sum clip(w,0,p), w<=z
+            z = np.maximum(z, 0.0)
+            low = np.minimum(z, fp)
+            return low * (low + 1) / 2 + np.maximum(z - fp, 0.0) * fp
+
+        return upto(s + fq - 1) - upto(s - 1)
+
+    mass = below(edges[bin_ + 1] - 1) - below(edges[bin_] - 1)
+    hist += np.bincount(bin_, weights=mass * weight[pair], minlength=ENTROPY_BINS)
+    return hist
+
+
 def buffer_entropy(units: npt.NDArray[np.int64], window_rows: int, seed: int = 0) -> float:
     """Estimated neighbour entropy of a buffered shuffle, as a fraction of an exact one's.
 
@@ -426,10 +481,11 @@ def smallest_buffer(
     the figure the answer is held to.
 
     The search starts where :func:`buffer_entropy` (an estimate of the mean
-    over epochs, a few milliseconds) crosses ``target``, then brackets and
-    bisects on ``planned``: the answer ``k`` meets the target by ``planned``
-    and ``k - 1`` does not (the figure of one seed is nondecreasing in ``k``
-    but for noise, so the first crossing is taken).  A buffer of the whole
+    over epochs, a few milliseconds) crosses ``target`` (doubling from one
+    unit, then bisecting), then brackets and bisects on ``planned``: the
+    answer ``k`` meets the target by ``planned`` and ``k - 1`` does not (the
+    figure of one seed is nondecreasing in ``k`` but for noise, so the first
+    crossing is taken).  A buffer of the whole
     dataset meets any target: one window, a uniform permutation, is the
     exact shuffle the figures are fractions of (on small datasets its own
     figure is below 1 by the plug-in bias of its few differences).  Without ``planned`` the
@@ -482,15 +538,17 @@ def smallest_buffer(
 
     if top < 1:
         raise refuse(0.0)
-    # where the estimate crosses the target (top if it never does): the start
-    lo, hi = 0, top  # estimate(lo) < target (k = 0: no buffer); hi: the start
-    if estimate(top) >= target:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if estimate(mid) >= target:
-                hi = mid
-            else:
-                lo = mid
+    # where the estimate crosses the target (top if it never does): the start, found
+    # by doubling from one unit (buffers are usually a few units of many) and bisecting
+    lo, hi = 0, 1  # estimate(lo) < target (k = 0: no buffer)
+    while hi < top and estimate(hi) < target:
+        lo, hi = hi, min(2 * hi, top)
+    while hi - lo > 1 and estimate(hi) >= target:  # (top may not meet it either)
+        mid = (lo + hi) // 2
+        if estimate(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
     start = hi
     # bracket the crossing of the figure itself: not meets(lo), meets(hi)
     if meets(start):

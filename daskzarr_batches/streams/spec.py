@@ -38,7 +38,7 @@ from ..plan.epoch import EpochPlan
 from ..plan.mix import MixOrder
 from ..plan.quality import (
     AUTO_EXACT_SAMPLES,
-    AUTO_PREFIX_MARGIN,
+    AUTO_EXPECTED_MARGIN,
     DEFAULT_SHUFFLE_QUALITY,
     smallest_buffer,
 )
@@ -556,14 +556,17 @@ class StreamSpec:
     def _planned(self, offsets: tuple[np.ndarray, ...], rows: int) -> float:
         """The figure "auto" holds a buffer of ``rows`` to: this epoch's own entropy.
 
-        An epoch longer than ``AUTO_EXACT_SAMPLES``: that of its first
-        ``AUTO_EXACT_SAMPLES`` samples less ``AUTO_PREFIX_MARGIN`` (a cost
-        bounded whatever the length; see ``plan.quality``).
+        An epoch longer than ``AUTO_EXACT_SAMPLES``: its figure given its own
+        windows, each window's row shuffle in expectation
+        (``EpochPlan.expected_entropy``), less ``AUTO_EXPECTED_MARGIN``, so a
+        candidate costs milliseconds whatever the length (see ``plan.quality``).
         """
         plan = self._plan_for(offsets, rows)
-        if plan.n_used <= AUTO_EXACT_SAMPLES:
-            return plan.entropy()
-        return plan.entropy(AUTO_EXACT_SAMPLES) - AUTO_PREFIX_MARGIN
+        if plan.n_used > AUTO_EXACT_SAMPLES:
+            expected = plan.expected_entropy()
+            if expected is not None:
+                return expected - AUTO_EXPECTED_MARGIN
+        return plan.entropy()
 
     def _plan_for(self, offsets: tuple[np.ndarray, ...], rows: int) -> EpochPlan:
         """This epoch's plan with a buffer of ``rows`` (``plan()`` when it is the spec's)."""
