@@ -24,7 +24,8 @@ import numpy as np
 import zarr
 
 import daskzarr_batches as dzb
-from daskzarr_batches.plan.quality import buffer_entropy
+
+from ..internals import buffer_estimate
 
 
 def shuffle_order(plan: dzb.EpochPlan) -> np.ndarray:
@@ -111,7 +112,7 @@ def curve(x: zarr.Array, chunk_rows: int) -> dict[str, Any]:
         stream = dzb.shuffled_batch_stream(x, 256, seed=0, shuffle_buffer_size=chunks * chunk_rows)
         stream.close()
         # the estimate "auto" starts its search from, for this buffer
-        estimate = buffer_entropy(stream.plan.units, chunks * chunk_rows)
+        estimate = buffer_estimate(stream.plan.units, chunks * chunk_rows)
         assert plan.quality is not None
         rows.append(
             {
