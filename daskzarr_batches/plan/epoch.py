@@ -442,7 +442,7 @@ class EpochPlan:
             # (tests/test_plan.py checks it), and the shuffle gives the pieces.
             yield starts, stops, rng.permutation(int((stops - starts).sum()))
 
-    def expected_entropy(self, most_pairs: int = 2**22) -> float | None:
+    def expected_entropy(self, most_pairs: int = 2**24) -> float | None:
         """A buffered epoch's neighbour entropy given its windows, in expectation.
 
         The epoch's windows are its own (this ``(seed, epoch)``'s unit
@@ -452,8 +452,9 @@ class EpochPlan:
         ordered pair of two of its rows drawn uniformly, and a window's first
         row follows the previous window's last.  The histogram is summed in
         closed form over pairs of units (:func:`pair_bins`), so it costs per
-        pair of units in a window, not per row: for 10**8 samples in 24,415
-        chunks and buffers of 8 chunks, 0.2 M pairs.  The realised figure
+        pair of units in a window, not per row (for 10**8 samples in 24,415
+        chunks and buffers of 8 chunks, 0.2 M pairs), in batches of about
+        2**20 pairs.  The realised figure
         differs by the plug-in noise of ``n - 1`` differences (a few 1e-5 of
         the exact figure for 10**7 samples).  ``None``: more than
         ``most_pairs`` pairs (many units a window), or not a buffered row
@@ -465,7 +466,9 @@ class EpochPlan:
         order = rng.permutation(len(self.units) - 1)
         groups = list(self._unit_groups(order.tolist()))
         counts = np.asarray([len(group) for group in groups], dtype=np.int64)
-        if int((counts * counts).sum() + (counts[1:] * counts[:-1]).sum()) > most_pairs:
+        pairs = counts * counts
+        pairs[1:] += counts[1:] * counts[:-1]  # each window's pairs, with the one before
+        if int(pairs.sum()) > most_pairs:
             return None
         unit = np.concatenate([np.asarray(group, dtype=np.int64) for group in groups])
         starts, sizes = self.units[:-1][unit], np.diff(self.units)[unit]
@@ -483,8 +486,10 @@ class EpochPlan:
         cross[1:] = np.where(live[1:], 1.0 / (rows[1:] * rows[:-1]), 0.0)
         n = self.quality_counter().n
         hist = np.zeros(ENTROPY_BINS)
-        for lo in range(0, len(groups), 4096):  # bounded memory
-            hi = min(lo + 4096, len(groups))
+        # windows in batches of about 2**20 pairs: bounded memory
+        cuts = np.searchsorted(np.cumsum(pairs), np.arange(2**20, int(pairs.sum()), 2**20))
+        bounds = np.unique(np.concatenate([[0], cuts + 1, [len(groups)]]).clip(0, len(groups)))
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             units_of = np.arange(first[lo], first[hi - 1] + counts[hi - 1])
             for other, weight in ((0, inner), (1, cross)):
                 mine = units_of if other == 0 else units_of[window[units_of] >= 1]

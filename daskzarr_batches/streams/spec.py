@@ -524,13 +524,20 @@ class StreamSpec:
         chunk_units = sample_units(offsets, self.n_samples)
         unit_rows = int(np.diff(chunk_units).max(initial=1))
         most_rows = self.memory_budget // ((self.prefetch + 1) * self.row_bytes)
+        plans: dict[int, EpochPlan] = {}  # one plan per candidate, for both figures
+
+        def plan(rows: int) -> EpochPlan:
+            if rows not in plans:
+                plans[rows] = self._plan_for(offsets, rows)
+            return plans[rows]
+
         rows, figure = smallest_buffer(
-            lambda rows: self._plan_for(offsets, rows).units,
+            lambda rows: plan(rows).units,
             unit_rows,
             most_rows,
             self.shuffle_quality,
             self.n_samples,
-            planned=lambda rows: self._planned(offsets, rows),
+            planned=lambda rows: self._planned(plan(rows)),
         )
         object.__setattr__(self, "_figure", (rows, figure))
         return rows
@@ -549,21 +556,24 @@ class StreamSpec:
         kept = self.__dict__.get("_figure")
         if kept is not None and kept[0] == rows:
             return float(kept[1])
-        figure = self._planned(self._offsets(), rows)
+        figure = self._planned(self._plan_for(self._offsets(), rows))
         object.__setattr__(self, "_figure", (rows, figure))
         return figure
 
-    def _planned(self, offsets: tuple[np.ndarray, ...], rows: int) -> float:
-        """The figure "auto" holds a buffer of ``rows`` to: this epoch's own entropy.
+    def _planned(self, plan: EpochPlan) -> float:
+        """The figure "auto" holds a candidate buffer to: its epoch's own entropy.
 
         An epoch longer than ``AUTO_EXACT_SAMPLES``: its figure given its own
         windows, each window's row shuffle in expectation
         (``EpochPlan.expected_entropy``), less ``AUTO_EXPECTED_MARGIN``, so a
-        candidate costs milliseconds whatever the length (see ``plan.quality``).
+        candidate costs milliseconds whatever the length (see ``plan.quality``);
+        unless its pairs of units in a window outnumber a quarter of its
+        samples (many small chunks a buffer): then the planned figure, which
+        costs less there.
         """
-        plan = self._plan_for(offsets, rows)
         if plan.n_used > AUTO_EXACT_SAMPLES:
-            expected = plan.expected_entropy()
+            # in closed form while its pairs of units cost less than drawing every row
+            expected = plan.expected_entropy(most_pairs=plan.n_used // 4)
             if expected is not None:
                 return expected - AUTO_EXPECTED_MARGIN
         return plan.entropy()
