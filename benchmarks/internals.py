@@ -16,6 +16,7 @@ from typing import Any
 import zarr
 
 __all__ = [
+    "buffer_estimate",
     "codec_pipeline_of",
     "exact_window_rows",
     "peak_in_flight",
@@ -34,6 +35,18 @@ def exact_window_rows(budget: int, row_bytes: int) -> int:
     from daskzarr_batches.plan.budget import exact_budget
 
     return int(exact_budget(budget, row_bytes, 0).window_rows)
+
+
+def buffer_estimate(units: Any, rows: int) -> float:
+    """The mean-over-epochs neighbour entropy estimate of a buffer of ``rows``.
+
+    ``suite.quality``: the curve ``shuffle_buffer_size="auto"`` starts its
+    search from, beside each epoch's own figure.  Public replacement: none
+    planned (the choice itself is held to the epoch's figure).
+    """
+    from daskzarr_batches.plan.quality import buffer_entropy
+
+    return float(buffer_entropy(units, rows))
 
 
 def zarr_behind(array: Any) -> zarr.Array:

@@ -219,6 +219,35 @@ def test_cluster_gives_what_local_threads_give(client: Any) -> None:
             assert np.array_equal(a, b) and np.array_equal(s, t)
 
 
+def test_a_cluster_counts_the_join_in_the_budget(client: Any) -> None:
+    # on a cluster the join holds a collection's window twice: its exact windows are
+    # sized for that, the order unchanged, and a Loader's state resumes across the two
+    parts = [np.arange(n * WIDTH).reshape(n, WIDTH) + 10_000 * i for i, n in enumerate([300, 500])]
+    data = dzb.concat([parts[0], to_zarr(parts[1], (64, WIDTH))])
+    one = to_zarr(np.concatenate(parts), (64, WIDTH))
+    kwargs = {"seed": 2, "memory_budget": 40_000}
+
+    def plan(array: Any, where: Any) -> Any:
+        with dzb.shuffled_batch_stream(array, 16, client=where, **kwargs) as stream:
+            return stream.summary()
+
+    here, there, alone = plan(data, None), plan(data, client), plan(one, client)
+    assert alone.windows[0].samples == here.windows[0].samples  # one array: no join
+    assert there.windows[0].samples < here.windows[0].samples
+    remote = np.concatenate(list(dzb.shuffled_batch_stream(data, 16, client=client, **kwargs)))
+    local = np.concatenate(list(dzb.shuffled_batch_stream(data, 16, client=None, **kwargs)))
+    assert np.array_equal(remote, local)
+    loader = dzb.Loader(data, 16, shuffle=True, client=None, **kwargs)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    batches.close()
+    other = dzb.Loader(data, 16, shuffle=True, client=client, **kwargs)
+    other.load_state_dict(state)
+    rest = np.concatenate(list(other))
+    assert np.array_equal(rest, local[16:])
+
+
 def test_open_collection_reads_metadata_concurrently(tmp_path: Any) -> None:
     from benchmarks.latency_store import LatencyStore
 
@@ -263,3 +292,34 @@ def test_info_and_bench_take_several_stores(tmp_path: Any, capsys: Any) -> None:
     summary = json.loads(capsys.readouterr().out)
     assert summary["data"]["features"]["shape"] == [65, WIDTH]
     assert summary["total"]["samples"] == 65
+
+
+@pytest.mark.parametrize("plan_order", [False, True])
+def test_a_collection_window_is_read_into_one_output(plan_order: bool) -> None:
+    # read here, each member's read fills its part of the window's output (no join
+    # copy: the members' rows are views of it); on a cluster (plan order) the join
+    # places them in an output of its own
+    import dask
+
+    from daskzarr_batches.read.graphs import window_graph
+    from daskzarr_batches.streams.spec import StreamSpec
+
+    data = np.arange(300 * WIDTH, dtype="f4").reshape(300, WIDTH)
+    members = [
+        _member(data[:120], "zarr", 25),
+        _member(data[120:130], "numpy", 4),
+        _member(data[130:], "sharded", 16),
+        _member(data[:0], "zarr", 8),
+    ]
+    spec = StreamSpec((dzb.concat(members),), 16, shuffle="exact", seed=3, memory_budget=2**20)
+    window = next(iter(spec.plan().windows()))
+    dsk, key = window_graph(
+        spec.sources, window, "t", plan_order=plan_order, decode_bytes=spec.decode_bytes
+    )
+    parts = [k for k in dsk if isinstance(k, tuple) and k[0].startswith("dzb-member-")]
+    (out, _), *reads = dask.get(dsk, [(key[0].replace("window", "array"), 0, 0), *parts])
+    order = np.sort(window.samples)
+    expected = data[window.samples] if plan_order else data[order]
+    np.testing.assert_array_equal(out, expected)
+    assert len(reads) == 3  # the empty member is not read
+    assert all(np.shares_memory(rows, out) for rows, _ in reads) is not plan_order

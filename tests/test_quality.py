@@ -175,6 +175,15 @@ def test_summary_shows_the_quality() -> None:
 # shuffle_buffer_size="auto"
 
 
+def planned_entropy(x: zarr.Array, rows: int, seed: int, epoch: int = 0, **kw: object) -> float:
+    """``plan_epoch(...).quality.entropy`` of a buffer of ``rows``: what a user is shown."""
+    plan = dzb.plan_epoch(
+        x, 64, shuffle=True, seed=seed, epoch=epoch, shuffle_buffer_size=rows, **kw
+    )  # type: ignore[arg-type]
+    assert plan.quality is not None
+    return plan.quality.entropy
+
+
 @pytest.mark.parametrize(("chunk", "target"), [(100, 0.9), (100, 0.95), (250, 0.8)])
 def test_auto_buffer_meets_its_target_and_is_the_smallest(chunk: int, target: float) -> None:
     x = ids_array(20_000, chunk)
@@ -184,18 +193,101 @@ def test_auto_buffer_meets_its_target_and_is_the_smallest(chunk: int, target: fl
     stream.close()
     size = stream.spec.shuffle_buffer_size
     assert isinstance(size, int) and size % chunk == 0
-    units = sample_units((stream.plan.offsets[0],), 20_000)
-    assert buffer_entropy(units, size) >= target
-    assert size == chunk or buffer_entropy(units, size - chunk) < target
+    # held to this epoch's own planned figure, the one summary() shows
     summary = stream.summary()
-    assert summary.buffer_figure == buffer_entropy(units, size)
-    assert f"'auto': estimated {summary.buffer_figure:.3f}" in str(summary)
-    # the same size for every seed, from every entry point that takes a buffer size
-    other = dzb.plan_epoch(x, 64, shuffle=True, seed=9, shuffle_buffer_size="auto",
+    assert summary.quality is not None and summary.quality.entropy >= target
+    assert summary.buffer_figure == summary.quality.entropy
+    assert planned_entropy(x, size, seed=5) == summary.quality.entropy
+    assert size == chunk or planned_entropy(x, size - chunk, seed=5) < target
+    assert "sized by shuffle_buffer_size='auto'" in str(summary)
+    # the same size from every entry point given the same (seed, epoch)
+    other = dzb.plan_epoch(x, 64, shuffle=True, seed=5, shuffle_buffer_size="auto",
                            shuffle_quality=target)  # fmt: skip
     assert other.windows[0].samples == size  # the first window is the first buffer
-    loader = dzb.Loader(x, 64, shuffle=True, shuffle_buffer_size="auto", shuffle_quality=target)
+    loader = dzb.Loader(
+        x, 64, shuffle=True, seed=5, shuffle_buffer_size="auto", shuffle_quality=target
+    )
     assert loader.spec.shuffle_buffer_size == size
+
+
+def test_auto_buffer_is_sized_per_epoch_in_a_loader() -> None:
+    # each epoch of a Loader sizes its own buffer, as a stream of that epoch would
+    x = ids_array(20_000, 100)
+    loader = dzb.Loader(x, 64, shuffle=True, seed=1, shuffle_buffer_size="auto")
+    sizes = []
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        stream = loader.stream()
+        stream.close()
+        alone = dzb.shuffled_batch_stream(x, 64, seed=1, epoch=epoch, shuffle_buffer_size="auto")
+        alone.close()
+        assert stream.spec.shuffle_buffer_size == alone.spec.shuffle_buffer_size
+        summary = stream.summary()
+        assert summary.quality is not None and summary.quality.entropy >= 0.95
+        sizes.append(stream.spec.shuffle_buffer_size)
+    # a state names the request, not one epoch's size, and resumes in a new loader
+    loader.set_epoch(2)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    batches.close()
+    assert state["shuffle_buffer_size"] == "auto (shuffle_quality=0.95)"
+    again = dzb.Loader(x, 64, shuffle=True, seed=1, shuffle_buffer_size="auto")
+    again.load_state_dict(state)
+    assert again.stream().spec.shuffle_buffer_size == sizes[2]
+    fixed = dzb.Loader(x, 64, shuffle=True, seed=1, shuffle_buffer_size=sizes[0])
+    with pytest.raises(dzb.ArgumentValueError, match="shuffle_buffer_size"):
+        fixed.load_state_dict(state)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 30_000),
+    chunk=st.integers(1, 4_000),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 50),
+    target=st.floats(0.3, 1.0),
+    budget_rows=st.one_of(st.none(), st.integers(1, 40_000)),
+    drop_remainder=st.booleans(),
+)
+def test_auto_buffer_meets_the_target_in_every_epoch(
+    n: int,
+    chunk: int,
+    seed: int,
+    epoch: int,
+    target: float,
+    budget_rows: int | None,
+    drop_remainder: bool,
+) -> None:
+    # the planned figure of the stream's own (seed, epoch) reaches the target, one
+    # chunk less would not, and a budget that holds no such buffer is an error
+    x = ids_array(n, min(chunk, n))
+    chunk = min(chunk, n)
+    kw = {"drop_remainder": drop_remainder}
+    if budget_rows is not None:  # 16 bytes a sample, prefetch 2: three buffers
+        kw["memory_budget"] = 3 * 16 * budget_rows
+    auto = {"shuffle_buffer_size": "auto", "shuffle_quality": target, **kw}
+    try:
+        plan = dzb.plan_epoch(x, 64, shuffle=True, seed=seed, epoch=epoch, **auto)
+    except dzb.ArgumentValueError as error:
+        assert "no buffer within the memory budget" in str(error)
+        assert budget_rows is not None
+        top = budget_rows // chunk  # buffers of whole chunks; the whole dataset fits no budget
+        assert top < math.ceil(n / chunk)
+        assert top < 1 or planned_entropy(x, top * chunk, seed, epoch, **kw) < target
+        return
+    assert plan.quality is not None and plan.buffer_figure == plan.quality.entropy
+    size = plan.windows[0].samples if len(plan.windows) > 1 else None
+    # one buffer of the whole dataset is the exact shuffle: it meets any target
+    assert plan.quality.entropy >= target or len(plan.windows) <= 1
+    stream = dzb.shuffled_batch_stream(x, 64, seed=seed, epoch=epoch, **auto)
+    stream.close()
+    rows = stream.spec.shuffle_buffer_size
+    assert isinstance(rows, int) and rows % chunk == 0
+    assert size is None or size >= rows
+    assert planned_entropy(x, rows, seed, epoch, **kw) == plan.quality.entropy
+    if rows > chunk:
+        assert planned_entropy(x, rows - chunk, seed, epoch, **kw) < target
 
 
 def test_auto_buffer_estimate_tracks_the_epochs() -> None:
@@ -233,3 +325,59 @@ def test_auto_buffer_for_patches_and_bench_arguments() -> None:
     )
     assert isinstance(stream.spec.shuffle_buffer_size, int)
     assert sum(len(b) for b in stream) == 64
+
+
+@SETTINGS
+@given(
+    n=st.integers(2, 5_000),
+    pairs=st.lists(
+        st.tuples(st.floats(0, 1), st.integers(1, 80), st.floats(0, 1), st.integers(1, 80)),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_pair_bins_counts_every_difference(
+    n: int, pairs: list[tuple[float, int, float, int]]
+) -> None:
+    # the closed form equals a histogram of every x - y of the ranges, weighted
+    from daskzarr_batches.plan.quality import _bins, pair_bins
+
+    a = np.asarray([int(x * (n - 1)) for x, _, _, _ in pairs])
+    p = np.minimum([size for _, size, _, _ in pairs], n - a)
+    b = np.asarray([int(y * (n - 1)) for _, _, y, _ in pairs])
+    q = np.minimum([size for _, _, _, size in pairs], n - b)
+    weight = np.linspace(0.5, 2.0, len(pairs))
+    want = np.zeros(ENTROPY_BINS)
+    for i in range(len(pairs)):
+        d = (np.arange(a[i], a[i] + p[i])[:, None] - np.arange(b[i], b[i] + q[i])[None, :]).ravel()
+        want += np.bincount(_bins(d, n), minlength=ENTROPY_BINS) * weight[i]
+    np.testing.assert_allclose(pair_bins(a, p, b, q, weight, n), want)
+
+
+def test_a_long_epoch_is_sized_by_its_expected_figure() -> None:
+    # past AUTO_EXACT_SAMPLES "auto" holds an epoch to its figure given its own windows
+    # (row shuffles in expectation), which tracks the planned figure closely
+    from daskzarr_batches.plan.epoch import EpochPlan
+    from daskzarr_batches.plan.quality import AUTO_EXACT_SAMPLES, AUTO_EXPECTED_MARGIN
+
+    n, chunk = AUTO_EXACT_SAMPLES + 600_000, 4096
+    offsets = np.append(np.arange(0, n, chunk), n)
+
+    def plan(rows: int, batch: int = 256, drop: bool = False) -> EpochPlan:
+        return EpochPlan(n_samples=n, offsets=(offsets,), batch_size=batch, shuffle="buffer",
+                         drop_remainder=drop, window_rows=rows, seed=4, epoch=1)  # fmt: skip
+
+    for chunks, drop in ((3, False), (8, True)):
+        long = plan(chunks * chunk, 1000, drop)
+        expected = long.expected_entropy()
+        assert expected is not None and expected == pytest.approx(long.entropy(), abs=2e-4)
+    x = zarr.create_array(zarr.storage.MemoryStore(), shape=(n, 1), chunks=(chunk, 1), dtype="u1")
+    stream = dzb.shuffled_batch_stream(x, 256, seed=4, epoch=1, shuffle_buffer_size="auto")
+    stream.close()
+    size = stream.spec.shuffle_buffer_size
+    assert isinstance(size, int)
+    figure = stream.summary().buffer_figure
+    assert figure is not None and figure >= 0.95
+    assert plan(size).entropy() >= 0.95
+    # one chunk less would not meet it (up to the margin and the noise of expectation)
+    assert plan(size - chunk).entropy() < 0.95 + AUTO_EXPECTED_MARGIN + 2e-4

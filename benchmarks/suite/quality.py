@@ -10,7 +10,6 @@ beside zarr's own ``x[a:b]`` over as many chunks, locally and on a 20 ms store.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -25,6 +24,8 @@ import numpy as np
 import zarr
 
 import daskzarr_batches as dzb
+
+from ..internals import buffer_estimate
 
 
 def shuffle_order(plan: dzb.EpochPlan) -> np.ndarray:
@@ -102,7 +103,7 @@ FIRST_CHUNKS, LATENCY, ROUNDS = 8, 0.02, 9
 
 
 def curve(x: zarr.Array, chunk_rows: int) -> dict[str, Any]:
-    """Planned and estimated neighbour entropy per buffer, and the "auto" choices."""
+    """Planned and estimated neighbour entropy per buffer, and the "auto" choices (seed 0)."""
     rows = []
     for chunks in CURVE_CHUNKS:
         if chunks * chunk_rows > x.shape[0]:
@@ -110,8 +111,8 @@ def curve(x: zarr.Array, chunk_rows: int) -> dict[str, Any]:
         plan = dzb.plan_epoch(x, 256, shuffle=True, seed=0, shuffle_buffer_size=chunks * chunk_rows)
         stream = dzb.shuffled_batch_stream(x, 256, seed=0, shuffle_buffer_size=chunks * chunk_rows)
         stream.close()
-        # the estimate "auto" searches on, for this buffer (a spec with a target reports it)
-        estimate = dataclasses.replace(stream.spec, shuffle_quality=1.0).buffer_figure()
+        # the estimate "auto" starts its search from, for this buffer
+        estimate = buffer_estimate(stream.plan.units, chunks * chunk_rows)
         assert plan.quality is not None
         rows.append(
             {
@@ -136,7 +137,7 @@ def curve(x: zarr.Array, chunk_rows: int) -> dict[str, Any]:
         size = plan.windows[0].samples  # the first window is the first buffer, whole units
         auto[str(target)] = {
             "chunks": round(size / chunk_rows),
-            "estimate": plan.buffer_figure,
+            "figure": plan.buffer_figure,  # the epoch's own, which "auto" held to the target
             "entropy": plan.quality.entropy if plan.quality else None,
             "seconds": seconds,
         }
@@ -152,15 +153,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     chunks = [r["chunks"] for r in result["rows"]]
     ax.plot(chunks, [r["entropy"] for r in result["rows"]], "o-", label="this epoch (plan)")
-    ax.plot(chunks, [r["estimate"] for r in result["rows"]], "x--", label="estimate (auto)")
+    ax.plot(
+        chunks, [r["estimate"] for r in result["rows"]], "x--", label="estimate (where auto starts)"
+    )
     for target, choice in result["auto"].items():
         if "error" in choice:
             continue
         ax.axhline(float(target), color="grey", lw=0.5)
-        ax.plot([choice["chunks"]], [choice["estimate"]], "r*", ms=12)
+        ax.plot([choice["chunks"]], [choice["entropy"]], "r*", ms=12)
         ax.annotate(
             f"auto, q={target}: {choice['chunks']} chunks",
-            (choice["chunks"], choice["estimate"]),
+            (choice["chunks"], choice["entropy"]),
             textcoords="offset points",
             xytext=(8, -12),
             fontsize=8,
@@ -265,10 +268,10 @@ def run(options: argparse.Namespace) -> None:
             for r in result["rows"]
         ),
         "",
-        "| shuffle_quality | auto buffer (chunks) | estimate | epoch | time to choose |",
+        "| shuffle_quality | auto buffer (chunks) | figure held to | epoch | plan_epoch time |",
         "|---:|---:|---:|---:|---:|",
         *(
-            f"| {q} | {c['chunks']} | {c['estimate']:.3f} | {c['entropy']:.3f} "
+            f"| {q} | {c['chunks']} | {c['figure']:.3f} | {c['entropy']:.3f} "
             f"| {c['seconds'] * 1e3:.0f} ms |"
             if "error" not in c
             else f"| {q} | error: {c['error']} | | | |"

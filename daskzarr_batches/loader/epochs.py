@@ -481,13 +481,16 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
     def _identity(self) -> dict[str, Any]:
         """The fields that fix the epoch's order: a state applies only to the same."""
         spec = self.spec
+        # "auto" sizes each epoch's buffer for that epoch: the request is the identity
+        auto = spec.shuffle == "buffer" and spec.shuffle_quality is not None
+        size = f"auto (shuffle_quality={spec.shuffle_quality})" if auto else None
         return {
             "seed": spec.seed,
             "n_samples": spec.n_samples,
             "batch_size": spec.batch_size,
             "shuffle": spec.shuffle,
-            "shuffle_buffer_size": spec.shuffle_buffer_size,
-            "window_rows": spec.window_rows,
+            "shuffle_buffer_size": size or spec.shuffle_buffer_size,
+            "window_rows": size or spec.window_rows,
             "even_batches": self.even_batches,
             "drop_remainder": self.drop_remainder,
         }

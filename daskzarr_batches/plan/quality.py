@@ -23,9 +23,11 @@ uniform permutation) scores, so 1.0 means "as mixed as an exact shuffle":
 :class:`QualityCounter` accumulates the three over ids fed batch by batch (a
 few microseconds a batch); a plan's figure feeds its windows' ids, a stream's
 feeds what it delivered.  :func:`buffer_entropy` estimates the neighbour
-entropy of a buffered shuffle from a sample of its windows, and
-:func:`smallest_buffer` searches it for ``shuffle_buffer_size="auto"``.
-Pure numpy.
+entropy of a buffered shuffle from a sample of its windows (the mean over
+epochs), :func:`pair_bins` sums the differences of pairs of ranges in closed
+form (``EpochPlan.expected_entropy``), and :func:`smallest_buffer` is the
+search behind ``shuffle_buffer_size="auto"``, which holds each epoch to its
+own planned figure.  Pure numpy.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import numpy.typing as npt
 from ..errors import ArgumentValueError
 
 __all__ = [
+    "AUTO_EXACT_SAMPLES",
+    "AUTO_EXPECTED_MARGIN",
     "DEFAULT_SHUFFLE_QUALITY",
     "ENTROPY_BINS",
     "QualityCounter",
@@ -48,6 +52,7 @@ __all__ = [
     "buffer_entropy",
     "exact_entropy",
     "exact_source_entropy",
+    "pair_bins",
     "smallest_buffer",
 ]
 
@@ -57,6 +62,15 @@ ENTROPY_BINS = 256
 #: ``shuffle_quality`` of ``shuffle_buffer_size="auto"``: the fraction of an exact
 #: shuffle's neighbour entropy the buffer must reach.
 DEFAULT_SHUFFLE_QUALITY = 0.95
+
+#: ``shuffle_buffer_size="auto"`` holds epochs of up to this many samples to their
+#: planned figure (every row shuffle drawn: about 0.1 s per candidate buffer here), a
+#: longer epoch to its figure given its own windows with the rows of each window
+#: shuffled in expectation (``EpochPlan.expected_entropy``: milliseconds at any
+#: length) less ``AUTO_EXPECTED_MARGIN`` (measured from 1e7 to 1e8 samples, chunks of
+#: 4,096 to 65,536 rows, buffers of 2 to 30 chunks: within 7e-5 of the planned figure).
+AUTO_EXACT_SAMPLES = 2**23
+AUTO_EXPECTED_MARGIN = 0.0005
 
 #: Neighbour differences :func:`buffer_entropy` draws per estimate, and the windows
 #: they are drawn from.
@@ -261,6 +275,19 @@ class QualityCounter:
             self._add_sources(ids)
         self.samples += len(ids)
 
+    def add_neighbours(self, ids: npt.ArrayLike) -> None:
+        """Count the next samples for the neighbour entropy only (no displacement, sources).
+
+        What :meth:`EpochPlan.entropy` feeds: the entropy of the ids fed
+        through here alone equals that of the same ids through :meth:`add`.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) == 0:
+            return
+        diffs = np.diff(ids) if self._last is None else np.diff(ids, prepend=self._last)
+        self._bins += np.bincount(_bins(diffs, self.n), minlength=ENTROPY_BINS)
+        self._last = int(ids[-1])
+
     def _add_sources(self, ids: npt.NDArray[np.int64]) -> None:
         assert self._members is not None and self._partial is not None
         k, size = len(self._partial), self.batch_size
@@ -306,6 +333,57 @@ def _row_entropy(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
     p = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     logs = np.log2(p, out=np.zeros_like(p), where=p > 0)
     return -(p * logs).sum(axis=1)
+
+
+def pair_bins(
+    a: npt.NDArray[np.int64],
+    p: npt.NDArray[np.int64],
+    b: npt.NDArray[np.int64],
+    q: npt.NDArray[np.int64],
+    weight: npt.NDArray[np.float64],
+    n: int,
+) -> npt.NDArray[np.float64]:
+    """The histogram (:data:`ENTROPY_BINS` bins over ``(-n, n)``) of ``x - y`` over pairs of ranges.
+
+    Pair ``i`` counts every ``x`` in ``[a, a + p)`` and ``y`` in ``[b, b + q)``
+    once, times ``weight[i]``, in closed form (the differences of two ranges
+    form a trapezoid; its mass in a bin is a difference of the counts below
+    the bin's edges), so the cost is per pair and bin touched, not per row.
+    """
+    a, p, b, q = (np.asarray(v, dtype=np.int64) for v in (a, p, b, q))
+    weight = np.asarray(weight, dtype=np.float64)
+    lo_d, hi_d = a - b - q + 1, a - b + p - 1  # the differences' range
+    first, last = _bins(lo_d, n), _bins(hi_d, n)
+    one = first == last  # most pairs: the whole trapezoid in one bin
+    hist = np.zeros(ENTROPY_BINS, dtype=np.float64)
+    hist += np.bincount(first[one], weights=(p * q * weight)[one], minlength=ENTROPY_BINS)
+    if one.all():
+        return hist
+    a, p, b, q, weight, first, last = (v[~one] for v in (a, p, b, q, weight, first, last))
+    span = last - first + 1
+    pair = np.repeat(np.arange(len(a)), span)
+    within = np.arange(len(pair)) - np.repeat(np.cumsum(span) - span, span)
+    bin_ = first[pair] + within
+    edges = -((-2 * n * np.arange(ENTROPY_BINS + 1)) // ENTROPY_BINS) - n  # first d of bin
+    edges[0], edges[-1] = np.iinfo(np.int64).min // 4, np.iinfo(np.int64).max // 4
+    pa, pp, pb, pq = a[pair], p[pair], b[pair], q[pair]
+
+    def below(t: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        # pairs with x - y <= t: sum over y of clip(t - a + b + v + 1, 0, p), v < q
+        t = np.clip(t, pa - pb - pq, pa - pb + pp)  # saturated beyond the trapezoid
+        s = (t - pa + pb + 1).astype(np.float64)
+        fp, fq = pp.astype(np.float64), pq.astype(np.float64)
+
+        def upto(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:  # sum clip(w,0,p), w<=z
+            z = np.maximum(z, 0.0)
+            low = np.minimum(z, fp)
+            return low * (low + 1) / 2 + np.maximum(z - fp, 0.0) * fp
+
+        return upto(s + fq - 1) - upto(s - 1)
+
+    mass = below(edges[bin_ + 1] - 1) - below(edges[bin_] - 1)
+    hist += np.bincount(bin_, weights=mass * weight[pair], minlength=ENTROPY_BINS)
+    return hist
 
 
 def buffer_entropy(units: npt.NDArray[np.int64], window_rows: int, seed: int = 0) -> float:
@@ -390,21 +468,33 @@ def smallest_buffer(
     most_rows: int,
     target: float,
     n: int,
+    planned: Callable[[int], float] | None = None,
 ) -> tuple[int, float]:
-    """The smallest buffer of whole units whose :func:`buffer_entropy` meets ``target``.
+    """The smallest buffer of whole units whose epoch meets ``target``.
 
     Buffers of ``k * unit_rows`` samples, ``k = 1, 2, ...`` (``unit_rows``: the
     largest unit, so a window holds at least ``k`` units) up to ``most_rows``
-    (what the memory budget holds) or the whole dataset, searched by
-    bisection on the estimate (nondecreasing in ``k`` but for noise of about
-    0.001; the answer ``k`` always meets the target and ``k - 1`` does not).
-    ``units_for(rows)``: the plan's units for a buffer of ``rows`` (shards
-    become units once they fit).
+    (what the memory budget holds) or the whole dataset.  ``units_for(rows)``:
+    the plan's units for a buffer of ``rows`` (shards become units once they
+    fit).  ``planned(rows)``: the neighbour-entropy fraction of the epoch
+    itself with that buffer (``EpochPlan.entropy``, this ``(seed, epoch)``),
+    the figure the answer is held to.
+
+    The search starts where :func:`buffer_entropy` (an estimate of the mean
+    over epochs, a few milliseconds) crosses ``target`` (doubling from one
+    unit, then bisecting), then brackets and bisects on ``planned``: the
+    answer ``k`` meets the target by ``planned`` and ``k - 1`` does not (the
+    figure of one seed is nondecreasing in ``k`` but for noise, so the first
+    crossing is taken).  A buffer of the whole
+    dataset meets any target: one window, a uniform permutation, is the
+    exact shuffle the figures are fractions of (on small datasets its own
+    figure is below 1 by the plug-in bias of its few differences).  Without ``planned`` the
+    estimate is the figure (every seed gets the same size).
 
     Returns
     -------
     (rows, figure)
-        The buffer in samples and its estimated entropy fraction.
+        The buffer in samples and its figure (``planned``, else the estimate).
 
     Raises
     ------
@@ -418,28 +508,67 @@ def smallest_buffer(
     whole = max(math.ceil(n / unit_rows), 1)
     top = min(whole, most_rows // unit_rows)
 
-    def figure(k: int) -> float:
+    def estimate(k: int) -> float:
         rows = k * unit_rows
         return buffer_entropy(units_for(rows), rows)
 
-    best = figure(top) if top >= 1 else 0.0
-    if top < 1 or best < target:
-        needed = "" if top >= whole else " (the whole dataset in one buffer reaches {:.3f})"
-        whole_figure = figure(whole) if top < whole else best
-        raise ArgumentValueError(
+    figures: dict[int, float] = {}
+
+    def figure(k: int) -> float:
+        if k not in figures:
+            figures[k] = planned(k * unit_rows) if planned is not None else estimate(k)
+        return figures[k]
+
+    def refuse(best: float) -> ArgumentValueError:
+        whole_note = (
+            ""
+            if top >= whole
+            else f" (the whole dataset in one buffer reaches {figure(whole):.3f})"
+        )
+        return ArgumentValueError(
             f"shuffle_buffer_size='auto': no buffer within the memory budget reaches "
             f"shuffle_quality={target}: the largest, {max(top, 0)} units of {unit_rows} "
-            f"samples, reaches {best:.3f}"
-            + needed.format(whole_figure)
-            + "; raise memory_budget, lower shuffle_quality, or use the exact shuffle"
+            f"samples, reaches {best:.3f}{whole_note}; raise memory_budget, lower "
+            "shuffle_quality, or use the exact shuffle"
         )
-    lo, hi = 0, top  # figure(lo) < target (k = 0: no buffer), figure(hi) >= target
-    hi_figure = best
-    while hi - lo > 1:
+
+    def meets(k: int) -> bool:
+        # one buffer of the whole dataset is a uniform permutation: the reference itself
+        return k >= whole or figure(k) >= target
+
+    if top < 1:
+        raise refuse(0.0)
+    # where the estimate crosses the target (top if it never does): the start, found
+    # by doubling from one unit (buffers are usually a few units of many) and bisecting
+    lo, hi = 0, 1  # estimate(lo) < target (k = 0: no buffer)
+    while hi < top and estimate(hi) < target:
+        lo, hi = hi, min(2 * hi, top)
+    while hi - lo > 1 and estimate(hi) >= target:  # (top may not meet it either)
         mid = (lo + hi) // 2
-        value = figure(mid)
-        if value >= target:
-            hi, hi_figure = mid, value
+        if estimate(mid) >= target:
+            hi = mid
         else:
             lo = mid
-    return hi * unit_rows, hi_figure
+    start = hi
+    # bracket the crossing of the figure itself: not meets(lo), meets(hi)
+    if meets(start):
+        hi, step = start, 1
+        lo = max(start - step, 0)
+        while lo > 0 and meets(lo):
+            hi, step = lo, step * 2
+            lo = max(hi - step, 0)
+    else:
+        lo, step = start, 1
+        hi = min(start + step, top)
+        while not meets(hi):
+            if hi >= top:
+                raise refuse(figure(top))
+            lo, step = hi, step * 2
+            hi = min(lo + step, top)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if meets(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi * unit_rows, figure(hi)

@@ -116,9 +116,9 @@ class PlanSummary:
         How well mixed the epoch's order is, beside an exact shuffle (from the
         planned sample ids: :mod:`~daskzarr_batches.plan.quality`).
     buffer_figure : float or None
-        ``shuffle_buffer_size="auto"``: the estimated neighbour-entropy
-        fraction the chosen buffer was sized by (``quality.entropy`` is the
-        epoch's own); ``None`` otherwise.
+        ``shuffle_buffer_size="auto"``: the neighbour-entropy fraction the
+        chosen buffer was held to, this epoch's own (``quality.entropy`` of a
+        row stream), at least ``shuffle_quality``; ``None`` otherwise.
     """
 
     windows: tuple[WindowSummary, ...]
@@ -245,11 +245,7 @@ class PlanSummary:
             f"{self.requests} store requests, dask tasks {self.n_tasks}",
         ]
         if self.quality is not None and self.shuffle != "none":
-            auto = (
-                ""
-                if self.buffer_figure is None
-                else f" (shuffle_buffer_size='auto': estimated {self.buffer_figure:.3f})"
-            )
+            auto = "" if self.buffer_figure is None else " (sized by shuffle_buffer_size='auto')"
             lines.append(f"  shuffle quality: {self.quality}{auto}")
         if self.cached:
             lines.append(

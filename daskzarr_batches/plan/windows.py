@@ -106,7 +106,10 @@ def sample_units(offsets: Sequence[IndexArray], max_rows: int) -> IndexArray:
     memory stays bounded and the extra reads show up in ``read_amplification``.
     """
     if len(offsets) == 1:
-        return np.unique(offsets[0])
+        only = np.asarray(offsets[0])
+        if only.ndim == 1 and (only[1:] > only[:-1]).all():  # already unique and sorted
+            return only
+        return np.unique(only)
     common = functools.reduce(np.intersect1d, offsets)
     if len(common) < 2 or np.diff(common).max(initial=0) <= max_rows:
         return common

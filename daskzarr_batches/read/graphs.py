@@ -37,6 +37,7 @@ from .tasks import (
     read_block_result,
     read_shard,
     read_sources,
+    window_output,
 )
 from .window import (
     cut_kept_block,
@@ -157,6 +158,7 @@ def _add_rows(
     decode_bytes: int | None,
     local: dict[int, tuple[int, int, int]] | None = None,
     kept: KeptHere | None = None,
+    into: Any = None,
 ) -> None:
     """Add task ``out_key``: ``(rows, ReadReport)`` of ``pieces`` of one array.
 
@@ -164,6 +166,9 @@ def _add_rows(
     ``kept`` (a cache on a cluster): a Zarr array's rows, when every chunk
     they touch is kept, are cut from the kept chunks (:func:`cut_kept_chunks`),
     whatever holds the array (a chunk subset's base, a collection's member).
+    ``into``: a task giving the rows of a shared output the read fills (a
+    collection's member read here, :func:`_add_members`); readers other than
+    :func:`read_window` ignore it (the join copies their rows).
     """
     if isinstance(source, SubsetSource):  # its pieces read in place in the base array
         pieces = tuple(source.base_piece(piece) for piece in pieces)
@@ -174,7 +179,7 @@ def _add_rows(
                 return
             dsk[out_key] = (
                 read_subset_window, source.local_chunks(), base.array, base.name,
-                size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes,
+                size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes, into,
             )  # fmt: skip
             return
         if isinstance(base, ConcatSource):
@@ -191,7 +196,7 @@ def _add_rows(
             return
         dsk[out_key] = (
             read_window, source.array, source.name, size, source.row_bytes,
-            tuple(pieces), policy, scope, plan_order, decode_bytes,
+            tuple(pieces), policy, scope, plan_order, decode_bytes, into,
         )  # fmt: skip
         return
     assert isinstance(source, DaskSource)
@@ -251,10 +256,15 @@ def _add_members(
     """Add a collection's rows: one read per member the window touches, then one join.
 
     Each member is read by the reader it would have alone (in ascending
-    order; ``decode_bytes`` shared by the member reads that run at once); the
-    join places the members' rows one after another (ascending sample order)
-    or, with ``plan_order``, at the pieces' ``dest``, and maps the reports to the
-    collection's chunks.
+    order; ``decode_bytes`` shared by the member reads that run at once).
+    Read here (``plan_order`` false: the local threads, which share memory),
+    one task makes the window's output and each member's read writes its
+    rows straight into its part of it (ascending sample order: the members'
+    rows one after another), so the join only merges the reports and the
+    window is held once, as for one array.  On a cluster (``plan_order``) the
+    member reads run on any worker, so the join places each piece's rows at
+    its ``dest`` (plan order), a copy of the window beside the members'.
+    Either way the join maps the reports to the collection's chunks.
     """
     parts, maps, placed = [], [], []
     touched = source.split(pieces)
@@ -262,20 +272,41 @@ def _add_members(
     share = None
     if decode_bytes is not None:
         share = max(1, decode_bytes // min(len(touched), 4 * MEMBER_READS))
+    shared = (f"dzb-rows-{where[0]}", *where[1:]) if _shares_output(plan_order) else None
+    if shared is not None:
+        dsk[shared] = (
+            window_output,
+            size,
+            source.shape[1:],
+            source.dtype,
+            decode_bytes is not None,
+        )
+    at = 0
+    starts = []
     for member, member_pieces in touched:
         rows = sum(_taken(piece) for piece in member_pieces)
         key = (f"dzb-member-{where[0]}", *where[1:], member)
+        into = None if shared is None else (operator.getitem, shared, slice(at, at + rows))
         _add_rows(
             dsk, source.members[member], member_pieces, rows, key,
-            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share, kept=kept,
+            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share, None,
+            kept, into,
         )  # fmt: skip
         parts.append(key)
+        starts.append(at)
+        at += rows
         to_global = source._grid[2][member]
         maps.append((to_global, int(source.offsets[member])))
         if plan_order:
             placed.append([(p.chunk, p.dest, _taken(p)) for p in member_pieces])
     placement = (size, placed) if plan_order else None
-    dsk[out_key] = (join_members, parts, maps, placement, local)
+    within = None if shared is None else (shared, starts)
+    dsk[out_key] = (join_members, parts, maps, placement, local, within)
+
+
+def _shares_output(plan_order: bool) -> bool:
+    """Whether a collection's member reads fill one output: reads in this process."""
+    return not plan_order
 
 
 def _taken(piece: ChunkPiece) -> int:

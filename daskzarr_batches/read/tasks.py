@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import mmap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -329,6 +330,7 @@ def join_members(
     maps: Sequence[tuple[Sequence[int], int]],
     placement: Placement | None = None,
     local: dict[int, tuple[int, int, int]] | None = None,
+    within: tuple[np.ndarray, Sequence[int]] | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """Join the reads of a collection's members touched by one window.
 
@@ -341,6 +343,12 @@ def join_members(
     piece's rows go to its ``dest``, the window's plan order, and the rows of
     skipped chunks are then left out.  ``local`` maps the collection's
     chunks to a chunk subset's (``SubsetSource.local_chunks``).
+
+    ``within`` (``(out, starts)``: read in this process): the window's
+    output, made by :func:`window_output`, and where each part's rows begin
+    in it.  A part read straight into its rows there (a member of Zarr or
+    numpy arrays) is not copied; any other is copied in; if a part left
+    chunks out (``on_error="skip"``) the parts are concatenated as without it.
     """
     report = _merged(
         [
@@ -349,7 +357,13 @@ def join_members(
         ]
     )
     rows = [part for part, _ in parts]
-    if placement is None:
+    if within is not None and not report.skipped:
+        out, starts = within
+        for part, start in zip(rows, starts, strict=True):
+            target = out[start : start + len(part)]
+            if not np.may_share_memory(part, target):  # not read into place
+                target[...] = part
+    elif placement is None:
         out = join_rows(rows)
     else:
         size, per_part = placement
@@ -374,6 +388,29 @@ def join_members(
             skipped=tuple(local[chunk] for chunk, _, _ in report.skipped),
         )
     return out, report
+
+
+def window_output(size: int, trailing: tuple[int, ...], dtype: Any, own_map: bool) -> np.ndarray:
+    """A collection window's output, which its member reads fill in place (local reads).
+
+    ``own_map`` (an exact-shuffle window): in an anonymous ``mmap`` of its
+    own, as :func:`~daskzarr_batches.read.window.read_window` makes one.
+    """
+    shape, dtype = (size, *trailing), np.dtype(dtype)
+    return mapped(shape, dtype) if own_map else np.empty(shape, dtype)
+
+
+def mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` in memory of its own (an anonymous ``mmap``).
+
+    Its pages return to the system when the array is freed: the C heap
+    neither keeps them nor raises its threshold for mapping large blocks
+    (which would leave later chunk-sized blocks in per-thread arenas).
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < 2**20 or dtype.hasobject:
+        return np.empty(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
 def _global(report: ReadReport, to_global: Sequence[int], shift: int) -> ReadReport:

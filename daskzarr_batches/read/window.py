@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import mmap
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +31,7 @@ from ..store.policy import (
 )
 from ..store.shards import read_sharded, sharding_codec
 from .failures import raise_failed_read, read_named
-from .tasks import _owned, put_rows, read_block, read_shard, read_views, run_on_loop
+from .tasks import _owned, mapped, put_rows, read_block, read_shard, read_views, run_on_loop
 
 __all__ = [
     "cut_kept_block",
@@ -74,6 +73,7 @@ def read_window(
     scope: CancelScope | None = None,
     plan_order: bool = False,
     decode_bytes: int | None = None,
+    into: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
@@ -103,6 +103,11 @@ def read_window(
     it reaches half a chunk, so that one is read while one decodes), and each
     chunk's rows are then always placed as it arrives, so that the chunks of
     a window are not all held beside its output.
+
+    ``into``: ``size`` rows of an output made by the caller (a collection's
+    member writes its rows straight into its part of the window's shared
+    output, ascending order only); the rows returned are then ``into``, or,
+    when chunks were skipped, a shorter array of their own.
     """
     ledger = Ledger()
 
@@ -117,12 +122,18 @@ def read_window(
     if not sharded and _one_slice(runs, size, plan_order):
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
-            rows = _owned(np.asarray(read_array(fast, whole, scope)))
-            return rows, _report(view, pieces, ledger, ())
+            rows = np.asarray(read_array(fast, whole, scope))
+            if into is not None:
+                into[...] = rows
+                return into, _report(view, pieces, ledger, ())
+            return _owned(rows), _report(view, pieces, ledger, ())
     shape, dtype = (size, *view.shape[1:]), np.dtype(view.dtype)
-    place = _Placer(
-        np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype), plan_order
-    )
+    if into is not None:
+        assert not plan_order and into.shape == shape, (into.shape, shape)
+        out = into
+    else:
+        out = np.empty(shape, dtype) if decode_bytes is None else mapped(shape, dtype)
+    place = _Placer(out, plan_order)
     try:
         if sharded:
             _read_shards(view, runs, place, limit_rows, scope)
@@ -485,19 +496,6 @@ def _malloc_trim() -> Any:
 
 
 _MALLOC_TRIM = _malloc_trim()
-
-
-def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """``np.empty(shape, dtype)`` in memory of its own (an anonymous ``mmap``).
-
-    Its pages return to the system when the array is freed: the C heap
-    neither keeps them nor raises its threshold for mapping large blocks
-    (which would leave later chunk-sized blocks in per-thread arenas).
-    """
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes < 2**20 or dtype.hasobject:
-        return np.empty(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
 def _report(

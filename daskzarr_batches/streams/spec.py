@@ -36,7 +36,12 @@ from ..execute.runners import resolve_client
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.mix import MixOrder
-from ..plan.quality import DEFAULT_SHUFFLE_QUALITY, buffer_entropy, smallest_buffer
+from ..plan.quality import (
+    AUTO_EXACT_SAMPLES,
+    AUTO_EXPECTED_MARGIN,
+    DEFAULT_SHUFFLE_QUALITY,
+    smallest_buffer,
+)
 from ..plan.windows import ShuffleMode, chunk_offsets, sample_units
 from ..store.cache import ChunkCache
 from ..store.collections import ConcatSource, MixSource, SourcesSource, sources_source
@@ -507,33 +512,74 @@ class StreamSpec:
         return tuple(chunk_offsets(source.chunks[0]) for source in self.sources)
 
     def _auto_buffer(self) -> int:
-        """``shuffle_buffer_size="auto"``: the smallest buffer meeting ``shuffle_quality``."""
+        """``shuffle_buffer_size="auto"``: the smallest buffer meeting ``shuffle_quality``.
+
+        Held to this epoch's own planned figure (``plan().entropy()`` for the
+        spec's ``(seed, epoch)``, what ``summary().quality.entropy`` reports),
+        so every epoch meets the target, not their mean; another epoch (the
+        ``Loader``'s next, :meth:`with_epoch`) sizes its own buffer.
+        """
         assert self.prefetch is not None and self.shuffle_quality is not None
         offsets = self._offsets()
         chunk_units = sample_units(offsets, self.n_samples)
         unit_rows = int(np.diff(chunk_units).max(initial=1))
         most_rows = self.memory_budget // ((self.prefetch + 1) * self.row_bytes)
-        rows, _ = smallest_buffer(
-            lambda rows: self._plan_for(offsets, rows).units,
+        plans: dict[int, EpochPlan] = {}  # one plan per candidate, for both figures
+
+        def plan(rows: int) -> EpochPlan:
+            if rows not in plans:
+                plans[rows] = self._plan_for(offsets, rows)
+            return plans[rows]
+
+        rows, figure = smallest_buffer(
+            lambda rows: plan(rows).units,
             unit_rows,
             most_rows,
             self.shuffle_quality,
             self.n_samples,
+            planned=lambda rows: self._planned(plan(rows)),
         )
+        object.__setattr__(self, "_figure", (rows, figure))
         return rows
 
     def buffer_figure(self) -> float | None:
-        """The estimated neighbour-entropy fraction ``"auto"`` sized the buffer by.
+        """The planned neighbour-entropy fraction ``"auto"`` held the buffer to.
 
-        ``None`` unless the buffer was chosen by ``shuffle_buffer_size="auto"``
-        (``shuffle_quality`` is set).  Cached, so asking again costs nothing.
+        This epoch's own figure (``summary().quality.entropy`` of a row
+        stream), at least ``shuffle_quality``.  ``None`` unless the buffer was
+        chosen by ``shuffle_buffer_size="auto"`` (``shuffle_quality`` is set).
+        Kept from the choice, so asking costs nothing.
         """
         if self.shuffle != "buffer" or self.shuffle_quality is None:
             return None
         rows = self.window_rows
-        return buffer_entropy(self._plan_for(self._offsets(), rows).units, rows)
+        kept = self.__dict__.get("_figure")
+        if kept is not None and kept[0] == rows:
+            return float(kept[1])
+        figure = self._planned(self._plan_for(self._offsets(), rows))
+        object.__setattr__(self, "_figure", (rows, figure))
+        return figure
+
+    def _planned(self, plan: EpochPlan) -> float:
+        """The figure "auto" holds a candidate buffer to: its epoch's own entropy.
+
+        An epoch longer than ``AUTO_EXACT_SAMPLES``: its figure given its own
+        windows, each window's row shuffle in expectation
+        (``EpochPlan.expected_entropy``), less ``AUTO_EXPECTED_MARGIN``, so a
+        candidate costs milliseconds whatever the length (see ``plan.quality``);
+        unless its pairs of units in a window outnumber a quarter of its
+        samples (many small chunks a buffer): then the planned figure, which
+        costs less there.
+        """
+        if plan.n_used > AUTO_EXACT_SAMPLES:
+            # in closed form while its pairs of units cost less than drawing every row
+            expected = plan.expected_entropy(most_pairs=plan.n_used // 4)
+            if expected is not None:
+                return expected - AUTO_EXPECTED_MARGIN
+        return plan.entropy()
 
     def _plan_for(self, offsets: tuple[np.ndarray, ...], rows: int) -> EpochPlan:
+        """This epoch's plan with a buffer of ``rows`` (``plan()`` when it is the spec's)."""
         return EpochPlan(
             n_samples=self.n_samples,
             offsets=offsets,
@@ -541,7 +587,13 @@ class StreamSpec:
             drop_remainder=self.drop_remainder,
             shuffle="buffer",
             window_rows=rows,
+            seed=self.seed or 0,
+            epoch=self.epoch,
+            row_bytes=tuple(source.row_bytes for source in self.sources),
             shards=tuple(shard_layout(source) for source in self.sources),
+            ramp=self.ramp,
+            mix=self.mix,
+            members=_members(self.sources[0]),
         )
 
     @property
@@ -619,7 +671,21 @@ class StreamSpec:
 
     def _exact_budget(self) -> ExactBudget:
         assert self.prefetch is not None  # resolved in __post_init__
-        return exact_budget(self.memory_budget, self.row_bytes, self.prefetch)
+        return exact_budget(self.memory_budget, self._held_row_bytes(), self.prefetch)
+
+    def _held_row_bytes(self) -> int:
+        """Bytes a window holds per sample (``row_bytes``, but for joins on a cluster).
+
+        On a cluster a collection's window is its members' reads, each on any
+        worker, joined by one task into an output of its own: the joining
+        worker holds the collection's rows twice, so they count twice.  Read
+        here the members fill one output (``read.graphs``): once.  The order
+        does not change (an exact shuffle's windows only cut one permutation).
+        """
+        if self.client is None:
+            return self.row_bytes
+        held = sum(source.row_bytes * (2 if _joined(source) else 1) for source in self.sources)
+        return max(held, 1)
 
     def plan(self) -> EpochPlan:
         """The epoch's plan: windows of chunk reads, pure index math."""
@@ -640,7 +706,15 @@ class StreamSpec:
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:
-        """The same spec for another epoch (same seed: a new order)."""
+        """The same spec for another epoch (same seed: a new order).
+
+        With ``shuffle_buffer_size="auto"`` the epoch sizes its own buffer
+        (the smallest meeting ``shuffle_quality`` in that epoch's plan).
+        """
+        if epoch == self.epoch:
+            return self
+        if self.shuffle == "buffer" and self.shuffle_quality is not None:
+            return dataclasses.replace(self, epoch=epoch, shuffle_buffer_size=AUTO)
         return dataclasses.replace(self, epoch=epoch)
 
 
@@ -653,6 +727,12 @@ def _provenance(first: Source, role: str) -> SourcesSource:
             f"{role} is {first.name}; a single array's samples come from that array"
         )
     return sources_source(first, collection)
+
+
+def _joined(source: Source) -> bool:
+    """Whether a window of ``source`` is read per member and joined (a collection)."""
+    base = source.base if isinstance(source, SubsetSource) else source
+    return isinstance(base, ConcatSource)
 
 
 def _members(source: Source) -> tuple[int, ...]:
