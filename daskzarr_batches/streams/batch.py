@@ -370,7 +370,7 @@ class BatchStream(Stream[Any]):
         del results
         self._count_reads(window, reports)
         size = window.size
-        ids = np.asarray(window.samples)
+        ids = _ids(window.samples)
         positions = np.arange(window.position, window.position + size, dtype=np.int64)
         if any(report.skipped for report in reports):
             outputs, order, gone = self._skip(window, outputs, order, reports)
@@ -406,7 +406,7 @@ class BatchStream(Stream[Any]):
         counts = self.stats.samples_per_source
         if counts is None:
             counts = self.stats.samples_per_source = [0] * len(first.members)
-        samples = np.asarray(window.samples[:size], dtype=np.int64)
+        samples = _ids(window.samples[:size])
         member = np.searchsorted(first.offsets, samples, side="right") - 1
         for m, n in enumerate(np.bincount(member, minlength=len(counts)).tolist()):
             counts[m] += n
@@ -475,7 +475,7 @@ class BatchStream(Stream[Any]):
         of the samples left out, ascending.
         """
         if order is None:  # outputs in plan order (also sequential windows: ascending)
-            ascending = np.asarray(window.samples)
+            ascending = _ids(window.samples)
         else:
             ascending = np.concatenate(
                 [p.start + np.arange(p.rows)[p.take] for p in window.pieces[0]]
@@ -593,6 +593,17 @@ class _WindowSource:
         self.planned += window.size
         self.index = window.index + 1
         return window, offset
+
+
+def _ids(samples: Any) -> np.ndarray:
+    """A window's sample ids as int64; a ``range`` (sequential) without a Python loop.
+
+    ``np.asarray(range(n))`` converts element by element: 23-30 ms of CPU per
+    sequential epoch of 400,000 samples, a sixth of the epoch (issue 20).
+    """
+    if isinstance(samples, range):
+        return np.arange(samples.start, samples.stop, samples.step, dtype=np.int64)
+    return np.asarray(samples, dtype=np.int64)
 
 
 def _first_rows(
