@@ -82,7 +82,8 @@ def window_graph(
     ``decode_bytes``: see :func:`read_window` (shared by the window's arrays, in
     proportion to their row sizes).  ``shares``: a patch stream's
     :class:`ChunkShare` per base array (``id``), which its windows' reads use;
-    ``pool``: where patch reads take their outputs from (local reads).
+    ``pool``: where patch reads and Zarr arrays' window reads take their outputs
+    from (local reads; the consumer gives them back once cut).
 
     ``kept`` (a cache on a cluster): a Zarr array's window, when every chunk
     it touches is kept as a cluster future, is one task cutting its rows from
@@ -119,7 +120,7 @@ def window_graph(
                 continue
         _add_rows(
             dsk, source, tuple(pieces), window.size, out_key, (token, window.index, position),
-            policy, scope, plan_order, _share(decode_bytes, source, sources),
+            policy, scope, plan_order, _share(decode_bytes, source, sources), pool=pool,
         )  # fmt: skip
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
@@ -138,10 +139,13 @@ def _add_rows(
     plan_order: bool,
     decode_bytes: int | None,
     local: dict[int, tuple[int, int, int]] | None = None,
+    pool: BufferPool | None = None,
 ) -> None:
     """Add task ``out_key``: ``(rows, ReadReport)`` of ``pieces`` of one array.
 
     ``where`` (token, window, output) makes the keys of helper tasks unique.
+    ``pool``: where a Zarr array's rows are read into, when the output is the
+    window's own (not a collection member's, which is joined).
     """
     if isinstance(source, SubsetSource):  # its pieces read in place in the base array
         pieces = tuple(source.base_piece(piece) for piece in pieces)
@@ -149,7 +153,7 @@ def _add_rows(
         if isinstance(base, SliceSource):
             dsk[out_key] = (
                 read_subset_window, source.local_chunks(), base.array, base.name,
-                size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes,
+                size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes, pool,
             )  # fmt: skip
             return
         if isinstance(base, ConcatSource):
@@ -164,7 +168,7 @@ def _add_rows(
     if isinstance(source, SliceSource):
         dsk[out_key] = (
             read_window, source.array, source.name, size, source.row_bytes,
-            tuple(pieces), policy, scope, plan_order, decode_bytes,
+            tuple(pieces), policy, scope, plan_order, decode_bytes, pool,
         )  # fmt: skip
         return
     assert isinstance(source, DaskSource)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import zarr
 
 from ..errors import CorruptChunkError, ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
@@ -29,8 +30,10 @@ from ..store.policy import (
     ReadPolicy,
     ReadReport,
     read_array,
+    read_into,
 )
 from ..store.shards import read_sharded, sharding_codec
+from .buffers import BufferPool
 from .failures import raise_failed_read, read_named
 from .tasks import _owned, put_rows, read_views, run_on_loop
 
@@ -72,6 +75,7 @@ def read_window(
     scope: CancelScope | None = None,
     plan_order: bool = False,
     decode_bytes: int | None = None,
+    pool: BufferPool | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
@@ -101,6 +105,10 @@ def read_window(
     it reaches half a chunk, so that one is read while one decodes), and each
     chunk's rows are then always placed as it arrives, so that the chunks of
     a window are not all held beside its output.
+
+    ``pool``: where a Zarr array's window output is taken from (the
+    consumer gives it back once its batches are cut, so the next window
+    writes into pages already faulted in); not with ``decode_bytes``.
     """
     ledger = Ledger()
 
@@ -112,15 +120,21 @@ def read_window(
     runs = _runs(pieces, limit_rows)
     # zarrs reads shards natively; Zarr's own pipeline reads them through store.shards
     sharded = fast is view and sharding_codec(view) is not None
+    shape, dtype = (size, *view.shape[1:]), np.dtype(view.dtype)
+    out = None
+    if pool is not None and decode_bytes is None and _poolable(view, dtype):
+        out = pool.take(shape, dtype)
     if not sharded and _one_slice(runs, size, plan_order):
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
+            if out is not None:  # decoded straight into the pooled output
+                read_into(fast, whole, out, scope)
+                return out, _report(view, pieces, ledger, ())
             rows = _owned(np.asarray(read_array(fast, whole, scope)))
             return rows, _report(view, pieces, ledger, ())
-    shape, dtype = (size, *view.shape[1:]), np.dtype(view.dtype)
-    place = _Placer(
-        np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype), plan_order
-    )
+    if out is None:
+        out = np.empty(shape, dtype) if decode_bytes is None else _mapped(shape, dtype)
+    place = _Placer(out, plan_order)
     try:
         if sharded:
             _read_shards(view, runs, place, limit_rows, scope)
@@ -131,7 +145,7 @@ def read_window(
             _read_runs_concurrently(
                 inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope,
                 kept_rows=fast is view,  # zarrs reads an orthogonal selection through Zarr
-                direct=fast is view,
+                direct=True,  # zarrs too decodes a whole chunk straight into out= (Rust)
             )  # fmt: skip
             return place.out, _report(view, pieces, ledger, ())
     except ReadCancelledError:
@@ -386,6 +400,11 @@ def _malloc_trim() -> Any:
 
 
 _MALLOC_TRIM = _malloc_trim()
+
+
+def _poolable(view: Any, dtype: np.dtype) -> bool:
+    """Whether a window of ``view`` may go into a pooled buffer: a Zarr array of plain values."""
+    return isinstance(view, zarr.Array) and not dtype.hasobject and dtype.kind in "biufcmMSUV"
 
 
 def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

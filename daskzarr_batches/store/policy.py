@@ -61,6 +61,7 @@ __all__ = [
     "native_view",
     "policy_view",
     "read_array",
+    "read_into",
 ]
 
 MissingMode = Literal["warn", "fill", "error"]
@@ -362,6 +363,26 @@ def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | No
     if scope is not None and isinstance(array, zarr.Array):
         return scope.run(array._async_array.getitem(selection))
     return array[selection]
+
+
+def read_into(
+    array: Any, selection: tuple[slice, ...], out: Any, scope: CancelScope | None
+) -> None:
+    """``out[...] = array[selection]`` for a Zarr array, decoded straight into ``out``.
+
+    Zarr's ``out=``: no array of Zarr's own (fresh pages to fault in) and no
+    copy; with a scope, cancellable.
+    """
+    from zarr.core.buffer import default_buffer_prototype
+
+    target = default_buffer_prototype().nd_buffer.from_numpy_array(out)
+    coro = array._async_array.get_orthogonal_selection(selection, out=target)
+    if scope is not None:
+        scope.run(coro)
+        return
+    from zarr.core.sync import sync
+
+    sync(coro)
 
 
 def gone_message(store: Any, metadata: str, name: str) -> str:

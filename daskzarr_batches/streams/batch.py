@@ -237,16 +237,11 @@ class BatchStream(Stream[Any]):
         # offsets (from ``start``) of the samples left out as undecodable, ascending
         self._skipped: list[np.ndarray] = []
         self._distinct: set[tuple[str, Any]] = set()  # stored chunks a patch stream decoded
-        # a sequential or buffered patch stream read in this process reuses its window
-        # outputs (read.buffers); not the exact shuffle, whose memory_budget counts the
-        # windows alive and whose next window is read before the last one is cut
-        self._pool = (
-            shared_pool()
-            if not runner.plan_order
-            and spec.shuffle != "exact"
-            and any(isinstance(source, PatchSource) for source in spec.sources)
-            else None
-        )
+        # a sequential or buffered stream read in this process reuses its window outputs
+        # (read.buffers: fresh 32 MiB windows cost page faults and made epochs two-speed,
+        # issue 20); not the exact shuffle, whose memory_budget counts the windows alive
+        # and whose next window is read before the last one is cut
+        self._pool = shared_pool() if not runner.plan_order and spec.shuffle != "exact" else None
 
     @property
     def seed(self) -> int | None:
