@@ -22,6 +22,7 @@ from ..errors import CorruptChunkError, ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
 from ..store.cache import CacheCounts
+from ..store.direct import direct_reader
 from ..store.layout import object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
@@ -85,8 +86,10 @@ def read_window(
     read policy saw: missing chunks, retries, chunks skipped because they do
     not decode (their rows are left out, in either order).
 
-    A window that is one run of consecutive chunks in order (sequential) is
-    read with one slice and returned as read.  A sharded array read by Zarr's
+    A window of whole chunks of a plain zstd array read by Zarr's own
+    pipeline (``store.direct``) has each chunk decompressed straight into its
+    rows, chunks concurrently.  Otherwise a window that is one run of
+    consecutive chunks in order (sequential) is read with one slice.  A sharded array read by Zarr's
     own pipeline goes through the shard reader (``store.shards``).  Otherwise
     Zarr arrays read their chunks concurrently on Zarr's event loop, each
     chunk's rows ``take`` copied into place as soon as it is decoded, while
@@ -124,7 +127,11 @@ def read_window(
     out = None
     if pool is not None and decode_bytes is None and _poolable(view, dtype):
         out = pool.take(shape, dtype)
-    if not sharded and _one_slice(runs, size, plan_order):
+    # Zarr's own pipeline on a plain zstd array: chunks decoded straight into the rows
+    direct = direct_reader(view) if fast is view and not sharded and not plan_order else None
+    if direct is not None and not all(_keeps_all(piece) for piece in pieces):
+        direct = None
+    if direct is None and not sharded and _one_slice(runs, size, plan_order):
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
             if out is not None:  # decoded straight into the pooled output
@@ -138,6 +145,15 @@ def read_window(
     try:
         if sharded:
             _read_shards(view, runs, place, limit_rows, scope)
+            return place.out, _report(view, pieces, ledger, ())
+        if direct is not None:
+            ordered = [piece for run in runs for piece in run]
+            starts = _starts([[piece] for piece in ordered])
+            spans = [(piece.start, piece.stop) for piece in ordered]
+            targets = [
+                place.out[at : at + piece.rows] for piece, at in zip(ordered, starts, strict=True)
+            ]
+            run_on_loop(direct.read(spans, targets), scope)
             return place.out, _report(view, pieces, ledger, ())
         inner = getattr(fast, "_async_array", None)
         if inner is not None and (len(runs) > 1 or fast is not view):

@@ -293,12 +293,23 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
+        result: Buffer | None = await self.get_with(key, self._store.get, prototype, byte_range)
+        return result
+
+    async def get_with(self, key: str, fetch: Callable[..., Any], *args: Any) -> Any:
+        """``await fetch(key, *args)`` as a get of ``key`` under the policy.
+
+        The wrapped store's ``get`` (:meth:`get`), or a read of the same object
+        of one's own (``store.direct``: a local chunk file read into a reused
+        buffer): the request limit, the retries and an absent key (``None``)
+        are handled as for any get.
+        """
         limit = self.policy.requests
         if limit is None:
-            result = await self._retrying(key, self._store.get, key, prototype, byte_range)
+            result = await self._retrying(key, fetch, key, *args)
         else:
             async with limit:  # the stream's io_concurrency: requests, not decodes
-                result = await self._retrying(key, self._store.get, key, prototype, byte_range)
+                result = await self._retrying(key, fetch, key, *args)
         if result is None and not is_metadata_key(key):
             await self._check_gone()
             self.ledger.missing.append(key)
