@@ -365,14 +365,15 @@ class BatchStream(Stream[Any]):
         del results
         self._count_reads(window, reports)
         size = window.size
-        ids = _ids(window.samples)
-        positions = np.arange(window.position, window.position + size, dtype=np.int64)
+        # a sequential window's ids stay a range: the quality counter adds a run in O(1)
+        ids: Any = window.samples if isinstance(window.samples, range) else _ids(window.samples)
+        positions: Any = range(window.position, window.position + size)
         if any(report.skipped for report in reports):
             outputs, order, gone = self._skip(window, outputs, order, reports)
             self._skipped.append(offset + gone)
             progress.skipped += len(gone)
             size -= len(gone)
-            ids, positions = np.delete(ids, gone), np.delete(positions, gone)
+            ids, positions = np.delete(_ids(ids), gone), np.delete(_ids(positions), gone)
         quota = self._quota
         if quota is not None and progress.fed + size > quota:  # the quota's last window
             size = quota - progress.fed
