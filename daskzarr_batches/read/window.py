@@ -89,8 +89,9 @@ def read_window(
     A window of whole chunks of a plain zstd array read by Zarr's own
     pipeline (``store.direct``) has each chunk decompressed straight into its
     rows, chunks concurrently.  Otherwise a window that is one run of
-    consecutive chunks in order (sequential) is read with one slice.  A sharded array read by Zarr's
-    own pipeline goes through the shard reader (``store.shards``).  Otherwise
+    consecutive chunks in order (sequential) is read with one slice.  A
+    sharded array read by Zarr's own pipeline goes through the shard reader
+    (``store.shards``).  Otherwise
     Zarr arrays read their chunks concurrently on Zarr's event loop, each
     chunk's rows ``take`` copied into place as soon as it is decoded, while
     the chunks in flight hold at most ``DECODE_GROUP_BYTES`` of decoded rows
