@@ -53,6 +53,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "the suite's store cases alone: sharded, 20/100 ms latency, S3 loopback, "
               "codec pipelines, each against x[:] on the same store",
               ("rows", "cols", "chunk_rows", "rounds", "data")),
+    Benchmark("cpu", "benchmarks.suite.run", "run_cpu",
+              "issue 20: cpu-s/GB of L0 and every stream kind with zarrs and zarr's pipeline "
+              "beside the raw-decode floor, the wall spread, and pinned to one core; medians "
+              "of 8 rounds; targets; writes --out/cpu.md, cpu.json",
+              ("rows", "cols", "chunk_rows", "rounds", "out", "data")),
+    Benchmark("cpu-profile", "benchmarks.profile_cpu", "run",
+              "issue 20: where the CPU of the sequential and buffered streams goes (zarrs and "
+              "zarr's pipeline): yappi's CPU clock over --rounds epochs, sorted into decode, "
+              "copies, reads, zarr, dask, this library; writes --out/cpu-profile.md",
+              ("rows", "rounds", "out", "data")),
     Benchmark("big-samples", "benchmarks.suite.run", "run_big_samples",
               "181 x 360 float32 fields, 1/4/32 per chunk: sequential, buffered (64MiB) "
               "and exact vs L0, medians; targets; writes --out/big_samples.md",

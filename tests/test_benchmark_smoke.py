@@ -40,6 +40,12 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     assert "sequential, batch 256" in report and "exact shuffle" in report
     assert "## Targets" in report and ("PASS" in report or "MISS" in report)
     assert "## Shuffle quality" in report
+    # issue 20: cpu-s/GB over the raw-decode floor and the spread of every case, the CPU
+    # cases (zarrs, zarr's pipeline, pinned to one core) and their targets
+    assert "| cpu-s/GB | x floor | wall s min / med / max |" in report
+    assert "\n\n## CPU per GB (issue 20)\n" in report
+    assert "| [pinned to 1 core] sequential, batch 256 (zarr's pipeline) |" in report
+    assert "| pinned to one core: sequential (zarr's pipeline) >= 1.0x L0 (medians) |" in report
     # issue 10: sharded, latency, loopback S3 and codec-pipeline cases with their targets
     for case in (
         "[sharded (8 chunks/shard)] sequential",
@@ -58,7 +64,7 @@ def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
     """The quick ones, in one process, so none of them rots (the others: docs/benchmarks.md)."""
     command = [
         sys.executable, "-m", "benchmarks",
-        "--only", "latency,shards,ramp-latency,codec-pipelines,compare,big-samples",
+        "--only", "latency,shards,ramp-latency,codec-pipelines,compare,big-samples,cpu-profile",
         "--old", "HEAD",
         "--rows", "8192",
         "--cols", "8",
@@ -71,7 +77,8 @@ def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=110, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for name in ("latency", "shards", "ramp-latency", "codec-pipelines", "compare", "big-samples"):
+    names = ("latency", "shards", "ramp-latency", "codec-pipelines", "compare", "big-samples")
+    for name in (*names, "cpu-profile"):
         assert f"== {name} ==" in done.stdout
     assert "| old: chunk_stream ordered |" in done.stdout  # latency --old: both libraries
     assert "| 2 ms | sequential |" in done.stdout  # shards, with latency
@@ -80,6 +87,8 @@ def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
     assert "| paired, buffered (8 chunks) |" in done.stdout  # compare
     big = (tmp_path / "results" / "big_samples.md").read_text()  # big-samples, 64 fields
     assert "| 32 |" in big and "| fields, 32/chunk: exact shuffle" in big
+    profile = (tmp_path / "results" / "cpu-profile.md").read_text()  # issue 20
+    assert "| sample ids: `np.asarray(range)` per window (`BatchStream._take`) |" in profile
 
 
 @pytest.mark.timeout(60)

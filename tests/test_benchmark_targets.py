@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.suite import cache_cases, cases, report, stores_cases, targets
+import pytest
+
+from benchmarks.suite import cache_cases, cases, cpu, report, stores_cases, targets
 from benchmarks.suite.dataset import Dataset
-from benchmarks.suite.measure import L0, MiB, Result, SuiteRun
+from benchmarks.suite.measure import L0, Case, MiB, Result, SuiteRun, rounds
 
 
 def fabricated(speeds: dict[str, float], skipped: dict[str, str]) -> SuiteRun:
@@ -167,12 +169,13 @@ def test_report_has_every_target_row_and_section() -> None:
     text = report.markdown(run, evaluated, command="python -m benchmarks", now="now")
     assert "| sequential >= 1.3x L0 | 1.50x | PASS |" in text
     assert "| >= 100x torch DataLoader | skipped | SKIP (not installed) |" in text
-    assert f"| {L0} | 100.0 | 1,000 | 1x | 1.00 | 0 |" in text
+    # no CPU measured (NaN): -; one round: its wall seconds alone
+    assert f"| {L0} | 100.0 | 1,000 | 1x | - | - | 1.000 | 1.00 | 0 |" in text
     # the read amplification of reads in torch workers is not known: NaN, shown as -
     run.results[cases.TORCH_LOADER_2] = Result(cases.TORCH_LOADER_2, "this", 1.0, 50_000_000,
                                                1000, float("nan"))  # fmt: skip
     text = report.markdown(run, evaluated, command="python -m benchmarks", now="now")
-    assert f"| {cases.TORCH_LOADER_2} | 50.0 | 1,000 | 0.5x | - | 0 |" in text
+    assert f"| {cases.TORCH_LOADER_2} | 50.0 | 1,000 | 0.5x | - | - | 1.000 | - | 0 |" in text
     payload = report.payload(run, evaluated, command="", now="")
     assert payload["results"][-1]["amplification"] is None
     for section in ("## Targets (issue 3)", "## Prefetch", "## Memory", "## Shuffle quality"):
@@ -249,3 +252,114 @@ def test_patch_targets_against_l0_and_xbatcher_use_medians() -> None:
     epoch = f"{label}: forecast pairs, read amplification <= 1.05 (epoch stats)"
     assert rows[epoch] == ("1.00", "PASS")
     assert rows[epoch.replace("epoch stats", "summary")] == ("1.20", "MISS")
+
+
+def with_rounds(name: str, seconds: list[float], cpu_seconds: list[float]) -> Result:
+    """A case of 1 GB whose rounds took ``seconds`` and ``cpu_seconds``."""
+    result = Result(name, "this", min(seconds), 10**9, 1000, cpu=cpu_seconds[0])
+    result.extra |= {"seconds": seconds, "cpu": cpu_seconds}
+    return result
+
+
+def test_cpu_targets_are_on_the_medians_over_the_floor_and_the_spread() -> None:
+    """Issue 20: cpu-s/GB over the raw-decode floor, slowest over fastest epoch, pinned."""
+    run = fabricated(SPEEDS, {})
+    rows = {t.what: (t.measured, t.status) for t in targets.evaluate(run)}
+    assert rows[targets.CPU] == ("skipped", "SKIP")  # not measured: one row each
+    assert rows[targets.CPU_ZARRS] == ("skipped", "SKIP")
+    steady, jumpy = [0.20, 0.22, 0.25], [0.20, 0.21, 0.30]
+    for result in (
+        with_rounds(cpu.FLOOR, [0.1, 0.1, 0.1], [1.0, 0.8, 1.2]),  # median 1.0 cpu-s/GB
+        with_rounds(cpu.name("zarrs", cpu.SEQUENTIAL), steady, [1.5, 9.0, 1.0]),
+        with_rounds(cpu.name("zarr", cpu.SEQUENTIAL), jumpy, [2.2, 2.2, 2.2]),
+        with_rounds(cpu.name("zarrs", cpu.BUFFERED), steady, [1.9, 1.9, 1.9]),
+        with_rounds(cpu.name("zarr", cpu.BUFFERED), steady, [2.5, 2.5, 2.5]),
+        with_rounds(cpu.PINNED_L0, [0.30, 0.30, 0.40], [0.3, 0.3, 0.3]),
+        with_rounds(cpu.PINNED_SEQUENTIAL, [0.20, 0.25, 0.50], [0.3, 0.3, 0.3]),
+    ):
+        run.results[result.name] = result
+    evaluated = targets.evaluate(run)
+    rows = {t.what: (t.measured, t.status) for t in evaluated}
+    floor = "cpu-s/GB <= {}x raw-decode floor (medians)"
+    assert rows[f"sequential (zarrs): {floor.format(1.6)}"] == ("1.50x", "PASS")
+    assert rows[f"sequential (zarr's pipeline): {floor.format(2.0)}"] == ("2.20x", "MISS")
+    buffered = "buffered shuffle (8 chunks)"
+    assert rows[f"{buffered} (zarrs): {floor.format(2.0)}"] == ("1.90x", "PASS")
+    assert rows[f"{buffered} (zarr's pipeline): {floor.format(2.4)}"] == ("2.50x", "MISS")
+    spread = "slowest epoch <= 1.3x the fastest (rounds)"
+    assert rows[f"sequential (zarrs): {spread}"] == ("1.25x", "PASS")
+    assert rows[f"sequential (zarr's pipeline): {spread}"] == ("1.50x", "MISS")
+    pinned = "pinned to one core: sequential (zarr's pipeline) >= 1.0x L0 (medians)"
+    assert rows[pinned] == ("1.20x", "PASS")  # medians 0.30 / 0.25, not the best rounds
+    text = report.markdown(run, evaluated, command="", now="")
+    assert "\n\n## CPU per GB (issue 20)\n" in text
+    row = f"| {cpu.name('zarr', cpu.SEQUENTIAL)} | 4,762 | 2.20 | 2.20x | 0.200 / 0.210 / 0.300 |"
+    assert row + " 1.50x |" in text
+    assert "the sequential stream (zarr's pipeline) at 1.20x L0 (medians)" in text
+
+
+def test_the_cases_table_has_cpu_per_gb_over_the_floor_and_the_spread() -> None:
+    run = fabricated(SPEEDS, {})
+    floor = with_rounds(cases.FLOOR, [0.5, 0.6], [1.0, 1.4])  # 1.2 cpu-s/GB
+    run.results[floor.name] = floor
+    run.results[L0] = with_rounds(L0, [1.0, 2.0, 3.0], [2.0, 2.4, 9.0])
+    run.results[L0].extra["cpu_of"] = cases.CLUSTER_CPU
+    text = report.markdown(run, targets.evaluate(run), command="", now="")
+    assert f"| {L0} | 1,000.0 | 1,000 | 1x | 2.40† | 2.00x | 1.000 / 2.000 / 3.000 |" in text
+    assert f"\n\n† CPU of {cases.CLUSTER_CPU}." in text
+    data = report.payload(run, targets.evaluate(run), command="", now="")["results"]
+    first = next(r for r in data if r["name"] == L0)
+    assert (first["cpu_s_gb"], first["cpu_x_floor"]) == (2.4, 2.0)
+    assert first["wall_min_median_max"] == [1.0, 2.0, 3.0]
+
+
+def test_rounds_keep_every_rounds_wall_and_cpu_seconds() -> None:
+    counter = iter([0.0, 2.0, 2.0, 4.0])  # "workers" spend 2 CPU seconds a round
+
+    def busy() -> tuple[int, int, float]:
+        sum(range(20_000))
+        return 10**9, 10, 1.0
+
+    done = rounds([Case("busy", "this", busy, other_cpu=lambda: next(counter), cpu_of="w")], 2)
+    result = done["busy"]
+    assert len(result.extra["seconds"]) == len(result.extra["cpu"]) == 2
+    assert all(2.0 <= c < 3.0 for c in result.extra["cpu"]) and result.extra["cpu_of"] == "w"
+    assert 2.0 <= result.cpu_s_gb < 3.0  # 1 GB a round
+    low, median, high = result.spread
+    assert low == result.seconds <= median <= high
+
+
+def test_the_cpu_profile_sorts_functions_into_kinds_and_reports_shares() -> None:
+    """Issue 20's breakdown on a fabricated yappi record (nothing measured)."""
+    from benchmarks import profile_cpu as pc
+
+    functions = {
+        "zarr/core/buffer/cpu.py:as_numpy_array_wrapper": 0.8,
+        "zarr/core/buffer/cpu.py:NDBuffer.__setitem__": 0.3,
+        "numpy:asarray": 0.2,
+        "builtins:<method 'take' of 'numpy.ndarray' objects>": 0.2,
+        "dask/local.py:get_async": 0.1,
+        "asyncio/base_events.py:_UnixSelectorEventLoop._run_once": 0.1,
+        "daskzarr_batches/streams/batch.py:BatchStream._produce": 0.1,
+        "builtins:len": 0.1,
+    }
+    kinds = [pc.kind_of(function) for function in functions]
+    assert [kind.split(":")[0].split(" (")[0] for kind in kinds] == [
+        "decode", "copy in zarr", "sample ids", "copies in this library", "dask",
+        "zarr's pipeline and asyncio's event loop", "this library's Python per batch and window",
+        "other",
+    ]  # fmt: skip
+    record = {"plain": 1.5, "profiled": 2.0, "in_threads": 2.0, "bytes": 10**9,
+              "functions": functions}  # fmt: skip
+    assert pc.shares(record)[pc.RUST] == pytest.approx(0.1)  # 2.0 - 1.9 in functions
+    text = pc.report({"sequential, zarr": record}, top=2)
+    assert "| cpu-s/GB, unprofiled epochs | 1.50 |" in text
+    assert f"| {pc.KINDS[0][0]} | 40.0% (0.80) |" in text
+    assert "- 40.0%  0.800 cpu-s/GB  `zarr/core/buffer/cpu.py:as_numpy_array_wrapper`" in text
+
+
+def test_the_cpu_profiles_single_operations_run_at_a_tiny_size() -> None:
+    from benchmarks import profile_cpu as pc
+
+    costs = pc.direct_costs(rows=2048, cols=4, chunk_rows=256, repeats=1)
+    assert len(costs) == 6 and all(value >= 0 for value in costs.values())

@@ -343,3 +343,130 @@ def test_a_disk_that_fills_warns_once_and_the_epochs_stay_right(
     second = dzb.batch_stream(array, 64, cache=cache)  # no second warning (filterwarnings=error)
     np.testing.assert_array_equal(np.concatenate(list(second)), data)
     assert (second.stats.cache_hits, second.stats.cache_misses) == (held, 8 - held)
+
+
+# --------------------------------------------------------------------------
+# On a cluster: every entry point keeps its decoded chunks as the cache's cluster futures
+
+
+def _pass(entry: str, arrays: tuple[Any, Any], cache: Any, client: Any) -> tuple[Any, Any]:
+    """One pass of ``entry`` over ``arrays``: what it gives, and its stream's stats (if any)."""
+    a, b = arrays
+    kw: dict[str, Any] = {"cache": cache, "client": client}
+    if entry == "reduce_chunks":
+        return dzb.reduce_chunks(lambda x: x.sum(axis=0), np.add, a, **kw), None
+    if entry == "feature_moments":
+        moments = dzb.feature_moments(a, **kw)
+        return [moments.count, moments.mean, moments.m2], None
+    stream = {
+        "chunk_stream": lambda: dzb.chunk_stream(a, **kw),
+        "chunk_stream-shards": lambda: dzb.chunk_stream(b, **kw),
+        "map_chunks": lambda: dzb.map_chunks(lambda x: x.sum(axis=0), a, ordered=False, **kw),
+        "patch_stream": lambda: dzb.patch_stream(
+            a, {0: 10, 1: 3}, 8, shuffle=True, shuffle_buffer_size=64, **kw
+        ),
+        "patch_stream-split": lambda: dzb.patch_stream(
+            dzb.chunk_split(a, [0.5, 0.5])[0], {0: 10, 1: 3}, 8, **kw
+        ),
+        "chunk_split": lambda: dzb.batch_stream(dzb.chunk_split(a, [0.5, 0.5])[1], 16, **kw),
+        "chunk_split-chunks": lambda: dzb.chunk_stream(
+            dzb.chunk_split(a, [0.5, 0.5], dim=1)[0], **kw
+        ),
+        "concat": lambda: dzb.shuffled_batch_stream(
+            dzb.concat([a, b]), 16, seed=3, shuffle_buffer_size=100, **kw
+        ),
+        "concat-chunks": lambda: dzb.chunk_stream(dzb.concat([a, b]), **kw),
+    }[entry]()
+    with stream:
+        if isinstance(stream, dzb.BatchStream) and client is not None and cache.cluster_chunks:
+            plan = stream.summary()  # what the cache keeps on the cluster counts as held
+            assert plan.chunks_cached == plan.chunks_read > 0
+        got = list(stream)
+    if entry == "map_chunks":  # as reads complete: compare in a fixed order
+        got = sorted(got, key=lambda x: x.tobytes())
+    return got, stream.stats
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "chunk_stream", "chunk_stream-shards", "map_chunks", "reduce_chunks", "feature_moments",
+        "patch_stream", "patch_stream-split", "chunk_split", "chunk_split-chunks", "concat",
+        "concat-chunks",
+    ],
+)  # fmt: skip
+def test_every_entry_point_keeps_its_chunks_on_the_cluster(
+    client: Any, tmp_path: Path, entry: str
+) -> None:
+    """Pass 2 with the pass-1 cache reads no chunk from the store, and both equal the
+    uncached local reference; the chunks live on the cluster as the cache's futures
+    (``dzb-cached-*``, dask's memory and spilling), not in a per-worker copy."""
+    from tests.scheduler_state import our_tasks
+    from tests.stores import NamedCountingStore
+
+    make(tmp_path / "a.zarr", chunks=(50, 3))  # two blocks per axis-0 chunk: cut from it
+    make(tmp_path / "b.zarr", shape=(200, 6), chunks=(25, 3), shards=(50, 6))
+
+    def opened(name: str) -> Any:
+        local = zarr.storage.LocalStore(str(tmp_path / name), read_only=True)
+        counting = NamedCountingStore(local, f"entry-{entry}-{name}-{tmp_path.name}")
+        return zarr.open_array(store=counting, mode="r")
+
+    arrays = (opened("a.zarr"), opened("b.zarr"))
+    a, b = (array.store.counts for array in arrays)
+    reference, _ = _pass(entry, arrays, None, None)
+    needed = (set(a), set(b))  # the chunks an uncached pass reads
+    cache = ChunkCache("64MiB")
+    results = []
+    for number in range(2):
+        a.clear()
+        b.clear()
+        got, stats = _pass(entry, arrays, cache, client)
+        results.append(got)
+        if number == 0:  # those chunks once; a shard once per part kept (a batch window
+            # keeps the rows of each axis-0 chunk: 2 of the shard, a chunk stream the shard)
+            assert (set(a), set(b)) == needed and (a or b)
+            assert set(a.values()) <= {1} and set(b.values()) <= {1 if "chunk" in entry else 2}
+        else:
+            assert not a and not b  # nothing fetched from the store
+            if stats is not None:
+                assert stats.cache_misses == 0 and stats.cache_hits > 0
+    assert cache.cluster_chunks > 0
+    assert all(key.startswith("dzb-cached-") for key in our_tasks(client, settle=0.5))
+    for got in results:
+        assert len(got) == len(reference)
+        for x, y in zip(reference, got, strict=True):
+            for p, q in zip(np.atleast_1d(x), np.atleast_1d(y), strict=True):
+                np.testing.assert_array_equal(p, q)
+    cache.clear()
+
+
+@pytest.mark.parametrize("entry", ["chunk_stream", "patch_stream"])
+def test_a_kept_chunk_that_does_not_decode_skips_what_it_skips_uncached(
+    client: Any, tmp_path: Path, entry: str
+) -> None:
+    """One stored block of a kept axis-0 chunk does not decode: with ``on_error="skip"``
+    only what touches that block is skipped, as without a cache (the kept chunk is
+    skipped whole, so the block or window is read alone)."""
+    make(tmp_path / "a.zarr", chunks=(50, 3))
+    (tmp_path / "a.zarr" / "c" / "2" / "1").write_bytes(b"not zstd")
+    array = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
+
+    def run(cache: Any, client: Any) -> list[Any]:
+        kw = {"cache": cache, "client": client, "on_error": "skip"}
+        stream = (
+            dzb.chunk_stream(array, **kw)
+            if entry == "chunk_stream"
+            else dzb.patch_stream(array, {0: 10, 1: 3}, 8, **kw)
+        )
+        with pytest.warns(dzb.SkippedChunksWarning), stream:
+            return list(stream)
+
+    reference = run(None, None)
+    cache = ChunkCache("64MiB")
+    for _ in range(2):
+        got = run(cache, client)
+        assert len(got) == len(reference)
+        for x, y in zip(reference, got, strict=True):
+            np.testing.assert_array_equal(x, y)
+    cache.clear()

@@ -249,6 +249,7 @@ def test_bench_without_a_store_generates_data_and_prints_the_summary(
         "seconds",
         "samples/s",
         "MB/s",
+        "cpu-s/GB",
         "read",
         "amp",
         "wait",
@@ -261,7 +262,13 @@ def test_bench_without_a_store_generates_data_and_prints_the_summary(
         ["1", "32", "2,000"],
         ["total", "64", "4,000"],
     ]
-    assert all(row.split()[6] == "1.00" for row in table[1:4])
+    assert all(float(row.split()[6]) > 0 for row in table[1:4])  # cpu-s/GB
+    assert all(row.split()[7] == "1.00" for row in table[1:4])
+    # two epochs: the spread of their wall times; what the CPU counts
+    assert lines[-3].startswith("epoch seconds: min ") and "x the fastest)" in lines[-3]
+    assert lines[-2] == (
+        "cpu-s/GB:     CPU seconds of this process (all threads) per GB handed out"
+    )
     assert lines[-1] == "counters: retries=0 chunks_missing=0 skipped=0"
 
 
@@ -285,7 +292,34 @@ def test_bench_json_has_throughput_and_read_amplification(
         assert 0 <= record["wait_share"] <= 1
         assert (record["retries"], record["chunks_missing"], record["skipped"]) == (0, 0, [])
         assert 0 < record["time_to_first_batch"] < record["seconds"]
+        assert record["cpu_seconds"] > 0
+        assert record["cpu_s_per_gb"] == pytest.approx(
+            record["cpu_seconds"] / (record["bytes_yielded"] / 1e9)
+        )
     assert epoch["bytes_yielded"] == 2000 * (4 * 4 + 8)
+    assert summary["cpu_of"] == "this process"
+    assert summary["spread"] is None  # one epoch: no spread
+
+
+def test_bench_on_a_client_counts_the_workers_cpu_once(client: Any) -> None:
+    """The in-process workers share this process: their CPU is not counted twice."""
+    from daskzarr_batches.tools import bench
+    from daskzarr_batches.tools.bench import BenchSettings, run_bench
+
+    out = io.StringIO()
+    settings = BenchSettings(batch_size=64, epochs=2, client=client)
+    summary = run_bench(out, settings, rows=1024, features=4, chunk_rows=256, as_json=True)
+    assert summary["cpu_of"] == "this process and the client's workers"
+    assert all(e["cpu_seconds"] > 0 for e in summary["epochs"])
+    assert summary["spread"]["min"] <= summary["spread"]["median"] <= summary["spread"]["max"]
+
+    class Workers:  # two in this process, two threads of another worker process
+        def run(self, function: Any) -> dict[str, Any]:
+            return {"a": (os.getpid(), 100.0), "b": (os.getpid(), 100.0),
+                    "c": (-1, 5.0), "d": (-1, 5.0)}  # fmt: skip
+
+    before = bench._cpu_now(None)
+    assert before <= bench._cpu_now(Workers()) - 5.0 <= bench._cpu_now(None)
 
 
 def test_bench_on_a_store_with_labels_and_a_shuffle_buffer(
@@ -327,7 +361,7 @@ def test_bench_exact_shuffle_reports_the_planned_read_amplification(
     assert plan.read_amplification > 1
     assert "shuffled_batch_stream(batch_size=50, memory_budget=3072, seed=1)" in out
     total = next(line for line in out.splitlines() if line.startswith("total"))
-    assert total.split()[6] == f"{plan.read_amplification:.2f}"
+    assert total.split()[7] == f"{plan.read_amplification:.2f}"
     assert main(argv) == 0  # sequential, one array
     assert "stream:       batch_stream(batch_size=50), 20 batches per epoch" in (
         capsys.readouterr().out

@@ -623,6 +623,30 @@ def test_cache_on_process_workers_reads_each_chunk_once(process_client: Any, tmp
     assert our_tasks(process_client) == []
 
 
+def test_map_chunks_with_a_cache_on_process_workers_reads_each_chunk_once(
+    process_client: Any, tmp_path: Any
+) -> None:
+    """Process workers: a second ``map_chunks`` pass with the same cache reads no chunk
+    on any worker (its blocks are cut from the chunks the cache keeps on the cluster;
+    before, each worker kept its own copy and a pass re-read what the other had read)."""
+    from tests.stores import named_counts
+
+    array, data, store = counted_array(tmp_path, "process-map-cache")
+    cache = dzb.ChunkCache("64MiB")
+    reads = []
+    for _ in range(2):
+        before = process_client.run(named_counts, store.name)
+        sums = dzb.map_chunks(lambda x: x.sum(axis=0), array, cache=cache, client=process_client)
+        with sums:
+            np.testing.assert_allclose(np.sum(list(sums), axis=0), data.sum(axis=0), rtol=1e-5)
+        after = process_client.run(named_counts, store.name)
+        reads.append(sum(sum(after[w].values()) - sum(before[w].values()) for w in after))
+    assert reads == [20, 0]
+    assert sums.stats.cache_hits == 20
+    cache.clear()
+    assert our_tasks(process_client) == []
+
+
 def test_killed_worker_mid_epoch_still_yields_every_batch_once(
     process_client: Any, tmp_path: Any
 ) -> None:

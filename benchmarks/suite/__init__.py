@@ -3,7 +3,8 @@
 Modules, in the order a run uses them:
 
 - ``dataset``: the generated dataset (made once, opened read-only) and the default sizes;
-- ``measure``: peak-RSS sampling, ``Result``, ``Case`` and interleaved rounds;
+- ``measure``: peak-RSS sampling, ``Result`` (wall and CPU seconds of every round), ``Case``
+  and interleaved rounds;
 - ``cases``: the measured cases (L0, zarr threads, raw decode, this library's
   streams and ``Loader`` (alone and through a torch ``DataLoader``), naive dask,
   xbatcher, torch, LocalCluster) and the prefetch case;
@@ -17,6 +18,8 @@ Modules, in the order a run uses them:
 - ``collection``, ``mixture``: issue 18's collections (many stores as one) and two-source
   mixtures against their sources streamed alone; ``collection.md``, ``mixture.md``;
 - ``quality``: shuffle quality computed from plans (nothing read);
+- ``cpu``: issue 20's CPU cases (the raw-decode floor, L0, every stream kind with zarrs
+  and zarr's pipeline, a child pinned to one core) and their table;
 - ``targets``: the targets of issues 3, 9, 10 and 16 as a table, evaluated on a ``SuiteRun``;
 - ``report``: ``results.md``, ``results.json``, ``throughput.png`` and the printed summary;
 - ``run``: the benchmarks ``suite`` (every step above, in order) and ``stores`` (the

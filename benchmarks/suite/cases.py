@@ -19,10 +19,12 @@ import daskzarr_batches as dzb
 
 from ..internals import exact_window_rows
 from .dataset import Dataset
-from .measure import L0, Case, Measured, MiB, drain
+from .measure import FLOOR_PREFIX, L0, Case, Measured, MiB, drain
 
 # Names the targets refer to (the report shows every case by its name).
 RAW_DECODE = "raw chunk bytes + decode"
+#: issue 20's yardstick of CPU per GB: decoding alone, the chunk files read beforehand
+FLOOR = f"{FLOOR_PREFIX}: chunk bytes read beforehand, decode only, 1 thread"
 SEQUENTIAL = "sequential, batch 256"
 SEQUENTIAL_32 = "sequential, batch 32"
 BUFFERED = "buffered shuffle (8 chunks), batch 256"
@@ -141,6 +143,38 @@ def raw_decode(x: zarr.Array, root: Path, threads: int) -> Measured:
     # edge chunk is stored padded to a whole chunk: count the array's bytes
     assert decoded >= x.nbytes
     return x.nbytes, x.shape[0], 1.0
+
+
+class RawFloor:
+    """Issue 20's raw-decode floor: the array's stored chunks decoded on one thread.
+
+    ``setup`` reads every chunk file of ``root`` (outside the clock: a case's
+    ``setup``); ``run`` decodes them with the array's own codec (numcodecs,
+    :func:`raw_decoder`) one after another and drops the bytes.  Its CPU seconds
+    per GB are the least any reader of these files spends once they are in memory.
+    """
+
+    def __init__(self, x: zarr.Array, root: Path) -> None:
+        decode = raw_decoder(x)
+        assert decode is not None
+        self.decode = decode
+        self.x = x
+        self.files = sorted(path for path in (root / "c").rglob("*") if path.is_file())
+        self.stored: list[bytes] = []
+
+    def setup(self) -> None:
+        self.stored = [path.read_bytes() for path in self.files]
+
+    def run(self) -> Measured:
+        stored, self.stored = self.stored, []
+        if not stored:  # run without setup: read here (timed)
+            stored = [path.read_bytes() for path in self.files]
+        decoded = sum(len(self.decode(data)) for data in stored)
+        assert decoded >= self.x.nbytes  # edge chunks are stored padded to a whole chunk
+        return self.x.nbytes, self.x.shape[0], 1.0
+
+    def case(self, name: str = FLOOR) -> Case:
+        return Case(name, "reference", self.run, setup=self.setup)
 
 
 # --------------------------------------------------------------------------
@@ -289,6 +323,7 @@ def local_cases(w: Workload, skipped: dict[str, str]) -> list[Case]:
     if raw_decoder(x) is not None:
         cases.append(Case(f"{RAW_DECODE}, {threads} threads (limit)", "reference",
                           lambda: raw_decode(x, w.ds.path / "features", threads)))  # fmt: skip
+        cases.append(RawFloor(x, w.ds.path / "features").case())
     else:
         skipped["raw decode"] = "codec pipeline is not bytes + one compressor"
     cases += [
@@ -312,7 +347,7 @@ def local_cases(w: Workload, skipped: dict[str, str]) -> list[Case]:
     if installed("torch", skipped):
         cases += [
             Case(TORCH_LOADER_0, "this", lambda: torch_batches(w, 0)),
-            Case(TORCH_LOADER_2, "this", lambda: torch_batches(w, 2)),
+            Case(TORCH_LOADER_2, "this", lambda: torch_batches(w, 2), cpu_of=CHILDREN_CPU),
         ]
     return cases
 
@@ -330,7 +365,7 @@ def naive_cases(w: Workload, quick: bool, skipped: dict[str, str]) -> list[Case]
         cases.append(Case(XBATCHER, "peer", lambda: xbatcher_batches(x, 256, few)))
     if installed("torch", skipped):
         loader = torch_loader(str(w.ds.path / "features"), 256, 3 if quick else 8)
-        cases.append(Case(TORCH, "peer", loader))
+        cases.append(Case(TORCH, "peer", loader, cpu_of=CHILDREN_CPU))
     return cases
 
 
@@ -345,16 +380,34 @@ def installed(peer: str, skipped: dict[str, str]) -> bool:
     return True
 
 
+def workers_cpu(client: Any) -> Callable[[], float]:
+    """The summed CPU seconds of ``client``'s worker processes (``client.run``, one round trip)."""
+    return lambda: float(sum(client.run(time.process_time).values()))
+
+
+#: what the CPU of a cluster case counts
+CLUSTER_CPU = "this process + workers"
+#: what the CPU of a case with torch DataLoader workers counts
+CHILDREN_CPU = "this process + DataLoader workers reaped within the epoch"
+
+
 def cluster_cases(w: Workload, client: Any) -> list[Case]:
-    """This library on a ``distributed`` client, and the transfer ceiling."""
+    """This library on a ``distributed`` client, and the transfer ceiling.
+
+    Their CPU is the client process's and the workers' (:func:`workers_cpu`).
+    """
     x = w.x
+    cpu = workers_cpu(client)
     return [
         Case(CLUSTER_SEQUENTIAL, "cluster",
-             lambda: drain(dzb.batch_stream(x, 256, client=client))),
+             lambda: drain(dzb.batch_stream(x, 256, client=client)),
+             other_cpu=cpu, cpu_of=CLUSTER_CPU),
         Case(CLUSTER_BUFFERED, "cluster",
-             w.shuffled(256, shuffle_buffer_size=w.buffer_rows, client=client)),
+             w.shuffled(256, shuffle_buffer_size=w.buffer_rows, client=client),
+             other_cpu=cpu, cpu_of=CLUSTER_CPU),
         Case(CLUSTER_TRANSFER, "cluster",
-             lambda: transfer_only(client, w.ds.feature_bytes)),
+             lambda: transfer_only(client, w.ds.feature_bytes),
+             other_cpu=cpu, cpu_of=CLUSTER_CPU),
     ]  # fmt: skip
 
 

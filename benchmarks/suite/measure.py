@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import resource
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,9 +18,12 @@ import daskzarr_batches as dzb
 from .dataset import Dataset
 
 MB = 1e6
+GB = 1e9
 MiB = 2**20
 #: the reference every ratio is taken against
 L0 = "L0: zarr chunk-aligned, 1 thread"
+#: how every raw-decode floor case's name starts (issue 20's CPU yardstick)
+FLOOR_PREFIX = "raw-decode floor"
 
 #: what a measured run returns: (bytes, samples, read amplification)
 Measured = tuple[int, int, float]
@@ -65,10 +71,30 @@ class Result:
     extrapolated: bool = False
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: CPU seconds of the round kept (this process, all threads; plus reaped children
+    #: and a cluster's workers when the case counts them: ``extra["cpu_of"]``)
+    cpu: float = math.nan
 
     @property
     def mb_s(self) -> float:
         return self.bytes / self.seconds / MB if self.seconds > 0 else float("nan")
+
+    @property
+    def cpu_s_gb(self) -> float:
+        """CPU seconds per GB (10^9 bytes) delivered: the median of the rounds.
+
+        The rounds' CPU seconds (``extra["cpu"]``) when the case ran in
+        :func:`rounds`, else this result's own.
+        """
+        cpu = self.extra.get("cpu")
+        seconds = statistics.median(cpu) if isinstance(cpu, list) and cpu else self.cpu
+        return seconds / (self.bytes / GB) if self.bytes > 0 else math.nan
+
+    @property
+    def spread(self) -> tuple[float, float, float]:
+        """Wall seconds of the rounds: (min, median, max); this result's alone if none."""
+        seconds = self.extra.get("seconds") or [self.seconds]
+        return min(seconds), statistics.median(seconds), max(seconds)
 
     @property
     def samples_s(self) -> float:
@@ -80,21 +106,49 @@ class Case:
     """A measured case: ``run() -> (bytes, samples, amplification)``.
 
     ``group`` colours the chart (reference, naive, peer, this, cluster);
-    ``repeats`` caps the rounds this case takes part in.
+    ``repeats`` caps the rounds this case takes part in.  ``setup`` runs before
+    each timed call, outside the clock (the raw-decode floor reads its chunk files
+    there).  ``other_cpu``, if given, is a counter of CPU seconds spent outside this
+    process (a cluster's workers), read before and after the timed call; its
+    difference is added to the case's CPU and named by ``cpu_of``.
     """
 
     name: str
     group: str
     run: Callable[[], Measured]
     repeats: int | None = None
+    setup: Callable[[], None] | None = None
+    other_cpu: Callable[[], float] | None = None
+    cpu_of: str = "this process"
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of this process's children that ended and were reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def measure_once(case: Case) -> Result:
+    """One timed call: wall seconds, CPU seconds and RSS growth around the same region.
+
+    CPU is :func:`time.process_time` (this process, every thread, native ones
+    included) plus the CPU of children reaped meanwhile (a torch ``DataLoader``'s
+    workers end with its epoch) plus ``case.other_cpu``'s difference.
+    """
+    if case.setup is not None:
+        case.setup()
+    other = case.other_cpu() if case.other_cpu is not None else 0.0
     with PeakRSS() as rss:
-        started = time.perf_counter()
+        children = children_cpu()
+        started, cpu = time.perf_counter(), time.process_time()
         nbytes, samples, amplification = case.run()
         seconds = time.perf_counter() - started
-    return Result(case.name, case.group, seconds, nbytes, samples, amplification, rss.growth)
+        cpu = time.process_time() - cpu + children_cpu() - children
+    if case.other_cpu is not None:
+        cpu += case.other_cpu() - other
+    result = Result(case.name, case.group, seconds, nbytes, samples, amplification, rss.growth)
+    result.cpu = cpu
+    return result
 
 
 def rounds(cases: list[Case], repeats: int) -> dict[str, Result]:
@@ -105,9 +159,13 @@ def rounds(cases: list[Case], repeats: int) -> dict[str, Result]:
     always runs right after the same one (with a fixed order "sequential,
     batch 256", always right after the raw-decode case, read below batch 32
     in three runs, and ~15% above it alone).
+
+    Every round's wall and CPU seconds are kept in ``extra["seconds"]`` and
+    ``extra["cpu"]`` (the spread and the median cpu-s/GB come from them).
     """
     best: dict[str, Result] = {}
     seconds: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     for round_number in range(repeats):
         shift = round_number % max(len(cases), 1)
         for case in cases[shift:] + cases[:shift]:
@@ -115,17 +173,25 @@ def rounds(cases: list[Case], repeats: int) -> dict[str, Result]:
                 continue
             result = measure_once(case)
             seconds.setdefault(case.name, []).append(result.seconds)
+            cpu.setdefault(case.name, []).append(result.cpu)
             if case.name not in best or result.seconds < best[case.name].seconds:
                 best[case.name] = result
+    for case in cases:
+        if case.name in best:
+            result = best[case.name]
+            result.extra |= {"seconds": seconds[case.name], "cpu": cpu[case.name]}
+            if case.cpu_of != "this process":
+                result.extra["cpu_of"] = case.cpu_of
     for result in best.values():
-        result.extra["seconds"] = seconds[result.name]
         print_result(result)
     return best
 
 
 def print_result(result: Result) -> None:
+    low, median, high = result.spread
     print(
-        f"  {result.name:56s} {result.mb_s:9.1f} MB/s  amp {result.amplification:5.2f}  "
+        f"  {result.name:56s} {result.mb_s:9.1f} MB/s  {result.cpu_s_gb:5.2f} cpu-s/GB  "
+        f"wall {low:.3f}/{median:.3f}/{high:.3f} s  amp {result.amplification:5.2f}  "
         f"RSS +{result.rss_growth / MiB:6.0f} MiB",
         flush=True,
     )
@@ -206,6 +272,13 @@ class SuiteRun:
     @property
     def ref(self) -> Result:
         return self.result(L0)
+
+    def floor_cpu_s_gb(self) -> float:
+        """The raw-decode floor's median cpu-s/GB in this run (NaN: not measured)."""
+        for name, result in self.results.items():
+            if name.startswith(FLOOR_PREFIX):
+                return result.cpu_s_gb
+        return math.nan
 
     def ratio(self, name: str, other: str) -> float:
         """Throughput of case ``name`` over that of case ``other``."""

@@ -102,7 +102,9 @@ def measure(
 ) -> dict[str, Result]:
     """Every case, in one set of interleaved rounds."""
     paths = make_stores(data_dir, rows, chunk_rows)
-    sources = [zarr.open_array(p, mode="r") for p in paths]
+    # opened as mix opens them (open_array: zarrs' pipeline when installed), so both
+    # sides decode alike
+    sources = [dzb.open_array(str(p)) for p in paths]
     weights = [n / sum(rows) for n in rows]
     mixture = dzb.mix([str(p) for p in paths], weights, seed=0)
     buffer = 8 * chunk_rows

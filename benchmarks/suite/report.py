@@ -16,6 +16,7 @@ import zarr
 
 import daskzarr_batches as dzb
 
+from . import cpu
 from .cache_cases import cache_section
 from .dataset import default_shape
 from .measure import MB, MiB, Result, SuiteRun
@@ -63,22 +64,68 @@ def header(run: SuiteRun, command: str, now: str) -> list[str]:
         f"Load average (1 min) {run.load[0][0]:.1f} at the start, {run.load[1][0]:.1f} at "
         "the end (other jobs on the machine compete for its cores).  "
         f"Throughput is the best of {run.repeats} run(s); cases marked * ran a few "
-        "batches and are extrapolated.  Batch 256 unless said.",
+        "batches and are extrapolated.  Batch 256 unless said.  cpu-s/GB: CPU seconds "
+        "of this process (all threads, `time.process_time`) per GB delivered, the median "
+        "of the rounds, timed around the same region as the wall clock; x floor: that "
+        "over the raw-decode floor's (the stored chunks decoded by numcodecs on one "
+        "thread, their bytes read beforehand; issue 20); wall s: the rounds' epoch times.",
     ]
 
 
 def cases_table(run: SuiteRun) -> list[str]:
+    """Every case: best MB/s, median cpu-s/GB (and over the floor), the rounds' wall spread."""
+    floor = run.floor_cpu_s_gb()
     lines = [
-        "| case | MB/s | samples/s | vs L0 | read amp. | RSS growth MiB |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| case | MB/s | samples/s | vs L0 | cpu-s/GB | x floor | wall s min / med / max "
+        "| read amp. | RSS growth MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    marks = cpu_marks(run.results.values())
     for r in run.results.values():
         star = " *" if r.extrapolated else ""
         lines.append(
             f"| {r.name}{star} | {r.mb_s:,.1f} | {f'{r.samples_s:,.0f}' if r.samples else '-'} | "
-            f"{r.mb_s / run.ref.mb_s:.3g}x | {amplification(r)} | {r.rss_growth / MiB:.0f} |"
+            f"{r.mb_s / run.ref.mb_s:.3g}x | {cpu_cell(r)}{marks.get(r.name, '')} | "
+            f"{times_floor(r, floor)} | {spread_cell(r)} | {amplification(r)} | "
+            f"{r.rss_growth / MiB:.0f} |"
         )
+    notes = {r.extra["cpu_of"] for r in run.results.values() if "cpu_of" in r.extra}
+    for note in sorted(notes):
+        lines.append("")
+        lines.append(f"{CPU_MARKS[note]} CPU of {note}.")
     return lines
+
+
+#: how the table marks the CPU of a case that counts more than this process
+CPU_MARKS = {
+    "this process + workers": "†",
+    "this process + DataLoader workers reaped within the epoch": "‡",
+}
+
+
+def cpu_marks(results: Any) -> dict[str, str]:
+    return {r.name: CPU_MARKS.get(r.extra.get("cpu_of", ""), "") for r in results}
+
+
+def cpu_cell(result: Result) -> str:
+    """Median CPU seconds per GB delivered, or - when not measured."""
+    value = result.cpu_s_gb
+    return f"{value:.2f}" if math.isfinite(value) else "-"
+
+
+def times_floor(result: Result, floor: float) -> str:
+    """The case's cpu-s/GB over the raw-decode floor's (medians), or -."""
+    value = result.cpu_s_gb / floor
+    return f"{value:.2f}x" if math.isfinite(value) else "-"
+
+
+def spread_cell(result: Result) -> str:
+    """min / median / max wall seconds of the rounds (one value for a single round)."""
+    seconds = result.extra.get("seconds") or [result.seconds]
+    if len(seconds) == 1:
+        return f"{seconds[0]:.3f}"
+    low, median, high = result.spread
+    return f"{low:.3f} / {median:.3f} / {high:.3f}"
 
 
 def amplification(result: Result) -> str:
@@ -183,6 +230,7 @@ def markdown(run: SuiteRun, targets: list[Target], *, command: str, now: str) ->
         targets_table(targets),
         stores_section(run.results),
         cache_section(run.results),
+        cpu.section(run.results),
         prefetch_section(run.prefetch),
         first_batch_section(run.first_batch),
         memory_section(run.memory),
@@ -197,15 +245,21 @@ def markdown(run: SuiteRun, targets: list[Target], *, command: str, now: str) ->
 def payload(run: SuiteRun, targets: list[Target], *, command: str, now: str) -> dict[str, Any]:
     """``results.json``."""
     ref = run.ref
+    floor = run.floor_cpu_s_gb()
     return {
         "command": command,
         "date": now,
+        "load": run.load,
         "results": [
             asdict(r)
             | {
                 "mb_s": r.mb_s,
                 "vs_l0": r.mb_s / ref.mb_s,
                 "amplification": r.amplification if math.isfinite(r.amplification) else None,
+                "cpu": r.cpu if math.isfinite(r.cpu) else None,
+                "cpu_s_gb": finite(r.cpu_s_gb),
+                "cpu_x_floor": finite(r.cpu_s_gb / floor),
+                "wall_min_median_max": list(r.spread),
             }
             for r in run.results.values()
         ],
@@ -216,6 +270,10 @@ def payload(run: SuiteRun, targets: list[Target], *, command: str, now: str) -> 
         "first_batch": run.first_batch,
         "skipped": run.skipped,
     }
+
+
+def finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def write_outputs(run: SuiteRun, targets: list[Target], out: Path) -> None:
@@ -232,9 +290,9 @@ def write_outputs(run: SuiteRun, targets: list[Target], out: Path) -> None:
 
 
 def print_summary(run: SuiteRun, targets: list[Target]) -> None:
-    print("\nratios vs L0:")
+    print("\nratios vs L0, cpu-s/GB (median of the rounds):")
     for r in run.results.values():
-        print(f"  {r.mb_s / run.ref.mb_s:10.4f}x  {r.name}")
+        print(f"  {r.mb_s / run.ref.mb_s:10.4f}x  {cpu_cell(r):>6}  {r.name}")
     print("\ntargets:")
     for t in targets:
         print(f"  {t.status}  {t.what}: {t.measured}")

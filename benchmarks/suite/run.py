@@ -31,7 +31,7 @@ import numpy as np
 import zarr
 
 from . import big_samples as big
-from . import cache_cases, cases, memory, patch_cases, quality, report, stores_cases, targets
+from . import cache_cases, cases, cpu, memory, patch_cases, quality, report, stores_cases, targets
 from . import collection as coll
 from . import mixture as mx
 from . import writes as wr
@@ -105,6 +105,21 @@ def measure_fast_start(
     return first
 
 
+def measure_cpu(
+    args: argparse.Namespace, data_dir: Path, skipped: dict[str, str]
+) -> dict[str, Result]:
+    """Issue 20's CPU cases on the 400,000-row array (``--quick``: the run's own, smaller).
+
+    ``--rounds`` rounds, else :data:`cpu.ROUNDS` (the issue's targets are on the medians
+    of 8), else 2 with ``--quick``.
+    """
+    all_rows, cols, chunk_rows = shape(args)
+    rows = min(all_rows, cases.START_ROWS) if args.quick else cases.START_ROWS
+    ds = make_dataset(data_dir, rows, cols, chunk_rows)
+    repeats = int(args.rounds or (repeats_of(args) if args.quick else cpu.ROUNDS))
+    return cpu.measure(ds, repeats, skipped)
+
+
 def measure_quality(w: cases.Workload) -> list[dict[str, Any]]:
     print("shuffle quality (from the plan, nothing read)")
     rows = quality.quality_table(w.x, w.ds.chunk_rows)
@@ -152,6 +167,7 @@ def run_suite(args: argparse.Namespace) -> None:
         results |= cache_cases.measure_cache(ds, data_dir, repeats=repeats, skipped=skipped)
     prefetch = measure_prefetch(w, results[cases.BUFFERED])
     first_batch = measure_fast_start(args, data_dir, results)
+    results |= measure_cpu(args, data_dir, skipped)
     print("memory (fresh process per case)")
     memory_record = memory.memory_cases(
         ds, data_dir, w.buffer_rows, w.budget, sweep=not args.quick
@@ -191,6 +207,62 @@ def run_stores(options: argparse.Namespace) -> None:
     for target in targets.evaluate(run, targets.STORE_TARGETS):
         why = f" ({target.why})" if target.why else ""
         print(f"  {target.status}  {target.what}: {target.measured}{why}")
+
+
+def run_cpu(options: argparse.Namespace) -> None:
+    """Issue 20's CPU cases alone; evaluate ``CPU_TARGETS``, write ``cpu.md`` / ``cpu.json``."""
+    data_dir, out = Path(options.data), Path(options.out)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    ds = cpu.dataset(data_dir, options.rows, options.cols, options.chunk_rows)
+    repeats = options.rounds or cpu.ROUNDS
+    skipped: dict[str, str] = {}
+    load = os.getloadavg()
+    results = cpu.measure(ds, repeats, skipped)
+    load_after = os.getloadavg()
+    run = SuiteRun(ds, False, repeats, results, skipped, {}, {}, [])
+    evaluated = targets.evaluate(run, targets.CPU_TARGETS)
+    command = "python -m benchmarks --only cpu" + "".join(
+        f" --{flag} {value}"
+        for flag, value in (
+            ("rows", options.rows),
+            ("cols", options.cols),
+            ("chunk-rows", options.chunk_rows),
+            ("rounds", options.rounds),
+        )
+        if value
+    )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# CPU per GB (issue 20)",
+        "",
+        f"`{command}` on {now}: {ds.rows:,} x {ds.cols} float32 in {ds.chunk_rows}-row "
+        f"chunks, zarr's default codec (zstd), local directory store; {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, zarr {zarr.__version__}, numpy "
+        f"{np.__version__}; load average (1 min) {load[0]:.2f} at the start, "
+        f"{load_after[0]:.2f} at the end.  {repeats} interleaved rounds; CPU is this "
+        "process's (`time.process_time`, all threads) over the same region as the wall "
+        "clock.",
+        "",
+        *cpu.section(results)[2:],
+        "",
+        "| target | measured | result |",
+        "|---|---|---|",
+        *(f"| {t.what} | {t.measured} | {t.status}{f' ({t.why})' if t.why else ''} |"
+          for t in evaluated),
+    ]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    (out / "cpu.md").write_text(text)
+    payload = {
+        "command": command,
+        "date": now,
+        "load": [load, load_after],
+        "cases": cpu.payload(results),
+        "targets": [t.__dict__ for t in evaluated],
+        "skipped": skipped,
+    }
+    (out / "cpu.json").write_text(json.dumps(payload, indent=1) + "\n")
+    print("\n" + text)
 
 
 def run_big_samples(options: argparse.Namespace) -> None:

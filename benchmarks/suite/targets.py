@@ -14,6 +14,7 @@ from typing import Literal
 from . import big_samples as big
 from . import cache_cases as cc
 from . import collection as coll
+from . import cpu
 from . import mixture as mx
 from . import patch_cases as pc
 from . import stores_cases as sc
@@ -347,6 +348,51 @@ WRITE_TARGETS: tuple[TargetSpec, ...] = (
     ),
 )
 
+
+def cpu_vs_floor(case: str) -> Value:
+    """Median cpu-s/GB of ``case`` over the raw-decode floor's, same rounds (issue 20)."""
+    return lambda run: run.result(case).cpu_s_gb / run.result(cpu.FLOOR).cpu_s_gb
+
+
+def slowest_epoch(case: str) -> Value:
+    """The slowest round's wall time of ``case`` over its fastest (issue 20)."""
+    return lambda run: cpu.slowest_over_fastest(run.result(case))
+
+
+def pinned_vs_l0(run: SuiteRun) -> float:
+    """The pinned child's sequential stream (zarr's pipeline) over its L0, medians."""
+    for case in (cpu.PINNED_SEQUENTIAL, cpu.PINNED_L0):
+        run.result(case)  # MissingResult when the pinned child did not run
+    return cpu.pinned_vs_l0(run.results)
+
+
+CPU = "CPU per GB (issue 20)"
+CPU_ZARRS = "CPU per GB with zarrs (issue 20)"
+
+
+def cpu_skip(pipeline: str) -> dict[str, str]:
+    """A row of zarrs' is skipped for want of zarrs, the others for want of the cases."""
+    if pipeline == "zarrs":
+        return {"skip": "zarrs", "skip_name": CPU_ZARRS}
+    return {"skip": cpu.SKIP_KEY, "skip_name": CPU}
+
+
+#: issue 20: CPU per GB near the decode floor, and steady epochs, on the 400,000-row
+#: array, medians of 8 interleaved rounds (``cpu``; ``python -m benchmarks --only cpu``)
+CPU_TARGETS: tuple[TargetSpec, ...] = (
+    *(TargetSpec(f"{kind.split(',')[0]} ({cpu.pipeline_label(pipeline)}): cpu-s/GB <= "
+                 f"{limit}x raw-decode floor (medians)",
+                 cpu_vs_floor(cpu.name(pipeline, kind)), "<=", limit, **cpu_skip(pipeline))
+      for kind, limits in ((cpu.SEQUENTIAL, (1.6, 2.0)), (cpu.BUFFERED, (2.0, 2.4)))
+      for pipeline, limit in zip(cpu.PIPELINES, limits, strict=True)),
+    *(TargetSpec(f"sequential ({cpu.pipeline_label(pipeline)}): slowest epoch <= 1.3x the "
+                 "fastest (rounds)", slowest_epoch(cpu.name(pipeline, cpu.SEQUENTIAL)), "<=",
+                 1.3, **cpu_skip(pipeline))
+      for pipeline in cpu.PIPELINES),
+    TargetSpec("pinned to one core: sequential (zarr's pipeline) >= 1.0x L0 (medians)",
+               pinned_vs_l0, ">=", 1.0, skip=cpu.SKIP_KEY, skip_name=CPU),
+)  # fmt: skip
+
 # MiB = 2**20, so comparing bytes / MiB compares the bytes exactly.
 TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("sequential >= 1.3x L0", ratio(SEQUENTIAL, L0), ">=", 1.3),
@@ -388,6 +434,7 @@ TARGETS: tuple[TargetSpec, ...] = (
                "{value:.0f}x", skip="torch"),
     TargetSpec(f">= 20x {DASK_SLICES}", ratio(SEQUENTIAL, DASK_SLICES), ">=", 20, "{value:.0f}x"),
     *STORE_TARGETS,
+    *CPU_TARGETS,
     *BIG_SAMPLE_TARGETS,
     *CACHE_TARGETS,
     TargetSpec("prefetch: wait <= 5% of epoch (consumer 1.2x load)",

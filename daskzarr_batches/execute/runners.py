@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import os
 import sys
 import threading
@@ -29,7 +30,8 @@ from typing import Any, Protocol
 import dask.threaded
 
 from ..errors import ArgumentTypeError
-from ..store.cache import rows_name
+from ..plan.windows import ChunkPiece
+from ..store.cache import kept_part, rows_name
 from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
 from ..store.policy import CancelScope
@@ -38,7 +40,15 @@ from ..store.subsets import SubsetSource
 from ..store.threads import DaemonExecutor
 from .cancel import Cancellation
 
-__all__ = ["ClientRunner", "Fetched", "Runner", "ThreadRunner", "make_runner", "resolve_client"]
+__all__ = [
+    "ClientRunner",
+    "Fetched",
+    "Keeper",
+    "Runner",
+    "ThreadRunner",
+    "make_runner",
+    "resolve_client",
+]
 
 Graph = dict[Any, Any]
 
@@ -79,7 +89,7 @@ class Runner(Protocol):
         """``function`` as tasks should call it: locally, one call per CPU at once."""
 
     def keeper(self, cache: Any, read: Callable[..., Any], policy: Any) -> Any:
-        """``kept(source, piece, priority)`` for window graphs, or ``None``.
+        """``kept(source, piece, priority)`` for every read graph (a :class:`Keeper`), or ``None``.
 
         On a cluster, the cluster future of a Zarr array's axis-0 chunk that
         ``cache`` keeps (made by ``read(array, name, piece, row_bytes,
@@ -237,40 +247,8 @@ class ClientRunner:
         return function
 
     def keeper(self, cache: Any, read: Callable[..., Any], policy: Any) -> Any:
-        """Chunk futures ``cache`` keeps on this cluster, made on first use.
-
-        Each is one task reading every row of one axis-0 chunk (``read``,
-        with ``policy`` less its cache: the result is what is kept), keyed
-        ``dzb-cached-<cache id>-<array token>-<start>-<stop>``; the cache
-        holds the futures (not this runner: closing a stream keeps them).
-        Arrays without a cache token (numpy, scattered in-memory Zarr arrays)
-        are not kept.
-        """
-        tokens = dict(policy.cache_tokens)
-        plain = dataclasses.replace(policy, cache=None, cache_tokens=())
-        client, owner = self.client, self.client.id
-
-        def kept(source: SliceSource, piece: Any, priority: int) -> tuple[Any, bool] | None:
-            array = source.array
-            store_path = getattr(array, "store_path", None)
-            token = None if store_path is None else tokens.get(str(store_path))
-            if token is None:
-                return None
-            key = f"dzb-cached-{cache.id}-{token}-{piece.start}-{piece.stop}"
-            whole = dataclasses.replace(piece, take=slice(None), dest=slice(0, piece.rows))
-
-            def make(retry: bool) -> Any:  # a failed one's key may still be known: a new one
-                name = f"{key}-{uuid.uuid4().hex[:8]}" if retry else key
-                return client.submit(
-                    read, array, source.name, whole, source.row_bytes, plain,
-                    key=name, pure=False, priority=priority,
-                )  # fmt: skip
-
-            held = cache.key(token, rows_name(piece.start, piece.stop))
-            nbytes = piece.rows * source.row_bytes
-            return cache.cluster_chunk(held, owner, nbytes, make)
-
-        return kept
+        """Chunk futures ``cache`` keeps on this cluster, made on first use (:class:`Keeper`)."""
+        return Keeper(self.client, cache, read, policy)
 
     def close(self) -> None:
         """Release every future still held (idempotent)."""
@@ -280,6 +258,98 @@ class ClientRunner:
         for future in leftovers:
             future.release()  # a fetch waiting for it ends (the future is cancelled)
         self._fetchers.shutdown(wait=False, cancel_futures=True)
+
+
+class Keeper:
+    """``kept(source, piece, priority)``: the cluster future of a chunk a cache keeps.
+
+    The one way a cache keeps decoded chunks on a cluster, for every read
+    that needs a Zarr array's rows or blocks (batch windows, chunk streams
+    and their transforms, patches, chunk subsets, collection members, the
+    inputs of writes).  Each future is one task reading every row of one
+    axis-0 chunk (``read``, with ``policy`` less its cache: the result is
+    what is kept), keyed ``dzb-cached-<cache id>-<array token>-<start>-<stop>``;
+    the cache holds the futures (not the runner: closing a stream keeps
+    them).  Arrays without a cache token (numpy, scattered in-memory Zarr
+    arrays) are not kept: ``kept`` returns ``None`` and :meth:`keeps` says so.
+    """
+
+    def __init__(self, client: Any, cache: Any, read: Callable[..., Any], policy: Any) -> None:
+        self.client, self.cache, self.read = client, cache, read
+        self.tokens = dict(policy.cache_tokens)
+        self.plain = dataclasses.replace(policy, cache=None, cache_tokens=())
+
+    def token(self, source: SliceSource) -> str | None:
+        """The cache token of ``source``'s array, if the cache can keep its chunks."""
+        store_path = getattr(source.array, "store_path", None)
+        return None if store_path is None else self.tokens.get(str(store_path))
+
+    def keeps(self, source: Source) -> bool:
+        """Whether the chunks of ``source`` (a Zarr array's) are kept."""
+        return isinstance(source, SliceSource) and self.token(source) is not None
+
+    def __call__(self, source: SliceSource, piece: Any, priority: int) -> tuple[Any, bool] | None:
+        """The future of ``piece``'s whole axis-0 chunk and whether it was made now; or ``None``."""
+        token = self.token(source)
+        if token is None:
+            return None
+        cache, client, array, read, plain = (
+            self.cache, self.client, source.array, self.read, self.plain
+        )  # fmt: skip
+        key = f"dzb-cached-{cache.id}-{token}-{piece.start}-{piece.stop}"
+        whole = dataclasses.replace(piece, take=slice(None), dest=slice(0, piece.rows))
+
+        def make(retry: bool) -> Any:  # a failed one's key may still be known: a new one
+            name = f"{key}-{uuid.uuid4().hex[:8]}" if retry else key
+            return client.submit(
+                read, array, source.name, whole, source.row_bytes, plain,
+                key=name, pure=False, priority=priority,
+            )  # fmt: skip
+
+        held = cache.key(token, rows_name(piece.start, piece.stop))
+        nbytes = piece.rows * source.row_bytes
+        return cache.cluster_chunk(held, client.id, nbytes, make)
+
+    def block(
+        self, source: SliceSource, block: tuple[int, ...], priority: int, read: Callable[..., Any]
+    ) -> tuple[Any, bool, tuple[slice, ...]] | None:
+        """The kept part holding stored ``block``: its future, whether it was made now, and
+        the region of the array it holds; or ``None`` (not kept).
+
+        The part is the block's stored object decoded
+        (``store.cache.kept_part``): for a block of a sharded array, every
+        inner block of its shard (one fetch of the shard); for a block
+        spanning every column, its axis-0 chunk, kept as batch windows keep
+        it (:meth:`__call__`: the same future serves both); else the block
+        alone.  A part of its own is one task,
+        ``read(array, name, blocks, slices, region, policy)`` with the policy
+        less its cache (``read.window.read_kept_part``), keyed
+        ``dzb-cached-<cache id>-<array token>-b<first block>``; its result is
+        ``(data, report)``, ``data`` covering the region.
+        """
+        token = self.token(source)
+        if token is None:
+            return None
+        part = kept_part(source, block)
+        if part.rows:  # its axis-0 chunk's rows, as batch windows keep them
+            rows = part.region[0]
+            piece = ChunkPiece(block[0], rows.start, rows.stop, slice(None), slice(None))
+            found = self(source, piece, priority)
+            return None if found is None else (*found, part.region)
+        array, blocks, slices, region = source.array, part.blocks, part.slices, part.region
+        cache, client, plain = self.cache, self.client, self.plain
+        key = f"dzb-cached-{cache.id}-{token}-b{'.'.join(map(str, blocks[0]))}"
+
+        def make(retry: bool) -> Any:  # a failed one's key may still be known: a new one
+            name = f"{key}-{uuid.uuid4().hex[:8]}" if retry else key
+            return client.submit(
+                read, array, source.name, blocks, slices, region, plain,
+                key=name, pure=False, priority=priority,
+            )  # fmt: skip
+
+        nbytes = math.prod(s.stop - s.start for s in region) * source.dtype.itemsize
+        future, made = cache.cluster_chunk(cache.key(token, part.name), client.id, nbytes, make)
+        return future, made, region
 
 
 class _Slotted:

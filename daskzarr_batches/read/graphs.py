@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from dask.optimization import cull
@@ -25,7 +25,7 @@ from ..store.policy import (
 from ..store.sources import DaskSource, SliceSource, Source
 from ..store.subsets import SubsetSource
 from .buffers import BufferPool
-from .patches import ChunkShare, read_origins, read_patches
+from .patches import ChunkShare, kept_blocks, patch_ids, read_origins, read_patches
 from .tasks import (
     Key,
     apply_transform,
@@ -38,11 +38,35 @@ from .tasks import (
     read_shard,
     read_sources,
 )
-from .window import cut_kept_chunks, read_subset_window, read_window
+from .window import (
+    cut_kept_block,
+    cut_kept_chunks,
+    read_kept_part,
+    read_subset_window,
+    read_window,
+)
 
-#: ``kept(source, piece, priority)``: the cluster future of the whole axis-0 chunk of
-#: ``piece`` a cache keeps and whether it was made now, or ``None`` (not kept: read it)
-Kept = Callable[[SliceSource, ChunkPiece, int], tuple[Any, bool] | None]
+
+class Kept(Protocol):
+    """The chunks a cache keeps on a cluster (``execute.runners.Keeper``).
+
+    Each call returns the cluster future and whether it was made now (a
+    miss), or ``None``: not kept, read it.
+    """
+
+    def __call__(
+        self, source: SliceSource, piece: ChunkPiece, priority: int
+    ) -> tuple[Any, bool] | None:
+        """The whole axis-0 chunk of ``piece`` (every row, every column)."""
+
+    def block(
+        self, source: SliceSource, block: tuple[int, ...], priority: int, read: Callable[..., Any]
+    ) -> tuple[Any, bool, tuple[slice, ...]] | None:
+        """The kept part holding stored ``block``, and the region of the array it holds."""
+
+
+#: ``kept`` at the priority of the window being built
+KeptHere = Callable[[SliceSource, ChunkPiece], tuple[Any, bool] | None]
 
 __all__ = [
     "block_graph",
@@ -85,11 +109,13 @@ def window_graph(
     ``pool``: where patch reads and Zarr arrays' window reads take their outputs
     from (local reads; the consumer gives them back once cut).
 
-    ``kept`` (a cache on a cluster): a Zarr array's window, when every chunk
-    it touches is kept as a cluster future, is one task cutting its rows from
-    those futures (:func:`cut_kept_chunks`), so the scheduler runs it where
-    most of its chunks live and the store is read only by the chunks' own
-    tasks, once each while the cache keeps them.
+    ``kept`` (a cache on a cluster): a Zarr array's window (a chunk subset's
+    base, a collection's member), when every chunk it touches is kept as a
+    cluster future, is one task cutting its rows from those futures
+    (:func:`cut_kept_chunks`), and a patch window's boxes are filled from
+    them, so the scheduler runs it where most of its chunks live and the
+    store is read only by the chunks' own tasks, once each while the cache
+    keeps them.
     """
     shares = shares or {}
     dsk: dict[Key, Any] = {}
@@ -100,7 +126,7 @@ def window_graph(
         outputs.append(out_key)
         if isinstance(source, PatchSource):
             _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
-                         scope, plan_order, shares.get(id(source.base)), pool)  # fmt: skip
+                         scope, plan_order, shares.get(id(source.base)), pool, kept)  # fmt: skip
             continue
         if isinstance(source, SourcesSource):  # provenance: computed from the sample ids
             if isinstance(source.rows, SubsetSource):
@@ -109,18 +135,10 @@ def window_graph(
                 read_sources, source.collection.offsets, tuple(pieces), window.size, plan_order,
             )  # fmt: skip
             continue
-        if kept is not None and isinstance(source, SliceSource):
-            refs = [kept(source, piece, -window.index) for piece in pieces]
-            if pieces and all(ref is not None for ref in refs):
-                futures = [ref[0] for ref in refs if ref is not None]
-                made = tuple(ref[1] for ref in refs if ref is not None)
-                dsk[out_key] = (
-                    cut_kept_chunks, futures, tuple(pieces), window.size, plan_order, made
-                )  # fmt: skip
-                continue
         _add_rows(
             dsk, source, tuple(pieces), window.size, out_key, (token, window.index, position),
-            policy, scope, plan_order, _share(decode_bytes, source, sources), pool=pool,
+            policy, scope, plan_order, _share(decode_bytes, source, sources),
+            kept=None if kept is None else _at_priority(kept, -window.index), pool=pool,
         )  # fmt: skip
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
@@ -139,11 +157,15 @@ def _add_rows(
     plan_order: bool,
     decode_bytes: int | None,
     local: dict[int, tuple[int, int, int]] | None = None,
+    kept: KeptHere | None = None,
     pool: BufferPool | None = None,
 ) -> None:
     """Add task ``out_key``: ``(rows, ReadReport)`` of ``pieces`` of one array.
 
     ``where`` (token, window, output) makes the keys of helper tasks unique.
+    ``kept`` (a cache on a cluster): a Zarr array's rows, when every chunk
+    they touch is kept, are cut from the kept chunks (:func:`cut_kept_chunks`),
+    whatever holds the array (a chunk subset's base, a collection's member).
     ``pool``: where a Zarr array's rows are read into, when the output is the
     window's own (not a collection member's, which is joined).
     """
@@ -151,6 +173,9 @@ def _add_rows(
         pieces = tuple(source.base_piece(piece) for piece in pieces)
         base = source.base
         if isinstance(base, SliceSource):
+            if _add_kept(dsk, base, pieces, size, out_key, plan_order, kept,
+                         source.local_chunks()):  # fmt: skip
+                return
             dsk[out_key] = (
                 read_subset_window, source.local_chunks(), base.array, base.name,
                 size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes, pool,
@@ -158,14 +183,16 @@ def _add_rows(
             return
         if isinstance(base, ConcatSource):
             _add_members(dsk, base, pieces, size, out_key, where, policy, scope, plan_order,
-                         decode_bytes, source.local_chunks())  # fmt: skip
+                         decode_bytes, source.local_chunks(), kept)  # fmt: skip
             return
         source = base
     if isinstance(source, ConcatSource):
         _add_members(dsk, source, pieces, size, out_key, where, policy, scope, plan_order,
-                     decode_bytes, local)  # fmt: skip
+                     decode_bytes, local, kept)  # fmt: skip
         return
     if isinstance(source, SliceSource):
+        if _add_kept(dsk, source, pieces, size, out_key, plan_order, kept, local):
+            return
         dsk[out_key] = (
             read_window, source.array, source.name, size, source.row_bytes,
             tuple(pieces), policy, scope, plan_order, decode_bytes, pool,
@@ -181,6 +208,36 @@ def _add_rows(
     dsk[out_key] = (join_pieces, piece_keys, dests)
 
 
+def _at_priority(kept: Kept, priority: int) -> KeptHere:
+    """``kept`` for the chunks of one window (or block): at that window's priority."""
+    return lambda source, piece: kept(source, piece, priority)
+
+
+def _add_kept(
+    dsk: dict[Key, Any],
+    source: SliceSource,
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    out_key: Key,
+    plan_order: bool,
+    kept: KeptHere | None,
+    local: dict[int, tuple[int, int, int]] | None,
+) -> bool:
+    """Add task ``out_key`` cutting ``pieces`` from kept chunks, if the cache keeps them all.
+
+    Returns whether it did (else the caller reads the pieces from the store).
+    """
+    if kept is None or not pieces:
+        return False
+    refs = [kept(source, piece) for piece in pieces]
+    if not all(ref is not None for ref in refs):
+        return False
+    futures = [ref[0] for ref in refs if ref is not None]
+    made = tuple(ref[1] for ref in refs if ref is not None)
+    dsk[out_key] = (cut_kept_chunks, futures, tuple(pieces), size, plan_order, made, local)
+    return True
+
+
 def _add_members(
     dsk: dict[Key, Any],
     source: ConcatSource,
@@ -193,6 +250,7 @@ def _add_members(
     plan_order: bool,
     decode_bytes: int | None,
     local: dict[int, tuple[int, int, int]] | None,
+    kept: KeptHere | None = None,
 ) -> None:
     """Add a collection's rows: one read per member the window touches, then one join.
 
@@ -213,7 +271,7 @@ def _add_members(
         key = (f"dzb-member-{where[0]}", *where[1:], member)
         _add_rows(
             dsk, source.members[member], member_pieces, rows, key,
-            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share,
+            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share, kept=kept,
         )  # fmt: skip
         parts.append(key)
         to_global = source._grid[2][member]
@@ -243,8 +301,15 @@ def _add_patches(
     plan_order: bool,
     share: ChunkShare | None,
     pool: BufferPool | None,
+    kept: Kept | None = None,
 ) -> None:
-    """Add output ``out_key`` of a patch source: one read task per base array, shared."""
+    """Add output ``out_key`` of a patch source: one read task per base array, shared.
+
+    ``kept`` (a cache on a cluster): a Zarr base array's boxes are filled
+    from its kept stored blocks (``kept.block``: every one the window's
+    boxes overlap), so the task runs where they live and reads nothing from
+    the store.
+    """
     grid = source.grid
     assert grid is not None
     if source.cut is None:  # the patches' origins
@@ -256,13 +321,35 @@ def _add_patches(
     if group not in groups:
         key = (f"dzb-patches-{token}", window.index, position)
         array = base.array if isinstance(base, SliceSource | DaskSource) else None
+        extra: tuple[Any, ...] = ()
+        if kept is not None and isinstance(base, SliceSource):
+            ids, counts, _ = patch_ids(pieces, window.size, plan_order)
+            boxes = grid.boxes(ids, counts, source.group) if len(ids) else []
+            parts = _kept_parts(kept, base, kept_blocks(base.chunks, boxes), -window.index)
+            if parts:  # every stored block the boxes reach is kept
+                extra = ([p[0] for p in parts], tuple(p[2] for p in parts),
+                         tuple(p[1] for p in parts))  # fmt: skip
         dsk[key] = (
             read_patches, array, base.name, base.chunks, grid, source.group, window.size,
-            tuple(pieces), policy, scope, plan_order, share, pool,
+            tuple(pieces), policy, scope, plan_order, share, pool, *extra,
         )  # fmt: skip
         groups[group] = (key, [])
     key, _ = groups[group]
     dsk[out_key] = (operator.getitem, key, source.group.index(source.cut))
+
+
+def _kept_parts(
+    kept: Kept, source: SliceSource, blocks: Sequence[tuple[int, ...]], priority: int
+) -> list[tuple[Any, bool, tuple[slice, ...]]]:
+    """The kept parts holding ``blocks``, each once (a shard holds several); empty if one
+    of them is not kept (or there are no blocks)."""
+    parts: dict[tuple[tuple[int, int], ...], tuple[Any, bool, tuple[slice, ...]]] = {}
+    for block in blocks:
+        ref = kept.block(source, block, priority, read_kept_part)
+        if ref is None:
+            return []
+        parts.setdefault(tuple((s.start, s.stop) for s in ref[2]), ref)
+    return list(parts.values())
 
 
 def _share(decode_bytes: int | None, source: Source, sources: Sequence[Source]) -> int | None:
@@ -330,19 +417,25 @@ def block_graph(
     transform: Callable[[np.ndarray], Any] | None = None,
     policy: ReadPolicy = DEFAULT_POLICY,
     scope: CancelScope | None = None,
+    kept: Kept | None = None,
+    priority: int = 0,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph reading one stored block (all axes) of ``source``.
 
     With ``transform``, a second task applies it to the block; the scheduler
-    runs it where the block was read, so only its result moves.
+    runs it where the block was read, so only its result moves.  ``kept`` (a
+    cache on a cluster): a Zarr array's stored block (also a chunk subset's,
+    a collection member's) is cut from its kept future (:func:`cut_kept_block`;
+    ``kept.block``, at ``priority``), so the scheduler runs the block's tasks
+    where it lives and the store is read by the kept block's own task alone.
     """
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
     if isinstance(source, SubsetSource):  # the stored block, cropped to the subset's ranges
         _add_block(dsk, key, source.base, source.block_index(block), source.block_slices(block),
-                   policy, scope)  # fmt: skip
+                   policy, scope, kept, priority)  # fmt: skip
     else:
-        _add_block(dsk, key, source, block, None, policy, scope)
+        _add_block(dsk, key, source, block, None, policy, scope, kept, priority)
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
@@ -358,6 +451,8 @@ def _add_block(
     where: tuple[slice, ...] | None,
     policy: ReadPolicy,
     scope: CancelScope | None,
+    kept: Kept | None = None,
+    priority: int = 0,
 ) -> None:
     """Add task ``key``: stored ``block`` of ``source``, cropped to ``where`` if given.
 
@@ -370,9 +465,19 @@ def _add_block(
             shift = int(source.offsets[member])
             first = slice(where[0].start - shift, where[0].stop - shift)
             where = (first, *where[1:])
-        _add_block(dsk, key, source.members[member], local, where, policy, scope)
+        _add_block(dsk, key, source.members[member], local, where, policy, scope, kept,
+                   priority)  # fmt: skip
     elif isinstance(source, SliceSource):
-        where = source.block_slices(block) if where is None else where
+        whole = source.block_slices(block)
+        where = whole if where is None else where
+        ref = None if kept is None else kept.block(source, block, priority, read_kept_part)
+        if ref is not None:
+            origin = tuple(s.start for s in ref[2])
+            dsk[key] = (
+                cut_kept_block, ref[0], origin, ref[1], source.array, source.name, block, where,
+                policy, scope,
+            )  # fmt: skip
+            return
         dsk[key] = (read_block, source.array, source.name, block, where, policy, scope)
     else:
         assert isinstance(source, DaskSource)

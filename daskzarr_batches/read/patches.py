@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -29,12 +30,13 @@ from ..errors import ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes
 from ..plan.windows import ChunkPiece, chunk_offsets
+from ..store.cache import CacheCounts
 from ..store.layout import block_key
 from ..store.policy import DEFAULT_POLICY, CancelScope, Ledger, ReadPolicy, ReadReport
 from .buffers import BufferPool
 from .tasks import read_block, read_views, run_on_loop
 
-__all__ = ["ChunkShare", "patch_ids", "read_origins", "read_patches"]
+__all__ = ["ChunkShare", "kept_blocks", "patch_ids", "read_origins", "read_patches"]
 
 Block = tuple[int, ...]
 
@@ -159,6 +161,9 @@ def read_patches(
     plan_order: bool = False,
     share: ChunkShare | None = None,
     pool: BufferPool | None = None,
+    kept: Sequence[tuple[np.ndarray, ReadReport]] | None = None,
+    kept_places: Sequence[tuple[slice, ...]] = (),
+    kept_made: Sequence[bool] = (),
 ) -> tuple[tuple[np.ndarray, ReadReport], ...]:
     """Read one window's patches of one array: one ``(patches, report)`` per cut.
 
@@ -184,6 +189,16 @@ def read_patches(
         them (local reads only).
     pool : BufferPool, optional
         Where the outputs come from (the stream gives them back once cut).
+    kept, kept_places, kept_made : optional
+        A cache on a cluster: every stored block the window's boxes overlap,
+        as kept (``(data, report)``: the block, or its whole axis-0 chunk
+        when the block spans every column), where each sits in the array
+        and whether it was made for this window (a cache miss) or kept from
+        before (a hit).  The boxes are filled from them, nothing read from
+        the store; if one of them was skipped as undecodable, the window is
+        read from the store as without them (``policy`` less its cache), so
+        that only the patches touching a chunk that does not decode are
+        dropped.
 
     Returns
     -------
@@ -196,6 +211,8 @@ def read_patches(
     boxes = grid.boxes(ids, groups, cuts) if len(ids) else []
     bounds = [chunk_offsets(sizes) for sizes in chunks]
     dtype = np.dtype(array.dtype)
+    if kept is not None and any(report.skipped for _, report in kept):
+        kept, policy = None, dataclasses.replace(policy, cache=None, cache_tokens=())
     outs = [
         np.empty((size, *cut.size), dtype=dtype)
         if pool is None
@@ -213,7 +230,9 @@ def read_patches(
     coverage = _coverage(grid, cuts)
     for lo, hi in _box_groups(boxes, dtype.itemsize):
         part = boxes[lo:hi]
-        if isinstance(array, np.ndarray):
+        if kept is not None:
+            filled = [_kept_box(box, kept, kept_places, dtype) for box in part]
+        elif isinstance(array, np.ndarray):
             filled = [array[box] for box in part]
         elif isinstance(array, zarr.Array):
             filled, lost, mine = _read_boxes(
@@ -236,7 +255,10 @@ def read_patches(
                 pool.give(data)
         del filled
     decoded: tuple[tuple[Block, int], ...] = ()
-    if isinstance(array, zarr.Array):
+    if kept is not None:
+        _kept_ledger(ledger, kept, kept_made, array, boxes, bounds)
+        decoded = chunk_bytes(box_chunks(boxes, bounds)[0], bounds, dtype.itemsize)
+    elif isinstance(array, zarr.Array):
         decoded = chunk_bytes(sorted(done), bounds, dtype.itemsize)
     elif not isinstance(array, np.ndarray):
         decoded = chunk_bytes(box_chunks(boxes, bounds)[0], bounds, dtype.itemsize)
@@ -256,6 +278,53 @@ def read_patches(
     )
     rest = ReadReport(skipped=skipped, decoded=())
     return tuple((out, first if i == 0 else rest) for i, out in enumerate(outs))
+
+
+def kept_blocks(chunks: tuple[tuple[int, ...], ...], boxes: Sequence[Box]) -> list[Block]:
+    """The stored blocks ``boxes`` overlap (what a cache keeps for them on a cluster), sorted."""
+    bounds = [chunk_offsets(sizes) for sizes in chunks]
+    return sorted(box_chunks(boxes, bounds)[0])
+
+
+def _kept_box(
+    box: Box,
+    kept: Sequence[tuple[np.ndarray, ReadReport]],
+    places: Sequence[tuple[slice, ...]],
+    dtype: Any,
+) -> np.ndarray:
+    """``box`` of the array, filled from the kept parts it overlaps (each at its ``places``)."""
+    out = np.empty(tuple(s.stop - s.start for s in box), dtype=dtype)
+    for (data, _), place in zip(kept, places, strict=True):
+        inner = tuple(
+            slice(max(a.start, b.start), min(a.stop, b.stop))
+            for a, b in zip(place, box, strict=True)
+        )
+        if all(s.start < s.stop for s in inner):
+            out[_local(inner, box)] = data[_local(inner, place)]
+    return out
+
+
+def _kept_ledger(
+    ledger: Ledger,
+    kept: Sequence[tuple[np.ndarray, ReadReport]],
+    made: Sequence[bool],
+    array: Any,
+    boxes: Sequence[Box],
+    bounds: Sequence[np.ndarray],
+) -> None:
+    """What a window of patches cut from kept chunks saw: each chunk made for it a miss
+    (its retries counted), each kept one a hit; the absent keys of the chunks it reached."""
+    counts = ledger.cache = CacheCounts()
+    spans, _ = box_chunks(boxes, bounds)
+    own = {key for block in spans for key in block_key(array, block)}
+    for (data, report), new in zip(kept, made, strict=True):
+        if new:
+            counts.misses += 1
+            ledger.retries += report.retries
+        else:
+            counts.hits += 1
+            counts.bytes_hit += data.nbytes
+        ledger.missing.extend(key for key in report.missing_keys if key in own)
 
 
 def _coverage(grid: PatchGrid, cuts: Sequence[Cut]) -> Box:

@@ -23,7 +23,7 @@ from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
 from ..store.cache import CacheCounts
 from ..store.direct import direct_reader
-from ..store.layout import object_shape, storage_keys
+from ..store.layout import block_key, object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
@@ -36,11 +36,13 @@ from ..store.policy import (
 from ..store.shards import read_sharded, sharding_codec
 from .buffers import BufferPool
 from .failures import raise_failed_read, read_named
-from .tasks import _owned, put_rows, read_views, run_on_loop
+from .tasks import _owned, put_rows, read_block, read_shard, read_views, run_on_loop
 
 __all__ = [
+    "cut_kept_block",
     "cut_kept_chunks",
     "read_kept_chunk",
+    "read_kept_part",
     "read_rows",
     "read_subset_window",
     "read_window",
@@ -195,6 +197,7 @@ def cut_kept_chunks(
     size: int,
     plan_order: bool,
     made: Sequence[bool],
+    local: dict[int, tuple[int, int, int]] | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """One window's rows cut from the kept chunks ``parts`` (one per piece), and its report.
 
@@ -202,6 +205,9 @@ def cut_kept_chunks(
     order; the rows of chunks skipped as undecodable left out.  ``made``:
     whether each chunk's task was made for this window (a cache miss; its
     retries are counted here), else it was kept from before (a hit).
+    ``local``: a chunk subset's window (the pieces mapped to its base
+    array), its report in the subset's chunks as :func:`read_subset_window`
+    gives it.
     """
     first = parts[0][0]
     out = np.empty((size, *first.shape[1:]), first.dtype)
@@ -235,7 +241,109 @@ def cut_kept_chunks(
         retries=retries,
         skipped=tuple((p.chunk, p.start, p.stop) for p, _ in skipped),
     )
-    return _without(out, skipped, size, plan_order), report
+    rows = _without(out, skipped, size, plan_order)
+    return rows, report if local is None else in_subset(report, local)
+
+
+def read_kept_part(
+    array: Any,
+    name: str,
+    blocks: Sequence[tuple[int, ...]],
+    slices: Sequence[tuple[slice, ...]],
+    region: tuple[slice, ...],
+    policy: ReadPolicy,
+) -> tuple[np.ndarray | None, ReadReport]:
+    """Stored ``blocks`` (at ``slices``) decoded into one array covering ``region``.
+
+    The part of an array a cache keeps on a cluster for chunk streams and
+    patches (``Keeper.block``): one block (:func:`read_block`), or every
+    inner block of one shard, fetched once by the shard reader
+    (:func:`read_shard`), with ``policy`` (missing chunks, ``on_error``,
+    retries); read-only (tasks on an in-process cluster share it).  A block
+    skipped as undecodable is listed in the report (its rows left
+    unwritten): whoever cuts it reads that block again on its own.
+    """
+    if len(blocks) == 1:
+        data, report = read_block(array, name, blocks[0], slices[0], policy)
+    else:
+        items = read_shard(array, name, blocks, slices, policy)
+        data = np.empty(tuple(s.stop - s.start for s in region), dtype=array.dtype)
+        skipped: list[tuple[int, int, int]] = []
+        for (_, item, report, _), where in zip(items, slices, strict=True):
+            skipped.extend(report.skipped)
+            if item is not None:
+                data[tuple(slice(w.start - r.start, w.stop - r.start)
+                           for w, r in zip(where, region, strict=True))] = item  # fmt: skip
+        first = items[0][2]
+        report = ReadReport(
+            missing_keys=first.missing_keys,
+            missing_chunks=first.missing_chunks,
+            retries=sum(item[2].retries for item in items),
+            skipped=tuple(skipped),
+        )
+    if data is not None:
+        data.setflags(write=False)
+    return data, report
+
+
+def cut_kept_block(
+    part: tuple[np.ndarray | None, ReadReport],
+    origin: tuple[int, ...],
+    made: bool,
+    array: Any,
+    name: str,
+    block: tuple[int, ...],
+    slices: tuple[slice, ...],
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+) -> tuple[np.ndarray | None, ReadReport]:
+    """Stored ``block`` (at ``slices``) cut from its kept axis-0 chunk ``part``, and its report.
+
+    A chunk stream's block on a cluster with a cache: ``part`` is what the
+    cache keeps for it, the block itself (``read_block``) or, for a block
+    spanning every column, its whole axis-0 chunk (:func:`read_kept_chunk`),
+    starting at ``origin`` in the array; the block is a copy of its part
+    (the caller owns it), a miss if ``made`` for this block, else a hit.
+    The part's missing keys are reported if they are the block's own.  If
+    the part was skipped as undecodable, the block is read alone
+    (:func:`read_block`, ``policy`` less its cache), so that it is skipped
+    (or read) as without a cache.
+    """
+    kept, report = part
+    if report.skipped or kept is None:
+        plain = dataclasses.replace(policy, cache=None, cache_tokens=())
+        return read_block(array, name, block, slices, plain, scope)
+    local = tuple(slice(s.start - o, s.stop - o) for s, o in zip(slices, origin, strict=True))
+    data = np.array(kept[local], copy=True)
+    own = set(block_key(array, block))
+    missing = tuple(key for key in report.missing_keys if key in own)
+    counts = CacheCounts()
+    if made:
+        counts.misses = 1
+    else:
+        counts.hits, counts.bytes_hit = 1, data.nbytes
+    return data, ReadReport(
+        cache=counts,
+        missing_keys=missing,
+        missing_chunks=(block[0],) if missing else (),
+        retries=report.retries if made else 0,
+    )
+
+
+def in_subset(report: ReadReport, local: dict[int, tuple[int, int, int]]) -> ReadReport:
+    """``report`` of a read of a chunk subset's base chunks, in the subset's chunks.
+
+    ``local`` maps a base chunk to the subset's chunk and the samples it
+    holds (``SubsetSource.local_chunks``), so that the stream counts and
+    names missing and skipped chunks as it planned them.
+    """
+    if report.missing_chunks or report.skipped:
+        report = dataclasses.replace(
+            report,
+            missing_chunks=tuple(local[chunk][0] for chunk in report.missing_chunks),
+            skipped=tuple(local[chunk] for chunk, _, _ in report.skipped),
+        )
+    return report
 
 
 def read_subset_window(
@@ -244,19 +352,10 @@ def read_subset_window(
     """:func:`read_window` of a chunk subset's window, its report in the subset's chunks.
 
     ``args`` are :func:`read_window`'s, the pieces already mapped to the base
-    array's chunks (``SubsetSource.base_piece``); ``local`` maps a base
-    chunk to the subset's chunk and samples it holds
-    (``SubsetSource.local_chunks``), so that the stream counts and names
-    missing and skipped chunks as it planned them.
+    array's chunks (``SubsetSource.base_piece``); ``local``: see :func:`in_subset`.
     """
     rows, report = read_window(*args)
-    if report.missing_chunks or report.skipped:
-        report = dataclasses.replace(
-            report,
-            missing_chunks=tuple(local[chunk][0] for chunk in report.missing_chunks),
-            skipped=tuple(local[chunk] for chunk, _, _ in report.skipped),
-        )
-    return rows, report
+    return rows, in_subset(report, local)
 
 
 def _decode_limit(

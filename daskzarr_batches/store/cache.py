@@ -25,6 +25,7 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import struct
@@ -35,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zarr
@@ -52,10 +53,13 @@ __all__ = [
     "CacheCounts",
     "CachingPipeline",
     "ChunkCache",
+    "KeptPart",
     "array_token",
+    "block_name",
     "byte_size",
     "chunk_name",
     "inner_chunk_name",
+    "kept_part",
     "rows_name",
 ]
 
@@ -121,10 +125,12 @@ class ChunkCache:
     Pass it as ``cache=`` to a stream, a ``Loader`` or a per-chunk job; one
     cache can serve several streams, epochs and arrays.
 
-    On a ``distributed`` cluster, a batch stream of Zarr arrays keeps each
-    decoded axis-0 chunk as a cluster future this object holds (in the
-    workers' memory, spilled by dask under pressure), up to ``memory`` bytes
-    in total, least recently used released first; window tasks depend on
+    On a ``distributed`` cluster, every stream and per-chunk job reading
+    Zarr arrays keeps its decoded chunks (a batch window's axis-0 chunks, a
+    chunk or patch stream's stored blocks or whole shards) as cluster
+    futures this object holds (in the workers' memory, spilled by dask
+    under pressure), up to ``memory`` bytes in total, least recently used
+    released first; the tasks cutting windows, blocks or patches depend on
     them and run where they live.  :meth:`clear`, or dropping the cache,
     releases them.  It holds chunks as
     decoded (the codecs' output), keyed so that an array rewritten with other
@@ -445,6 +451,54 @@ def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | Non
 def rows_name(start: int, stop: int) -> str:
     """The name a cluster keeps rows ``start:stop`` (one axis-0 chunk, every column) under."""
     return f"rows:{start}:{stop}"
+
+
+def block_name(block: tuple[int, ...]) -> str:
+    """The name a cluster keeps a part of stored blocks from ``block`` on under (not rows)."""
+    return f"block:{','.join(map(str, block))}"
+
+
+class KeptPart(NamedTuple):
+    """What a cache keeps on a cluster for one stored block of a Zarr array (:func:`kept_part`).
+
+    ``name`` (before its token), the stored ``blocks`` it holds, where each
+    sits in the array (``slices``), the ``region`` they cover together, and
+    whether it is the rows of one axis-0 chunk (``rows``: batch windows keep
+    the same part).
+    """
+
+    name: str
+    blocks: tuple[tuple[int, ...], ...]
+    slices: tuple[tuple[slice, ...], ...]
+    region: tuple[slice, ...]
+    rows: bool
+
+
+def kept_part(source: Any, block: tuple[int, ...]) -> KeptPart:
+    """The part of ``source`` (a Zarr array's) kept on a cluster for stored ``block``.
+
+    A block's stored object, decoded: for a sharded array, every inner
+    block of its shard (one fetch of the shard); for a block spanning every
+    column, its axis-0 chunk's rows (:func:`rows_name`, as batch windows
+    keep them); else the block alone.
+    """
+    whole = source.block_slices(block)
+    if source.array.shards is not None:
+        per_shard = chunks_per_shard(source.array)
+        ranges = [
+            range(b // n * n, min(b // n * n + n, len(sizes)))
+            for b, n, sizes in zip(block, per_shard, source.chunks, strict=True)
+        ]
+        blocks = tuple(itertools.product(*ranges))
+        slices = tuple(source.block_slices(b) for b in blocks)
+        region = tuple(
+            slice(min(s[axis].start for s in slices), max(s[axis].stop for s in slices))
+            for axis in range(len(whole))
+        )
+        return KeptPart(block_name(blocks[0]), blocks, slices, region, False)
+    if all(s.start == 0 and s.stop == n for s, n in zip(whole[1:], source.shape[1:], strict=True)):
+        return KeptPart(rows_name(whole[0].start, whole[0].stop), (block,), (whole,), whole, True)
+    return KeptPart(block_name(block), (block,), (whole,), whole, False)
 
 
 def inner_chunk_name(shard_key: str, coords: Iterable[int]) -> str:

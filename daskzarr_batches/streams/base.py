@@ -32,8 +32,11 @@ from ..errors import (
 from ..execute.runners import Runner
 from ..plan.quality import QualityCounter, ShuffleQuality
 from ..plan.summary import read_amplification
+from ..store.collections import ConcatSource
+from ..store.patches import PatchSource
 from ..store.policy import ReadPolicy, ReadReport
 from ..store.sources import Source
+from ..store.subsets import SubsetSource
 
 __all__ = ["SkippedChunk", "Stream", "StreamStats", "T"]
 
@@ -423,14 +426,27 @@ class Stream(abc.ABC, Generic[T]):
             self.stats.wait_seconds += time.perf_counter() - started
 
 
+def stored_sources(source: Source) -> list[Source]:
+    """The sources of the stored arrays behind ``source``.
+
+    A chunk subset's or a patch source's base, a collection's members (each
+    as far down as it goes); any other source itself.
+    """
+    if isinstance(source, SubsetSource | PatchSource) and source.base is not None:
+        return stored_sources(source.base)
+    if isinstance(source, ConcatSource):
+        return [stored for member in source.members for stored in stored_sources(member)]
+    return [source]
+
+
 def stored_arrays(sources: Sequence[Source]) -> list[Any]:
-    """The Zarr arrays behind ``sources`` (patch and subset sources: their base's)."""
+    """The Zarr arrays behind ``sources`` (:func:`stored_sources`: bases, members)."""
     found = []
     for source in sources:
-        base = getattr(source, "base", None) or source
-        array = getattr(base, "array", None)
-        if isinstance(array, zarr.Array):
-            found.append(array)
+        for stored in stored_sources(source):
+            array = getattr(stored, "array", None)
+            if isinstance(array, zarr.Array):
+                found.append(array)
     return found
 
 

@@ -38,7 +38,7 @@ from ..read.graphs import (
 )
 from ..read.patches import ChunkShare
 from ..read.window import read_kept_chunk, release_free_memory
-from ..store.cache import ChunkCache, array_token, chunk_name, rows_name
+from ..store.cache import ChunkCache, array_token, chunk_name, kept_part, rows_name
 from ..store.collections import ConcatSource
 from ..store.layout import chunk_grid
 from ..store.patches import PatchSource
@@ -46,6 +46,7 @@ from ..store.policy import (
     ReadReport,
 )
 from ..store.sources import Source
+from ..store.subsets import SubsetSource
 from .base import DeliveredIds, SkippedChunk, Stream, StreamStats, T, _aligned, stored_arrays
 from .patch import patch_summary
 from .spec import (
@@ -79,11 +80,13 @@ def _cached_summary(
     """``summary`` with each window's chunk reads the cache holds now (no data read).
 
     A window's chunk (an axis-0 chunk of a row source, a stored block of a
-    patch source's base array) counts when every stored chunk of it is in
-    the cache's memory or directory, under the name its read would look up
-    (:func:`chunk_name`: a sharded array's inner chunks, or whole shards for
-    patches, which Zarr's pipeline reads).  Arrays not in a Zarr store
-    (numpy, dask) are never cached.
+    patch source's base array; a chunk subset's and a collection's mapped to
+    their stored array's) counts when its axis-0 chunk is kept whole on a
+    cluster, or every stored chunk of it is in the cache's memory or
+    directory, under the name its read would look up (:func:`chunk_name`: a
+    sharded array's inner chunks, or whole shards for patches, which Zarr's
+    pipeline reads).  Arrays not in a Zarr store (numpy, dask) are never
+    cached.
     """
     known: dict[str, bool] = {}
     tokens: dict[int, str] = {}
@@ -104,42 +107,58 @@ def _cached_summary(
                 return False
         return True
 
+    def kept(array: zarr.Array, bounds: Sequence[int], chunk: int) -> bool:
+        """Whether axis-0 chunk ``chunk`` is kept whole on a cluster (its rows)."""
+        name = rows_name(bounds[chunk], bounds[chunk + 1])
+        return cache.contains(cache.key(token_of(array), name))
+
     def counter(source: Source) -> Callable[[int], bool] | None:
         if isinstance(source, PatchSource):  # chunks: raveled blocks of the base array
             base = source.base
             stored = getattr(base, "base", base)  # a subset's stored array
             array = getattr(stored, "array", None)
-            if base is None or not isinstance(array, zarr.Array):
+            if base is None or stored is None or not isinstance(array, zarr.Array):
                 return None
             grid = tuple(len(sizes) for sizes in base.chunks)
             stored_array: zarr.Array = array
             patch_base: Any = base
-            return lambda chunk: held(
-                stored_array,
-                [patch_base.block_index(tuple(int(i) for i in np.unravel_index(chunk, grid)))],
-                True,
-            )
-        stored = getattr(source, "base", source)  # a subset's chunks map to stored chunks
-        array = getattr(stored, "array", None)
+
+            def block(chunk: int) -> bool:
+                index = patch_base.block_index(tuple(int(i) for i in np.unravel_index(chunk, grid)))
+                name = kept_part(stored, index).name  # kept on a cluster
+                if cache.contains(cache.key(token_of(stored_array), name)):
+                    return True
+                return held(stored_array, [index], True)
+
+            return block
+        if isinstance(source, SubsetSource):  # a subset's chunk: its stored chunk's
+            inner, spans = counter(source.base), source.spans
+            return None if inner is None else (lambda chunk: inner(spans[chunk][0]))
+        if isinstance(source, ConcatSource):  # a collection's chunk: its member's
+            members = [counter(member) for member in source.members]
+            member_of, local = source.chunk_member, source.chunk_local
+
+            def member_chunk(chunk: int) -> bool:
+                count_held = members[int(member_of[chunk])]
+                return count_held is not None and count_held(int(local[chunk]))
+
+            return member_chunk
+        array = getattr(source, "array", None)
         if not isinstance(array, zarr.Array):
             return None
         rest = [range(n) for n in chunk_grid(array)[1:]]
-        spans = getattr(source, "spans", None)
-        bounds = np.cumsum([0, *stored.chunks[0]]).tolist()
+        bounds = np.cumsum([0, *source.chunks[0]]).tolist()
 
         def row(chunk: int) -> bool:
-            if spans is None and stored is source:  # kept whole on a cluster (its rows)
-                name = rows_name(bounds[chunk], bounds[chunk + 1])
-                if cache.contains(cache.key(token_of(array), name)):
-                    return True
-            first = chunk if spans is None else spans[chunk][0]
+            if kept(array, bounds, chunk):  # kept whole on a cluster
+                return True
             if array.shards is not None:  # the shard reader keeps inner chunks
                 per = array.chunks[0]
-                size = stored.chunks[0][first]
-                start = sum(stored.chunks[0][:first])
+                size = source.chunks[0][chunk]
+                start = bounds[chunk]
                 rows = range(start // per, (start + size - 1) // per + 1)
             else:
-                rows = range(first, first + 1)
+                rows = range(chunk, chunk + 1)
             return held(array, ((r, *b) for r in rows for b in itertools.product(*rest)), False)
 
         return row

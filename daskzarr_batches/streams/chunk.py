@@ -23,11 +23,11 @@ from ..read.graphs import (
     shard_graph,
 )
 from ..read.tasks import ShardItem
+from ..read.window import read_kept_chunk
 from ..store.collections import ConcatSource
 from ..store.layout import blocks_by_shard
 from ..store.sources import SliceSource, Source
-from ..store.subsets import SubsetSource
-from .base import SkippedChunk, Stream, _aligned, stored_arrays
+from .base import SkippedChunk, Stream, _aligned, stored_arrays, stored_sources
 from .spec import DEFAULT_IO_BYTES, DEFAULT_IO_CONCURRENCY, ChunkSpec
 
 __all__ = ["ChunkStream", "build_chunk_stream"]
@@ -72,22 +72,13 @@ _LOCAL_STORES = ("LocalStore", "MemoryStore", "ZipStore", "GpuMemoryStore")
 def _is_local(source: Source) -> bool:
     """Whether ``source`` is read without request latency: a numpy or dask array, or a
     Zarr array on a local store (a wrapper store may add latency: it is not local)."""
-    for stored in _stored(source):
+    for stored in stored_sources(source):
         if not isinstance(stored, SliceSource):
             continue  # a dask array computes its own graph
         store = getattr(stored.array, "store", None)
         if store is not None and type(store).__name__ not in _LOCAL_STORES:
             return False
     return True
-
-
-def _stored(source: Source) -> list[Source]:
-    """The sources of the stored arrays: a chunk subset's base, a collection's members."""
-    if isinstance(source, SubsetSource):
-        return _stored(source.base)
-    if isinstance(source, ConcatSource):
-        return [stored for member in source.members for stored in _stored(member)]
-    return [source]
 
 
 class ChunkStream(Stream[Any]):
@@ -123,7 +114,7 @@ class ChunkStream(Stream[Any]):
         )
         # reads wait on the store in their threads, so a Zarr or numpy source gets one
         # thread per read in flight; a dask array computes its graph on one per CPU
-        sliced = all(isinstance(stored, SliceSource) for stored in _stored(source))
+        sliced = all(isinstance(stored, SliceSource) for stored in stored_sources(source))
         threads = concurrency if sliced else os.cpu_count() or 1
         runner = make_runner(read.client, in_flight=concurrency, read_workers=threads)
         # reads in flight and store requests share the one number (io_concurrency)
@@ -139,7 +130,13 @@ class ChunkStream(Stream[Any]):
 
     def _produce(self) -> Iterator[Any]:
         (source,) = self._place([self.source])  # nothing in flight yet if this fails
-        reads = _UnitReads(self._units, self._concurrency, self._unit_submitter(source))
+        # a cache on a cluster: decoded blocks kept as cluster futures, each block cut from
+        # its own (a sharded array's inner blocks too: one by one, not a shard per read)
+        cache, policy = self.policy.cache, self.policy
+        kept = None if cache is None else self._runner.keeper(cache, read_kept_chunk, policy)
+        if kept is not None and self._sharded and kept.keeps(source):
+            self._units, self._sharded = [(block,) for block in self._blocks], False
+        reads = _UnitReads(self._units, self._concurrency, self._unit_submitter(source, kept))
         try:
             # unbound, with ``self`` (the generator's weak proxy): a bound method would hold
             # the stream itself in the inner generator, a cycle through ``stream._items``
@@ -151,11 +148,13 @@ class ChunkStream(Stream[Any]):
             reads.in_flight.clear()
             reads.held.clear()
 
-    def _unit_submitter(self, source: Source) -> Callable[[int], Any]:
+    def _unit_submitter(self, source: Source, kept: Any = None) -> Callable[[int], Any]:
         """``submit(number)``: unit ``number``'s graph sent to the runner; its future.
 
-        It holds the stream through a weak proxy, as the generator does (no
-        reference cycle through the generator).
+        ``kept``: the runner's :class:`~daskzarr_batches.execute.runners.Keeper`
+        (a cache on a cluster), else ``None``.  It holds the stream through a
+        weak proxy, as the generator does (no reference cycle through the
+        generator).
         """
         units, transform, scope = self._units, self._task_transform, self._runner.scope
         policy, token, sharded = self.policy, self._token, self._sharded
@@ -164,7 +163,9 @@ class ChunkStream(Stream[Any]):
         def submit(number: int) -> Any:
             unit = units[number]
             if not sharded:
-                dsk, key = block_graph(source, unit[0], token, transform, policy, scope)
+                dsk, key = block_graph(
+                    source, unit[0], token, transform, policy, scope, kept, -number
+                )
             else:
                 assert isinstance(source, SliceSource)
                 dsk, key = shard_graph(source, unit, token, transform, policy, scope)

@@ -10,6 +10,12 @@ else runs, since the consumer does nothing), and the time to the first batch
 (``stats.time_to_first_batch``; the total row shows the mean over epochs).
 The timed epoch starts before the stream is made, so planning is included.
 
+CPU per GB (issue 20): the CPU seconds of this process (``time.process_time``: every
+thread, native ones included) over the same region as the epoch's clock, plus, on a
+``distributed`` client, the CPU its workers spent meanwhile (``client.run``), per GB
+(10^9 bytes) of samples handed out.  With several epochs the summary adds the
+spread of their wall times (min / median / max, and slowest over fastest).
+
 ``retries``, ``chunks_missing`` and ``skipped`` are read from ``stream.stats``
 with ``getattr`` (0, 0 and ``[]`` when a ``StreamStats`` has no such field), so
 the command reports them as soon as the streams count them.
@@ -23,7 +29,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import statistics
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +194,13 @@ class EpochResult:
     cache_hits: int | None = None
     cache_misses: int | None = None
     bytes_from_cache: int | None = None
+    #: CPU seconds of the epoch (this process, all threads; and a client's workers)
+    cpu_seconds: float = 0.0
+
+    @property
+    def cpu_s_per_gb(self) -> float:
+        """CPU seconds per GB (10^9 bytes) of samples handed out (NaN with nothing yielded)."""
+        return self.cpu_seconds / (self.bytes_yielded / 1e9) if self.bytes_yielded else math.nan
 
     @property
     def samples_per_second(self) -> float:
@@ -228,6 +244,7 @@ class EpochResult:
             cache_hits=_sum([e.cache_hits for e in epochs]),
             cache_misses=_sum([e.cache_misses for e in epochs]),
             bytes_from_cache=_sum([e.bytes_from_cache for e in epochs]),
+            cpu_seconds=sum(e.cpu_seconds for e in epochs),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -248,6 +265,8 @@ class EpochResult:
             chunks_missing=self.chunks_missing,
             skipped=_jsonable(self.skipped),
             time_to_first_batch=self.time_to_first_batch,
+            cpu_seconds=self.cpu_seconds,
+            cpu_s_per_gb=_finite(self.cpu_s_per_gb),
         )
         if self.cache_hits is not None:
             record.update(
@@ -355,14 +374,54 @@ def run_bench(
             "cache": None if settings.cache is None else _describe_cache(settings.cache),
         },
         "computing_on": where,
+        "cpu_of": _cpu_of(settings.client),
         "epochs": [epoch.to_json() for epoch in epochs],
         "total": EpochResult.total(epochs).to_json(),
+        "spread": _spread(epochs),
     }
     if as_json:
         print(json.dumps(summary, indent=2), file=out)
     else:
         print(format_summary(summary, epochs), file=out)
     return summary
+
+
+def _cpu_of(client: Any) -> str:
+    """What the epochs' CPU seconds count."""
+    return "this process" if client is None else "this process and the client's workers"
+
+
+def _cpu_now(client: Any) -> float:
+    """CPU seconds so far: this process's (all threads), plus ``client``'s workers'.
+
+    Workers in this process (a ``LocalCluster(processes=False)``) are counted once,
+    as this process; each other worker process once.
+    """
+    cpu = time.process_time()
+    if client is not None:
+        here = os.getpid()
+        by_process = dict(client.run(_process_cpu).values())
+        cpu += sum(seconds for pid, seconds in by_process.items() if pid != here)
+    return cpu
+
+
+def _process_cpu() -> tuple[int, float]:
+    """``(pid, CPU seconds so far)`` of the process it runs in (on a worker: ``client.run``)."""
+    return os.getpid(), time.process_time()
+
+
+def _spread(epochs: Sequence[EpochResult]) -> dict[str, float] | None:
+    """min / median / max wall seconds of the epochs, and slowest over fastest (2 or more)."""
+    seconds = [e.seconds for e in epochs]
+    if len(seconds) < 2:
+        return None
+    low, high = min(seconds), max(seconds)
+    return {
+        "min": low,
+        "median": statistics.median(seconds),
+        "max": high,
+        "slowest_over_fastest": high / low if low > 0 else math.inf,
+    }
 
 
 def _describe_cache(cache: ChunkCache) -> dict[str, Any]:
@@ -464,9 +523,11 @@ def _run_epoch(
             bar.set_postfix_str(_rates(stream.stats, elapsed), refresh=False)
 
     with bar:
+        cpu = _cpu_now(settings.client)
         seconds, stats = time_epoch(
             lambda: settings.make_stream(x, y, epoch), on_item=on_item if live else None
         )
+        cpu = _cpu_now(settings.client) - cpu
         if live:  # the final numbers, also for an epoch shorter than the bar's refresh
             bar.set_postfix_str(_rates(stats, seconds))
     return EpochResult(
@@ -481,6 +542,7 @@ def _run_epoch(
         chunks_missing=int(getattr(stats, "chunks_missing", 0)),
         skipped=list(getattr(stats, "skipped", [])),
         time_to_first_batch=getattr(stats, "time_to_first_batch", None),
+        cpu_seconds=cpu,
         **(
             {}
             if settings.cache is None
@@ -540,7 +602,8 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
         where = "" if cache["directory"] is None else f", directory {cache['directory']}{disk}"
         lines.append(f"cache:        ChunkCache, memory {cache['memory']:,} bytes{where}")
     lines.append("")
-    header = ["epoch", "batches", "samples", "seconds", "samples/s", "MB/s", "read amp", "wait"]
+    header = ["epoch", "batches", "samples", "seconds", "samples/s", "MB/s", "cpu-s/GB"]
+    header += ["read amp", "wait"]
     header.append("first batch")
     if cache is not None:
         header += ["cache hits", "MB from cache"]
@@ -553,6 +616,7 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
             f"{result.seconds:.2f}",
             f"{result.samples_per_second:,.0f}",
             f"{result.mb_per_second:.1f}",
+            "-" if not math.isfinite(result.cpu_s_per_gb) else f"{result.cpu_s_per_gb:.2f}",
             f"{result.read_amplification:.2f}",
             f"{result.wait_share:.0%}",
             "-"
@@ -569,6 +633,14 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
     shown = "" if not skipped else " " + ", ".join(str(item) for item in skipped[:5])
     more = f", ... ({len(skipped) - 5} more)" if len(skipped) > 5 else ""
     lines.append("")
+    spread = summary.get("spread")
+    if spread is not None:
+        lines.append(
+            f"epoch seconds: min {spread['min']:.3f} / median {spread['median']:.3f} / "
+            f"max {spread['max']:.3f} (slowest {spread['slowest_over_fastest']:.2f}x the fastest)"
+        )
+    cpu_of = summary["cpu_of"]
+    lines.append(f"cpu-s/GB:     CPU seconds of {cpu_of} (all threads) per GB handed out")
     lines.append(
         f"counters: retries={total.retries} chunks_missing={total.chunks_missing} "
         f"skipped={len(skipped)}{shown}{more}"
