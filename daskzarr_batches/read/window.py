@@ -130,11 +130,15 @@ def read_window(
     out = None
     if pool is not None and decode_bytes is None and _poolable(view, dtype):
         out = pool.take(shape, dtype)
-    # Zarr's own pipeline on a plain zstd array: chunks decoded straight into the rows
-    direct = direct_reader(view) if fast is view and not sharded and not plan_order else None
+    # a plain zstd array: whole chunks decoded straight into the rows, except a slice that
+    # zarrs reads in one call (per chunk, zarrs costs more than this: issue 20)
+    one_slice = not sharded and _one_slice(runs, size, plan_order)
+    direct = None
+    if not sharded and not plan_order and not (one_slice and fast is not view):
+        direct = direct_reader(view)
     if direct is not None and not all(_keeps_all(piece) for piece in pieces):
         direct = None
-    if direct is None and not sharded and _one_slice(runs, size, plan_order):
+    if direct is None and one_slice:
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
             if out is not None:  # decoded straight into the pooled output
