@@ -88,9 +88,10 @@ def read_window(
     read policy saw: missing chunks, retries, chunks skipped because they do
     not decode (their rows are left out, in either order).
 
-    A window of whole chunks of a plain zstd array read by Zarr's own
-    pipeline (``store.direct``) has each chunk decompressed straight into its
-    rows, chunks concurrently.  Otherwise a window that is one run of
+    A window of whole chunks of a plain zstd array (``store.direct``) has
+    each chunk decompressed straight into its rows, chunks concurrently,
+    through the policy view (with zarrs too, but for a sequential window,
+    which zarrs reads in one call).  Otherwise a window that is one run of
     consecutive chunks in order (sequential) is read with one slice.  A
     sharded array read by Zarr's own pipeline goes through the shard reader
     (``store.shards``).  Otherwise
