@@ -263,7 +263,18 @@ class QualityCounter:
                 self._exact_sources = exact_source_entropy(sizes, self.batch_size)
 
     def add(self, ids: npt.ArrayLike, positions: npt.ArrayLike) -> None:
-        """Count the next delivered samples: ``ids`` at epoch ``positions``."""
+        """Count the next delivered samples: ``ids`` at epoch ``positions``.
+
+        Runs (``range`` ids and positions: a sequential window) are counted
+        without an array: the same figures, in constant time.
+        """
+        if isinstance(ids, range) and isinstance(positions, range) and self._members is None:
+            self._add_run(ids, positions)
+            return
+        if isinstance(ids, range):
+            ids = np.arange(ids.start, ids.stop, ids.step, dtype=np.int64)
+        if isinstance(positions, range):
+            positions = np.arange(positions.start, positions.stop, positions.step, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         if len(ids) == 0:
             return
@@ -287,6 +298,26 @@ class QualityCounter:
         diffs = np.diff(ids) if self._last is None else np.diff(ids, prepend=self._last)
         self._bins += np.bincount(_bins(diffs, self.n), minlength=ENTROPY_BINS)
         self._last = int(ids[-1])
+
+    def _add_run(self, ids: range, positions: range) -> None:
+        """:meth:`add` of a run: every difference but the first is the step."""
+        n = len(ids)
+        if n == 0:
+            return
+        if len(positions) != n:
+            raise ValueError(f"{n} ids at {len(positions)} positions")
+        first = [] if self._last is None else [ids[0] - self._last]
+        diffs = np.asarray(first + [ids.step] * min(n - 1, 1), dtype=np.int64)
+        weights = np.asarray([1] * len(first) + [n - 1] * min(n - 1, 1), dtype=np.int64)
+        np.add.at(self._bins, _bins(diffs, self.n), weights)
+        self._last = int(ids[-1])
+        offset, drift = ids[0] - positions[0], ids.step - positions.step
+        if drift == 0:
+            self._distance += n * abs(offset)
+        else:
+            gaps = offset + drift * np.arange(n, dtype=np.int64)
+            self._distance += int(np.abs(gaps).sum())
+        self.samples += n
 
     def _add_sources(self, ids: npt.NDArray[np.int64]) -> None:
         assert self._members is not None and self._partial is not None

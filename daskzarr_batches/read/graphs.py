@@ -107,7 +107,8 @@ def window_graph(
     ``decode_bytes``: see :func:`read_window` (shared by the window's arrays, in
     proportion to their row sizes).  ``shares``: a patch stream's
     :class:`ChunkShare` per base array (``id``), which its windows' reads use;
-    ``pool``: where patch reads take their outputs from (local reads).
+    ``pool``: where patch reads and Zarr arrays' window reads take their outputs
+    from (local reads; the consumer gives them back once cut).
 
     ``kept`` (a cache on a cluster): a Zarr array's window (a chunk subset's
     base, a collection's member), when every chunk it touches is kept as a
@@ -138,7 +139,7 @@ def window_graph(
         _add_rows(
             dsk, source, tuple(pieces), window.size, out_key, (token, window.index, position),
             policy, scope, plan_order, _share(decode_bytes, source, sources),
-            kept=None if kept is None else _at_priority(kept, -window.index),
+            kept=None if kept is None else _at_priority(kept, -window.index), pool=pool,
         )  # fmt: skip
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
@@ -159,6 +160,7 @@ def _add_rows(
     local: dict[int, tuple[int, int, int]] | None = None,
     kept: KeptHere | None = None,
     into: Any = None,
+    pool: BufferPool | None = None,
 ) -> None:
     """Add task ``out_key``: ``(rows, ReadReport)`` of ``pieces`` of one array.
 
@@ -169,6 +171,8 @@ def _add_rows(
     ``into``: a task giving the rows of a shared output the read fills (a
     collection's member read here, :func:`_add_members`); readers other than
     :func:`read_window` ignore it (the join copies their rows).
+    ``pool``: where a Zarr array's rows are read into, when the output is the
+    window's own (not a collection member's, which is joined).
     """
     if isinstance(source, SubsetSource):  # its pieces read in place in the base array
         pieces = tuple(source.base_piece(piece) for piece in pieces)
@@ -180,6 +184,7 @@ def _add_rows(
             dsk[out_key] = (
                 read_subset_window, source.local_chunks(), base.array, base.name,
                 size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes, into,
+                pool,
             )  # fmt: skip
             return
         if isinstance(base, ConcatSource):
@@ -196,7 +201,7 @@ def _add_rows(
             return
         dsk[out_key] = (
             read_window, source.array, source.name, size, source.row_bytes,
-            tuple(pieces), policy, scope, plan_order, decode_bytes, into,
+            tuple(pieces), policy, scope, plan_order, decode_bytes, into, pool,
         )  # fmt: skip
         return
     assert isinstance(source, DaskSource)

@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import zarr
 
 from ..errors import CorruptChunkError, ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
 from ..store.cache import CacheCounts
+from ..store.direct import direct_reader
 from ..store.layout import block_key, object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
@@ -28,8 +30,10 @@ from ..store.policy import (
     ReadPolicy,
     ReadReport,
     read_array,
+    read_into,
 )
 from ..store.shards import read_sharded, sharding_codec
+from .buffers import BufferPool
 from .failures import raise_failed_read, read_named
 from .tasks import _owned, mapped, put_rows, read_block, read_shard, read_views, run_on_loop
 
@@ -74,6 +78,7 @@ def read_window(
     plan_order: bool = False,
     decode_bytes: int | None = None,
     into: np.ndarray | None = None,
+    pool: BufferPool | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
@@ -83,9 +88,13 @@ def read_window(
     read policy saw: missing chunks, retries, chunks skipped because they do
     not decode (their rows are left out, in either order).
 
-    A window that is one run of consecutive chunks in order (sequential) is
-    read with one slice and returned as read.  A sharded array read by Zarr's
-    own pipeline goes through the shard reader (``store.shards``).  Otherwise
+    A window of whole chunks of a plain zstd array (``store.direct``) has
+    each chunk decompressed straight into its rows, chunks concurrently,
+    through the policy view (with zarrs too, but for a sequential window,
+    which zarrs reads in one call).  Otherwise a window that is one run of
+    consecutive chunks in order (sequential) is read with one slice.  A
+    sharded array read by Zarr's own pipeline goes through the shard reader
+    (``store.shards``).  Otherwise
     Zarr arrays read their chunks concurrently on Zarr's event loop, each
     chunk's rows ``take`` copied into place as soon as it is decoded, while
     the chunks in flight hold at most ``DECODE_GROUP_BYTES`` of decoded rows
@@ -108,6 +117,10 @@ def read_window(
     member writes its rows straight into its part of the window's shared
     output, ascending order only); the rows returned are then ``into``, or,
     when chunks were skipped, a shorter array of their own.
+
+    ``pool``: where a Zarr array's window output is taken from (the
+    consumer gives it back once its batches are cut, so the next window
+    writes into pages already faulted in); not with ``decode_bytes``.
     """
     ledger = Ledger()
 
@@ -119,24 +132,47 @@ def read_window(
     runs = _runs(pieces, limit_rows)
     # zarrs reads shards natively; Zarr's own pipeline reads them through store.shards
     sharded = fast is view and sharding_codec(view) is not None
-    if not sharded and _one_slice(runs, size, plan_order):
-        with contextlib.suppress(Exception):  # read again below, chunk by chunk
-            whole = (slice(runs[0][0].start, runs[0][-1].stop),)
-            rows = np.asarray(read_array(fast, whole, scope))
-            if into is not None:
-                into[...] = rows
-                return into, _report(view, pieces, ledger, ())
-            return _owned(rows), _report(view, pieces, ledger, ())
     shape, dtype = (size, *view.shape[1:]), np.dtype(view.dtype)
+    out = None
     if into is not None:
         assert not plan_order and into.shape == shape, (into.shape, shape)
         out = into
-    else:
+    elif pool is not None and decode_bytes is None and _poolable(view, dtype):
+        out = pool.take(shape, dtype)
+    # a plain zstd array: whole chunks decoded straight into the rows, except a slice that
+    # zarrs reads in one call (per chunk, zarrs costs more than this: issue 20)
+    one_slice = not sharded and _one_slice(runs, size, plan_order)
+    direct = None
+    if not sharded and not plan_order and not (one_slice and fast is not view):
+        direct = direct_reader(view)
+    if direct is not None and not all(_keeps_all(piece) for piece in pieces):
+        direct = None
+    if direct is None and one_slice:
+        with contextlib.suppress(Exception):  # read again below, chunk by chunk
+            whole = (slice(runs[0][0].start, runs[0][-1].stop),)
+            if out is not None and _poolable(view, dtype):  # decoded straight into it
+                read_into(fast, whole, out, scope)
+                return out, _report(view, pieces, ledger, ())
+            rows = np.asarray(read_array(fast, whole, scope))
+            if out is not None:
+                out[...] = rows
+                return out, _report(view, pieces, ledger, ())
+            return _owned(rows), _report(view, pieces, ledger, ())
+    if out is None:
         out = np.empty(shape, dtype) if decode_bytes is None else mapped(shape, dtype)
     place = _Placer(out, plan_order)
     try:
         if sharded:
             _read_shards(view, runs, place, limit_rows, scope)
+            return place.out, _report(view, pieces, ledger, ())
+        if direct is not None:
+            ordered = [piece for run in runs for piece in run]
+            starts = _starts([[piece] for piece in ordered])
+            spans = [(piece.start, piece.stop) for piece in ordered]
+            targets = [
+                place.out[at : at + piece.rows] for piece, at in zip(ordered, starts, strict=True)
+            ]
+            run_on_loop(direct.read(spans, targets), scope)
             return place.out, _report(view, pieces, ledger, ())
         inner = getattr(fast, "_async_array", None)
         if inner is not None and (len(runs) > 1 or fast is not view):
@@ -144,7 +180,7 @@ def read_window(
             _read_runs_concurrently(
                 inner, chunks, _starts(chunks), place, limit_rows, streaming, scope=scope,
                 kept_rows=fast is view,  # zarrs reads an orthogonal selection through Zarr
-                direct=fast is view,
+                direct=True,  # zarrs too decodes a whole chunk straight into out= (Rust)
             )  # fmt: skip
             return place.out, _report(view, pieces, ledger, ())
     except ReadCancelledError:
@@ -496,6 +532,11 @@ def _malloc_trim() -> Any:
 
 
 _MALLOC_TRIM = _malloc_trim()
+
+
+def _poolable(view: Any, dtype: np.dtype) -> bool:
+    """Whether a window of ``view`` may go into a pooled buffer: a Zarr array of plain values."""
+    return isinstance(view, zarr.Array) and not dtype.hasobject and dtype.kind in "biufcmMSUV"
 
 
 def _report(

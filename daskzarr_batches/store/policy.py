@@ -61,6 +61,7 @@ __all__ = [
     "native_view",
     "policy_view",
     "read_array",
+    "read_into",
 ]
 
 MissingMode = Literal["warn", "fill", "error"]
@@ -292,12 +293,23 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
+        result: Buffer | None = await self.get_with(key, self._store.get, prototype, byte_range)
+        return result
+
+    async def get_with(self, key: str, fetch: Callable[..., Any], *args: Any) -> Any:
+        """``await fetch(key, *args)`` as a get of ``key`` under the policy.
+
+        The wrapped store's ``get`` (:meth:`get`), or a read of the same object
+        of one's own (``store.direct``: a local chunk file read into a reused
+        buffer): the request limit, the retries and an absent key (``None``)
+        are handled as for any get.
+        """
         limit = self.policy.requests
         if limit is None:
-            result = await self._retrying(key, self._store.get, key, prototype, byte_range)
+            result = await self._retrying(key, fetch, key, *args)
         else:
             async with limit:  # the stream's io_concurrency: requests, not decodes
-                result = await self._retrying(key, self._store.get, key, prototype, byte_range)
+                result = await self._retrying(key, fetch, key, *args)
         if result is None and not is_metadata_key(key):
             await self._check_gone()
             self.ledger.missing.append(key)
@@ -362,6 +374,26 @@ def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | No
     if scope is not None and isinstance(array, zarr.Array):
         return scope.run(array._async_array.getitem(selection))
     return array[selection]
+
+
+def read_into(
+    array: Any, selection: tuple[slice, ...], out: Any, scope: CancelScope | None
+) -> None:
+    """``out[...] = array[selection]`` for a Zarr array, decoded straight into ``out``.
+
+    Zarr's ``out=``: no array of Zarr's own (fresh pages to fault in) and no
+    copy; with a scope, cancellable.
+    """
+    from zarr.core.buffer import default_buffer_prototype
+
+    target = default_buffer_prototype().nd_buffer.from_numpy_array(out)
+    coro = array._async_array.get_orthogonal_selection(selection, out=target)
+    if scope is not None:
+        scope.run(coro)
+        return
+    from zarr.core.sync import sync
+
+    sync(coro)
 
 
 def gone_message(store: Any, metadata: str, name: str) -> str:

@@ -1,0 +1,227 @@
+"""Plain chunks decoded straight into the caller's rows, beside Zarr's own pipeline.
+
+Zarr's pipeline decodes a chunk into an array of its own and then copies it
+into the output on its event loop, one chunk after another; for a window of a
+sequential or buffered stream that copy, the fresh pages of each decoded
+chunk and the pipeline's machinery cost about as much CPU as decoding
+(docs/benchmarks.md, *Steady epochs and CPU above decode*).  For the common
+layout, a Zarr v3 array of numbers stored as ``bytes`` (native byte order) +
+``zstd``, one chunk across every axis but the first, unsharded,
+:func:`direct_reader` gives a reader that fetches each chunk's bytes through
+the array's store (the read policy's ``PolicyStore``: retries, missing
+chunks, request limit) and decompresses them into the output rows they fill.
+Anything else, or any surprise (a frame that does not say its size, or says
+another one), is left to Zarr's pipeline: the reader raises and the read
+layer reads the window again through Zarr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+import zarr.storage
+
+from .policy import PolicyStore
+
+__all__ = ["DirectReader", "direct_reader", "frame_size"]
+
+#: The magic number that starts a zstd frame (little-endian).
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+class DirectReader:
+    """Reads whole axis-0 chunks of one array (a policy view) into output rows."""
+
+    def __init__(self, array: zarr.Array, decode: Any) -> None:
+        inner = array._async_array
+        self.array = array
+        self.store_path = inner.store_path
+        self.encode_key = inner.metadata.encode_chunk_key
+        self.chunk_rows = int(array.chunks[0])
+        self.rest = tuple(array.shape[1:])
+        self.dtype = np.dtype(array.dtype)
+        self.ndim = len(array.shape)
+        self.decode = decode
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.codec_pipeline import fill_value_or_default
+
+        self.prototype = default_buffer_prototype()
+        spec = inner.metadata.get_chunk_spec((0,) * self.ndim, inner.config, self.prototype)
+        self.fill_value = fill_value_or_default(spec)
+
+    async def read(self, spans: Sequence[tuple[int, int]], targets: Sequence[np.ndarray]) -> None:
+        """Rows ``start:stop`` of each span (within one stored chunk) into its target.
+
+        Chunks are fetched and decoded concurrently (decoding on the event loop's
+        executor), at most Zarr's ``async.concurrency`` at once; a failure
+        cancels the others.
+        """
+        limit = asyncio.Semaphore(max(1, int(zarr.config.get("async.concurrency") or 10)))
+
+        async def one(span: tuple[int, int], target: np.ndarray) -> None:
+            async with limit:
+                await self._one(span, target)
+
+        async with asyncio.TaskGroup() as group:
+            for span, target in zip(spans, targets, strict=True):
+                group.create_task(one(span, target))
+
+    async def _one(self, span: tuple[int, int], target: np.ndarray) -> None:
+        start, stop = span
+        chunk, offset = divmod(start, self.chunk_rows)
+        if stop - start > self.chunk_rows - offset:
+            raise ValueError(f"rows {start}:{stop} cross a chunk boundary")
+        key = self.encode_key((chunk,) + (0,) * (self.ndim - 1))
+        where = self.store_path / key
+        store = where.store
+        base = getattr(store, "_store", None)
+        scratch = None
+        if isinstance(store, PolicyStore) and type(base) is zarr.storage.LocalStore:
+            # the file read into a reused buffer: a fresh bytes object per chunk is a
+            # fresh mapping from the C heap, faulted in page by page (issue 20)
+            path = os.path.join(os.fspath(base.root), where.path)
+            read = await store.get_with(where.path, _read_local, path)
+            if read is not None:
+                raw, scratch = read
+        else:
+            data = await where.get(prototype=self.prototype)
+            read = raw = None if data is None else data.as_numpy_array()
+        if read is None:  # absent (recorded by the policy store): Zarr's fill value
+            target[...] = self.fill_value
+            return
+        whole = offset == 0 and stop - start == self.chunk_rows
+        try:
+            await asyncio.to_thread(self._decode, raw, target, whole, offset)
+        except asyncio.CancelledError:
+            scratch = None  # an abandoned decode may still read it: not reused
+            raise
+        finally:
+            if scratch is not None:
+                _SCRATCH.give(scratch)
+
+    def _decode(self, raw: np.ndarray, target: np.ndarray, whole: bool, offset: int) -> None:
+        nbytes = self.chunk_rows * int(np.prod(self.rest, dtype=np.int64)) * self.dtype.itemsize
+        if frame_size(raw) != nbytes:
+            raise ValueError("the chunk's zstd frame does not give the chunk's size")
+        if whole and target.flags.c_contiguous:
+            self.decode(raw, out=target.reshape(-1).view(np.uint8))
+            return
+        chunk = np.empty((self.chunk_rows, *self.rest), dtype=self.dtype)
+        self.decode(raw, out=chunk.reshape(-1).view(np.uint8))
+        target[...] = chunk[offset : offset + len(target)]
+
+
+class _Scratch:
+    """Byte buffers for chunk files read by the process, reused (at most ``keep`` kept free)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bytearray:
+        with self._lock:
+            for i, buffer in enumerate(self._free):
+                if len(buffer) >= nbytes:
+                    return self._free.pop(i)
+        return bytearray(max(nbytes, 1))
+
+    def give(self, buffer: bytearray) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buffer)
+
+
+#: Scratch buffers of chunk files being decoded: as many as Zarr's loop has threads, about.
+_SCRATCH = _Scratch(keep=16)
+
+
+async def _read_local(key: str, path: str) -> tuple[np.ndarray, bytearray] | None:
+    """The bytes of local chunk file ``path`` in a scratch buffer, or ``None`` if absent.
+
+    Read on the event loop's executor, as ``LocalStore.get`` reads; absent as
+    ``LocalStore.get`` says it (``None``), so the policy store sees the same.
+    """
+    return await asyncio.to_thread(_read_file, path)
+
+
+def _read_file(path: str) -> tuple[np.ndarray, bytearray] | None:
+    try:
+        file = open(path, "rb")  # noqa: SIM115  (closed below)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        buffer = _SCRATCH.take(size + 1)  # one more: a file that grew is seen, not cut
+        view = memoryview(buffer)
+        got = 0
+        while True:
+            n = file.readinto(view[got:])
+            if not n:
+                break
+            got += n
+            if got == len(buffer):  # larger than its size said: read the rest apart
+                rest = file.read()
+                buffer = bytearray(buffer) + rest
+                got += len(rest)
+                break
+    return np.frombuffer(buffer, dtype=np.uint8, count=got), buffer
+
+
+def direct_reader(array: Any) -> DirectReader | None:
+    """A :class:`DirectReader` for ``array`` read by Zarr's own pipeline, or ``None``.
+
+    Only a Zarr v3 array, unsharded, on a regular grid with one chunk across
+    every axis but the first, of a native numeric dtype, whose codecs are
+    exactly ``bytes`` (native order) and ``zstd``, read by zarr-python's
+    ``BatchedCodecPipeline`` itself (not zarrs, not a caching pipeline).
+    """
+    if not isinstance(array, zarr.Array):
+        return None
+    from zarr.codecs import BytesCodec, ZstdCodec
+    from zarr.core.chunk_grids import RegularChunkGrid
+    from zarr.core.codec_pipeline import BatchedCodecPipeline
+    from zarr.core.metadata import ArrayV3Metadata
+
+    inner = array._async_array
+    metadata = inner.metadata
+    if not isinstance(metadata, ArrayV3Metadata) or array.shards is not None:
+        return None
+    if type(inner.codec_pipeline) is not BatchedCodecPipeline:
+        return None
+    if not isinstance(metadata.chunk_grid, RegularChunkGrid) or not array.shape:
+        return None
+    if tuple(array.chunks[1:]) != tuple(array.shape[1:]):
+        return None
+    dtype = np.dtype(array.dtype)
+    if dtype.kind not in "biuf" or not dtype.isnative:
+        return None
+    codecs = tuple(metadata.codecs)
+    if len(codecs) != 2 or type(codecs[0]) is not BytesCodec or type(codecs[1]) is not ZstdCodec:
+        return None
+    endian = codecs[0].endian
+    if dtype.itemsize > 1 and (endian is None or endian.value != sys.byteorder):
+        return None
+    return DirectReader(array, codecs[1]._zstd_codec.decode)
+
+
+def frame_size(data: Any) -> int | None:
+    """The content size a zstd frame's header gives, or ``None`` (not a frame, or no size)."""
+    head = bytes(memoryview(data)[:18])
+    if len(head) < 6 or int.from_bytes(head[:4], "little") != _ZSTD_MAGIC:
+        return None
+    descriptor = head[4]
+    fcs_flag, single = descriptor >> 6, (descriptor >> 5) & 1
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3]
+    width = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if width == 0 or len(head) < at + width:
+        return None
+    size = int.from_bytes(head[at : at + width], "little")
+    return size + 256 if width == 2 else size
