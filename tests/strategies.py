@@ -70,7 +70,8 @@ def local_path(name: str = "a.zarr") -> str:
 def property_settings(max_examples: int) -> settings:
     """Settings of a property test: ``max_examples`` times ``$DZB_EXAMPLES_SCALE``.
 
-    The default keeps the suite fast; ``DZB_EXAMPLES_SCALE=20`` hunts harder.
+    The default keeps the suite fast; ``DZB_EXAMPLES_SCALE=20`` hunts harder, with
+    ``DZB_HYPOTHESIS=random`` (tests/conftest.py) drawing new examples each run.
     """
     scale = float(os.environ.get("DZB_EXAMPLES_SCALE", "1"))
     return settings(max_examples=max(1, round(max_examples * scale)), deadline=None)

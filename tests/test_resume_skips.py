@@ -133,6 +133,22 @@ def test_resume_after_a_skipped_chunk_serves_no_sample_twice() -> None:
         assert len(head + rest) == 380 == len(set(head + rest)), mode
 
 
+def test_a_state_after_a_short_last_batch_behind_a_skipped_chunk_resumes() -> None:
+    """Found by the property above: the epoch's last chunk skipped, then a short last batch.
+
+    The state said position 45 of 46 after 7 batches of up to 7 and was refused as
+    "behind" them; a short batch ends the epoch, so the state is at its end.
+    """
+    arrays = corrupt_arrays(46, 15, {3}, 3)  # samples 45: the 4th chunk of x, one row
+    first = make(arrays, "none", 7)
+    assert [len(b["y"]) for b in batches(first, 7)] == [7] * 6 + [3]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["position"] == 46
+    again = make(arrays, "none", 7)
+    again.load_state_dict(state)
+    assert batches(again) == []
+
+
 def test_ranks_stepping_together_all_finish_despite_a_skipped_chunk() -> None:
     """DDP-style: each step waits for every rank (an all-reduce); a missing step would hang."""
     arrays = corrupt_arrays(400, 20, {13})  # samples 260:280, in rank 1's share

@@ -255,6 +255,7 @@ class BatchStream(Stream[Any]):
         self.stats.delivered = DeliveredIds(self.plan.quality_counter())
         # offsets (from ``start``) of the samples left out as undecodable, ascending
         self._skipped: list[np.ndarray] = []
+        self._walked = False  # every position read: a short last batch ends the epoch
         self._distinct: set[tuple[str, Any]] = set()  # stored chunks a patch stream decoded
         # a sequential or buffered stream read in this process reuses its window outputs
         # (read.buffers: fresh 32 MiB windows cost page faults and made epochs two-speed,
@@ -271,6 +272,8 @@ class BatchStream(Stream[Any]):
     def position(self) -> int:
         """Offset in ``positions`` after the last sample yielded (skipped ones included)."""
         yielded = self.stats.samples_yielded
+        if self._walked and not self._fill:  # skipped samples after the last one yielded
+            return max(self._total, self._start)
         if yielded == 0:
             return self._start
         if not self._skipped:
@@ -328,6 +331,7 @@ class BatchStream(Stream[Any]):
                     release_free_memory()  # the window's memory, not kept by the C heap
                 if quota is not None and progress.fed >= quota:
                     break
+            self._walked = not reads.queue  # every window read, not stopped at the quota
             rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
                 yield deliver(rest)
