@@ -278,9 +278,7 @@ class QualityCounter:
         ids = np.asarray(ids, dtype=np.int64)
         if len(ids) == 0:
             return
-        diffs = np.diff(ids) if self._last is None else np.diff(ids, prepend=self._last)
-        self._bins += np.bincount(_bins(diffs, self.n), minlength=ENTROPY_BINS)
-        self._last = int(ids[-1])
+        self.add_neighbours(ids)
         self._distance += int(np.abs(ids - np.asarray(positions, dtype=np.int64)).sum())
         if self._members is not None:
             self._add_sources(ids)
