@@ -189,12 +189,12 @@ def _add_rows(
             return
         if isinstance(base, ConcatSource):
             _add_members(dsk, base, pieces, size, out_key, where, policy, scope, plan_order,
-                         decode_bytes, source.local_chunks(), kept)  # fmt: skip
+                         decode_bytes, source.local_chunks(), kept, pool)  # fmt: skip
             return
         source = base
     if isinstance(source, ConcatSource):
         _add_members(dsk, source, pieces, size, out_key, where, policy, scope, plan_order,
-                     decode_bytes, local, kept)  # fmt: skip
+                     decode_bytes, local, kept, pool)  # fmt: skip
         return
     if isinstance(source, SliceSource):
         if _add_kept(dsk, source, pieces, size, out_key, plan_order, kept, local):
@@ -257,6 +257,7 @@ def _add_members(
     decode_bytes: int | None,
     local: dict[int, tuple[int, int, int]] | None,
     kept: KeptHere | None = None,
+    pool: BufferPool | None = None,
 ) -> None:
     """Add a collection's rows: one read per member the window touches, then one join.
 
@@ -270,6 +271,7 @@ def _add_members(
     member reads run on any worker, so the join places each piece's rows at
     its ``dest`` (plan order), a copy of the window beside the members'.
     Either way the join maps the reports to the collection's chunks.
+    ``pool``: where the shared output is taken from (not an exact window's).
     """
     parts, maps, placed = [], [], []
     touched = source.split(pieces)
@@ -285,6 +287,7 @@ def _add_members(
             source.shape[1:],
             source.dtype,
             decode_bytes is not None,
+            pool,
         )
     at = 0
     starts = []

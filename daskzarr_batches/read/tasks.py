@@ -390,14 +390,22 @@ def join_members(
     return out, report
 
 
-def window_output(size: int, trailing: tuple[int, ...], dtype: Any, own_map: bool) -> np.ndarray:
+def window_output(
+    size: int, trailing: tuple[int, ...], dtype: Any, own_map: bool, pool: Any = None
+) -> np.ndarray:
     """A collection window's output, which its member reads fill in place (local reads).
 
     ``own_map`` (an exact-shuffle window): in an anonymous ``mmap`` of its
-    own, as :func:`~daskzarr_batches.read.window.read_window` makes one.
+    own, as :func:`~daskzarr_batches.read.window.read_window` makes one;
+    else from ``pool`` (a ``BufferPool``: the stream gives it back once its
+    batches are cut) when one is given and the values are plain.
     """
     shape, dtype = (size, *trailing), np.dtype(dtype)
-    return mapped(shape, dtype) if own_map else np.empty(shape, dtype)
+    if own_map:
+        return mapped(shape, dtype)
+    if pool is not None and not dtype.hasobject and dtype.kind in "biufcmMSUV":
+        return pool.take(shape, dtype)
+    return np.empty(shape, dtype)
 
 
 def mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
