@@ -139,13 +139,14 @@ def read_window(
         out = into
     elif pool is not None and decode_bytes is None and _poolable(view, dtype):
         out = pool.take(shape, dtype)
-    # a plain zstd array: whole chunks decoded straight into the rows, except a slice that
-    # zarrs reads in one call (per chunk, zarrs costs more than this: issue 20)
+    # a plain zstd array: whole chunks decoded straight into the rows (a chunk kept in part,
+    # one run of its rows, through a scratch chunk), except a slice that zarrs reads in one
+    # call (per chunk, zarrs costs more than this: issue 20)
     one_slice = not sharded and _one_slice(runs, size, plan_order)
     direct = None
     if not sharded and not plan_order and not (one_slice and fast is not view):
         direct = direct_reader(view)
-    if direct is not None and not all(_keeps_all(piece) for piece in pieces):
+    if direct is not None and not all(_span(piece) is not None for piece in pieces):
         direct = None
     if direct is None and one_slice:
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
@@ -168,9 +169,10 @@ def read_window(
         if direct is not None:
             ordered = [piece for run in runs for piece in run]
             starts = _starts([[piece] for piece in ordered])
-            spans = [(piece.start, piece.stop) for piece in ordered]
+            spans = [span for piece in ordered if (span := _span(piece)) is not None]
             targets = [
-                place.out[at : at + piece.rows] for piece, at in zip(ordered, starts, strict=True)
+                place.out[at : at + _taken(piece)]
+                for piece, at in zip(ordered, starts, strict=True)
             ]
             run_on_loop(direct.read(spans, targets), scope)
             return place.out, _report(view, pieces, ledger, ())
@@ -694,6 +696,17 @@ def _nd_buffer(rows: np.ndarray) -> Any:
     from zarr.core.buffer import default_buffer_prototype
 
     return default_buffer_prototype().nd_buffer.from_numpy_array(rows)
+
+
+def _span(piece: ChunkPiece) -> tuple[int, int] | None:
+    """The samples a piece keeps when they are one run of its chunk (else ``None``)."""
+    take = piece.take
+    if not isinstance(take, slice):
+        return None
+    first, stop, step = take.indices(piece.rows)
+    if step != 1 or stop <= first:
+        return None
+    return piece.start + first, piece.start + stop
 
 
 def _keeps_all(piece: ChunkPiece) -> bool:
