@@ -86,7 +86,9 @@ def profile(path: Path, pipeline: str, stream: str, epochs: int) -> dict[str, An
     """One case in a fresh child; its record (what :func:`child` prints)."""
     command = [sys.executable, "-m", "benchmarks.profile_cpu", str(path), pipeline, stream,
                str(epochs)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:  # the child's own error, not only its exit status
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr}")
     record: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return record
 
