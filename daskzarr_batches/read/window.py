@@ -88,8 +88,9 @@ def read_window(
     read policy saw: missing chunks, retries, chunks skipped because they do
     not decode (their rows are left out, in either order).
 
-    A window of whole chunks of a plain zstd array (``store.direct``) has
-    each chunk decompressed straight into its rows, chunks concurrently,
+    A window of a plain zstd array (``store.direct``) whose pieces each keep
+    one run of their chunk's rows has each chunk decompressed straight into
+    its rows (a chunk kept in part through a scratch chunk), chunks concurrently,
     through the policy view (with zarrs too, but for a sequential window,
     which zarrs reads in one call).  Otherwise a window that is one run of
     consecutive chunks in order (sequential) is read with one slice.  A
