@@ -323,3 +323,65 @@ def test_a_collection_window_is_read_into_one_output(plan_order: bool) -> None:
     np.testing.assert_array_equal(out, expected)
     assert len(reads) == 3  # the empty member is not read
     assert all(np.shares_memory(rows, out) for rows, _ in reads) is not plan_order
+
+
+def _plain_members(tmp_path: Any) -> tuple[list[zarr.Array], np.ndarray]:
+    """Three local stores of the plain zstd layout, lengths 23, 17, 30 in chunks of 8."""
+    data = (np.arange(70 * WIDTH, dtype="f4").reshape(70, WIDTH)) + 1
+    members, at = [], 0
+    for i, length in enumerate((23, 17, 30)):
+        x = zarr.create_array(tmp_path / f"m{i}.zarr", shape=(length, WIDTH), chunks=(8, WIDTH),
+                              dtype="f4")  # fmt: skip
+        x[:] = data[at : at + length]
+        members.append(x)
+        at += length
+    return members, data
+
+
+KINDS = {
+    "sequential": lambda d: dzb.batch_stream(d, 6, on_error="skip", missing="fill"),
+    "buffered": lambda d: dzb.shuffled_batch_stream(
+        d, 6, seed=1, shuffle_buffer_size=24, on_error="skip", missing="fill"
+    ),
+    "exact": lambda d: dzb.shuffled_batch_stream(d, 6, seed=1, on_error="skip", missing="fill"),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_plain_members_read_together_skip_and_fill_as_alone(tmp_path: Any, kind: str) -> None:
+    # a window's plain zstd members are one read (read.window.read_members); a chunk
+    # that does not decode is still skipped and named, an absent one filled, as when
+    # each member is read on its own
+    from daskzarr_batches.read.graphs import window_graph
+    from daskzarr_batches.streams.spec import StreamSpec
+
+    members, data = _plain_members(tmp_path)
+    (tmp_path / "m1.zarr" / "c" / "1" / "0").write_bytes(b"not zstd at all")  # rows 31:39
+    (tmp_path / "m2.zarr" / "c" / "2" / "0").unlink()  # rows 56:64: the fill value, 0
+    joined = dzb.concat(members)
+    spec = StreamSpec((joined,), 6)
+    dsk, _ = window_graph(spec.sources, next(iter(spec.plan().windows())), "t")
+    assert any(isinstance(k, tuple) and k[0].startswith("dzb-members-") for k in dsk)
+    stream = KINDS[kind](joined)
+    with pytest.warns(dzb.SkippedChunksWarning):
+        got = np.concatenate(list(stream))
+    expected = data.copy()
+    expected[56:64] = 0
+    expected = np.delete(expected, np.s_[31:39], axis=0)
+    got = got[np.lexsort(got.T[::-1])]
+    expected = expected[np.lexsort(expected.T[::-1])]
+    np.testing.assert_array_equal(got, expected)
+    assert [(s.chunk, s.samples) for s in stream.stats.skipped] == [(4, range(31, 39))]
+    assert stream.stats.chunks_missing == 1
+
+
+def test_a_member_fetch_that_fails_for_good_is_named_and_not_read_again(tmp_path: Any) -> None:
+    from stores import FaultStore
+
+    members, _ = _plain_members(tmp_path)
+    faulty = FaultStore(members[1].store, {"c/1/0": [PermissionError("denied")]})
+    members[1] = zarr.open_array(store=faulty, mode="r")
+    with pytest.raises(dzb.ChunkReadError, match="PermissionError") as raised:
+        list(dzb.batch_stream(dzb.concat(members), 6, retries=5))
+    assert "axis-0 chunk 1" in str(raised.value)
+    assert faulty.attempts["c/1/0"] == 1

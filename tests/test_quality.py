@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -101,11 +102,11 @@ def test_delivered_figures_equal_a_direct_computation(
     lengths=st.lists(st.integers(0, 150), min_size=2, max_size=4),
     chunks=st.lists(st.integers(1, 40), min_size=4, max_size=4),
     batch=st.integers(1, 40),
-    buffer=st.integers(1, 200),
+    buffer=st.one_of(st.none(), st.integers(1, 200)),  # None: sequential (ids as runs)
     seed=st.integers(0, 1000),
 )
 def test_source_entropy_equals_a_direct_computation(
-    lengths: list[int], chunks: list[int], batch: int, buffer: int, seed: int
+    lengths: list[int], chunks: list[int], batch: int, buffer: int | None, seed: int
 ) -> None:
     members = [
         ids_array(length, chunk) for length, chunk in zip(lengths, chunks, strict=False)
@@ -114,8 +115,12 @@ def test_source_entropy_equals_a_direct_computation(
     n = sum(lengths)
     if n < 2:
         return
-    stream = dzb.shuffled_batch_stream(
-        data, batch, seed=seed, shuffle_buffer_size=buffer, return_sources=True
+    stream = (
+        dzb.batch_stream(data, batch, return_sources=True)
+        if buffer is None
+        else dzb.shuffled_batch_stream(
+            data, batch, seed=seed, shuffle_buffer_size=buffer, return_sources=True
+        )
     )
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     per_batch = []
@@ -143,6 +148,28 @@ def test_counter_is_the_same_however_the_ids_are_cut() -> None:
     for lo, hi in [(0, 1), (1, 100), (100, 5000), (5000, n)]:
         cut.add(order[lo:hi], np.arange(lo, hi))
     assert same(whole.quality(), cut.quality())
+
+
+@SETTINGS
+@given(
+    lengths=st.lists(st.integers(0, 60), min_size=1, max_size=5),
+    batch=st.integers(1, 16),
+    cuts=st.lists(st.integers(0, 300), max_size=4),
+    shift=st.integers(-5, 5),
+)
+def test_runs_count_as_their_ids(
+    lengths: list[int], batch: int, cuts: list[int], shift: int
+) -> None:
+    # a sequential window's ids reach the counter as ranges, counted without an array
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    n = int(bounds[-1])
+    edges = sorted({0, n, *(c % (n + 1) for c in cuts)})
+    runs = QualityCounter(n, members=bounds, batch_size=batch)
+    ids = QualityCounter(n, members=bounds, batch_size=batch)
+    for lo, hi in itertools.pairwise(edges):
+        runs.add(range(lo, hi), range(lo + shift, hi + shift))
+        ids.add(np.arange(lo, hi), np.arange(lo + shift, hi + shift))
+    assert same(runs.quality(), ids.quality())
 
 
 def test_exact_shuffle_scores_one_and_sequential_zero() -> None:

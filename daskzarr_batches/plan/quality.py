@@ -268,9 +268,14 @@ class QualityCounter:
         Runs (``range`` ids and positions: a sequential window) are counted
         without an array: the same figures, in constant time.
         """
-        if isinstance(ids, range) and isinstance(positions, range) and self._members is None:
-            self._add_run(ids, positions)
-            return
+        if isinstance(ids, range) and isinstance(positions, range):
+            if len(positions) != len(ids):
+                raise ValueError(f"{len(ids)} ids at {len(positions)} positions")
+            if self._members is None or ids.step == 1:
+                if self._members is not None and len(ids):
+                    self._add_sources_run(ids)
+                self._add_run(ids, positions)
+                return
         if isinstance(ids, range):
             ids = np.arange(ids.start, ids.stop, ids.step, dtype=np.int64)
         if isinstance(positions, range):
@@ -331,6 +336,37 @@ class QualityCounter:
         self.batches += whole
         self._partial = counts[rows - 1] if whole < rows else np.zeros(k, dtype=np.int64)
 
+    def _add_sources_run(self, ids: range) -> None:
+        """:meth:`_add_sources` of consecutive ids: only the batches a member starts in mix.
+
+        A batch within one member has no source entropy; the others (those a
+        member boundary falls in, and the first and last, which carry an
+        unfinished batch) are counted as :meth:`_add_sources` counts them.
+        """
+        assert self._members is not None and self._partial is not None
+        n, size, k = len(ids), self.batch_size, len(self._partial)
+        first = self.samples // size
+        rows = (self.samples + n - 1) // size - first + 1
+        lo = ids.start
+        starts = self._members[(self._members > lo) & (self._members < lo + n)] - lo
+        mixed = np.unique(np.concatenate([[0, rows - 1], (self.samples + starts) // size - first]))
+        whole = rows if (self.samples + n) % size == 0 else rows - 1
+        bounds = np.append(self._members, np.iinfo(np.int64).max)
+        bits, last = 0.0, np.zeros(k, dtype=np.int64)
+        for row in mixed.tolist():
+            a = max(0, (first + row) * size - self.samples)
+            b = min(n, (first + row + 1) * size - self.samples)
+            counts = _range_counts(lo + a, lo + b, bounds, k)
+            if row == 0:
+                counts += self._partial
+            if row < whole:
+                bits += _entropy(counts)
+            else:
+                last = counts
+        self._source_bits += bits
+        self.batches += whole
+        self._partial = last
+
     def quality(self) -> ShuffleQuality:
         """The figures over every id added so far (an unfinished batch counts as one)."""
         bits = _entropy(self._bins)
@@ -353,6 +389,13 @@ class QualityCounter:
             source_entropy=sources,
             source_entropy_bits=bits_per_batch,
         )
+
+
+def _range_counts(lo: int, hi: int, bounds: npt.NDArray[np.int64], k: int) -> npt.NDArray[np.int64]:
+    """How many of ids ``lo:hi`` fall in each of ``k`` members (``bounds``: their ends)."""
+    ends = np.minimum(bounds, hi)
+    begins = np.maximum(np.concatenate([[0], bounds[:-1]]), lo)
+    return np.maximum(ends - begins, 0).astype(np.int64)
 
 
 def _row_entropy(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:

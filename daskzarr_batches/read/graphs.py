@@ -40,9 +40,11 @@ from .tasks import (
     window_output,
 )
 from .window import (
+    MemberReads,
     cut_kept_block,
     cut_kept_chunks,
     read_kept_part,
+    read_members,
     read_subset_window,
     read_window,
 )
@@ -289,6 +291,10 @@ def _add_members(
             decode_bytes is not None,
             pool,
         )
+    if shared is not None and _read_together(source, touched, policy, kept):
+        _add_members_together(dsk, source, touched, out_key, where, shared, policy, scope, local,
+                              decode_bytes)  # fmt: skip
+        return
     at = 0
     starts = []
     for member, member_pieces in touched:
@@ -310,6 +316,49 @@ def _add_members(
     placement = (size, placed) if plan_order else None
     within = None if shared is None else (shared, starts)
     dsk[out_key] = (join_members, parts, maps, placement, local, within)
+
+
+def _read_together(
+    source: ConcatSource,
+    touched: Sequence[tuple[int, Sequence[ChunkPiece]]],
+    policy: ReadPolicy,
+    kept: KeptHere | None,
+) -> bool:
+    """Whether a local window's members are read by one task (:func:`read_members`).
+
+    When every member it touches is a Zarr array of the plain zstd layout
+    (``store.direct``), without a cache.
+    """
+    if kept is not None or policy.cache is not None:
+        return False
+    plain = source.plain_members
+    return all(plain[m] for m, _ in touched)
+
+
+def _add_members_together(
+    dsk: dict[Key, Any],
+    source: ConcatSource,
+    touched: Sequence[tuple[int, Sequence[ChunkPiece]]],
+    out_key: Key,
+    where: tuple[Any, ...],
+    shared: Key,
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+    local: dict[int, tuple[int, int, int]] | None,
+    decode_bytes: int | None,
+) -> None:
+    """Add a local window's member reads as one task into the shared output, then the join."""
+    reads, starts, maps, at = [], [], [], 0
+    for member, member_pieces in touched:
+        base = source.members[member]
+        assert isinstance(base, SliceSource)
+        reads.append((base.array, base.name, base.row_bytes, tuple(member_pieces)))
+        starts.append(at)
+        at += sum(_taken(piece) for piece in member_pieces)
+        maps.append((source._grid[2][member], int(source.offsets[member])))
+    key = (f"dzb-members-{where[0]}", *where[1:])
+    dsk[key] = (read_members, MemberReads(reads), shared, starts, policy, scope, decode_bytes)
+    dsk[out_key] = (join_members, key, maps, None, local, (shared, starts))
 
 
 def _shares_output(plan_order: bool) -> bool:

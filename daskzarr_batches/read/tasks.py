@@ -53,6 +53,7 @@ from ..errors import (
 )
 from ..plan.batching import join_rows
 from ..plan.windows import ChunkPiece, Selector
+from ..store.direct import direct_reader, plain_zstd
 from ..store.layout import block_key
 from ..store.policy import (
     DEFAULT_POLICY,
@@ -112,8 +113,11 @@ def read_block(
     With ``on_error="skip"`` a block that does not decode is ``None``, and
     the report lists it as skipped.
     """
-    ledger = Ledger()
     piece = _block_piece(block, slices)
+    direct = _read_block_directly(array, name, block, slices, policy, scope)
+    if direct is not None:
+        return direct
+    ledger = Ledger()
     fast, view = read_views(array, name, policy, ledger, lambda: block_key(array, block), scope)
     skipped: tuple[tuple[int, int, int], ...] = ()
     result: np.ndarray | None = None
@@ -139,6 +143,49 @@ def read_block(
         missing_chunks=(block[0],) if missing else (),
         retries=ledger.retries,
         skipped=skipped,
+    )
+
+
+def _read_block_directly(
+    array: Any,
+    name: str,
+    block: tuple[int, ...],
+    slices: tuple[slice, ...],
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+) -> tuple[np.ndarray, ReadReport] | None:
+    """A block of a plain zstd array (``store.direct``) decoded straight into its own array.
+
+    The block's chunk fetched through the policy view and decompressed into
+    the result (an edge block through a scratch chunk): no Zarr selection
+    machinery per block, which costs about what decoding a small chunk does
+    (docs/benchmarks.md, *Collections*).  ``None`` when the array is not of
+    that layout or the read fails: the caller reads the block as any other
+    (and names, skips or fills it).
+    """
+    if plain_zstd(array) is None or any(
+        (s.start, s.stop) != (0, n) for s, n in zip(slices[1:], array.shape[1:], strict=True)
+    ):
+        return None
+    ledger = Ledger()
+    reader = direct_reader(policy_view(array, name, policy, ledger))
+    if reader is None:
+        return None
+    first = slices[0]
+    out = np.empty((first.stop - first.start, *array.shape[1:]), dtype=reader.dtype)
+    try:
+        run_on_loop(reader.read([(first.start, first.stop)], [out]), scope)
+    except (MissingChunkError, StoreGoneError, ReadCancelledError):
+        raise
+    except Exception:  # a key whose retries are spent is not read again: named here
+        raise_failed_read(array, name, [(f"chunk {block}", _block_piece(block, slices))], ledger)
+        return None  # it did not decode: read again (named, or skipped)
+    missing = tuple(dict.fromkeys(ledger.missing))
+    return out, ReadReport(
+        cache=ledger.cache,
+        missing_keys=missing,
+        missing_chunks=(block[0],) if missing else (),
+        retries=ledger.retries,
     )
 
 

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import CorruptChunkError, ReadCancelledError
+from ..errors import CorruptChunkError, MissingChunkError, ReadCancelledError, StoreGoneError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
 from ..store.cache import CacheCounts
-from ..store.direct import direct_reader
+from ..store.direct import concurrency_limit, direct_reader
 from ..store.layout import block_key, object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
@@ -29,6 +29,7 @@ from ..store.policy import (
     Ledger,
     ReadPolicy,
     ReadReport,
+    policy_view,
     read_array,
     read_into,
 )
@@ -38,10 +39,12 @@ from .failures import raise_failed_read, read_named
 from .tasks import _owned, mapped, put_rows, read_block, read_shard, read_views, run_on_loop
 
 __all__ = [
+    "MemberReads",
     "cut_kept_block",
     "cut_kept_chunks",
     "read_kept_chunk",
     "read_kept_part",
+    "read_members",
     "read_rows",
     "read_subset_window",
     "read_window",
@@ -147,7 +150,9 @@ def read_window(
     direct = None
     if not sharded and not plan_order and not (one_slice and fast is not view):
         direct = direct_reader(view)
-    if direct is not None and not all(_span(piece) is not None for piece in pieces):
+    ordered = [piece for run in runs for piece in run]  # ascending chunks, as placed
+    items = None if direct is None else _direct_items(ordered)
+    if items is None:
         direct = None
     if direct is None and one_slice:
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
@@ -167,15 +172,10 @@ def read_window(
         if sharded:
             _read_shards(view, runs, place, limit_rows, scope)
             return place.out, _report(view, pieces, ledger, ())
-        if direct is not None:
-            ordered = [piece for run in runs for piece in run]
-            starts = _starts([[piece] for piece in ordered])
-            spans = [span for piece in ordered if (span := _span(piece)) is not None]
-            targets = [
-                place.out[at : at + _taken(piece)]
-                for piece, at in zip(ordered, starts, strict=True)
-            ]
-            run_on_loop(direct.read(spans, targets), scope)
+        if direct is not None and items is not None:
+            spans, takes, targets = _direct_targets(ordered, items, place.out, 0)
+            at_once = limit_rows // max(piece.rows for piece in ordered)
+            run_on_loop(direct.read(spans, targets, at_once, takes), scope)
             return place.out, _report(view, pieces, ledger, ())
         inner = getattr(fast, "_async_array", None)
         if inner is not None and (len(runs) > 1 or fast is not view):
@@ -193,6 +193,100 @@ def read_window(
     skipped = _read_again(view, name, runs, place, ledger, policy, scope)
     out = _without(place.out, skipped, size, plan_order)
     return out, _report(view, pieces, ledger, [p for p, _ in skipped])
+
+
+class MemberReads(Sequence[tuple[Any, str, int, tuple[ChunkPiece, ...]]]):
+    """``read_members``'s ``(array, name, row_bytes, pieces)`` per member, opaque to dask.
+
+    Dask walks a task's tuple and list arguments for keys, item by item; a
+    collection window's pieces are many small tuples that hold none.
+    """
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Sequence[tuple[Any, str, int, tuple[ChunkPiece, ...]]]) -> None:
+        self.items = tuple(items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.items[index]
+
+
+def read_members(
+    reads: Sequence[tuple[Any, str, int, tuple[ChunkPiece, ...]]],
+    out: np.ndarray,
+    starts: Sequence[int],
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+    decode_bytes: int | None = None,
+) -> list[tuple[np.ndarray, ReadReport]]:
+    """Windows of several arrays (a collection's members) read into one output, as one read.
+
+    ``reads`` are ``(array, name, row_bytes, pieces)`` per member, each
+    member's rows going to ``out`` from its ``starts`` on (ascending sample
+    order).  The members of a plain zstd layout (``store.direct``) have
+    their chunks fetched and decoded straight into their rows (the kept
+    rows of a chunk kept in part gathered from it), every member's chunks
+    at once on Zarr's event loop, as many at a time as :func:`read_window`
+    decodes for one array (``decode_bytes``: an exact shuffle's share of its
+    budget): one read, where one task per member paid its own task, view
+    and selection for two or three chunks (docs/benchmarks.md,
+    *Collections*).  Any other member, or one whose read fails, is read on
+    its own by :func:`read_window` (which names, skips or fills its chunks
+    as for one array).  Returns each member's ``(rows, report)``, as
+    :func:`read_window` would.
+    """
+    results: list[tuple[np.ndarray, ReadReport] | None] = [None] * len(reads)
+    jobs = []
+    for i, ((array, name, _, pieces), start) in enumerate(zip(reads, starts, strict=True)):
+        ledger = Ledger()
+        view = policy_view(array, name, policy, ledger)
+        direct = direct_reader(view)
+        items = None if direct is None else _direct_items(pieces)
+        if direct is None or items is None:
+            continue
+        spans, takes, targets = _direct_targets(pieces, items, out, start)
+        rows = slice(start, start + sum(_taken(piece) for piece in pieces))
+        jobs.append((i, direct, spans, targets, takes, view, ledger, rows))
+    every = [piece for _, _, _, pieces in reads for piece in pieces]
+    at_once = None
+    if every:
+        row_bytes = max(row_bytes for _, _, row_bytes, _ in reads)
+        limit_rows, _ = _decode_limit(every, len(out), row_bytes, decode_bytes)
+        at_once = limit_rows // max(piece.rows for piece in every)
+
+    async def read_all() -> list[Any]:
+        limit = concurrency_limit(at_once)
+        return await asyncio.gather(
+            *(job[1].read(job[2], job[3], limit, job[4]) for job in jobs),
+            return_exceptions=True,
+        )
+
+    if jobs:
+        outcomes = run_on_loop(read_all(), scope)
+        for (i, *_, view, ledger, rows), outcome in zip(jobs, outcomes, strict=True):
+            if isinstance(outcome, MissingChunkError | StoreGoneError | ReadCancelledError):
+                raise outcome
+            if isinstance(outcome, BaseException):
+                # a key whose retries are spent is not read again: named here; a chunk
+                # that did not decode is read again alone, below (named, or skipped)
+                named = [(f"axis-0 chunk {piece.chunk}", piece) for piece in reads[i][3]]
+                raise_failed_read(view, reads[i][1], named, ledger)
+                continue
+            results[i] = (out[rows], _report(view, reads[i][3], ledger, ()))
+    done = []
+    for result, (array, name, row_bytes, pieces), start in zip(results, reads, starts, strict=True):
+        if result is None:
+            size = sum(_taken(piece) for piece in pieces)
+            into = out[start : start + size]
+            result = read_window(
+                array, name, size, row_bytes, pieces, policy, scope, decode_bytes=decode_bytes,
+                into=into,
+            )  # fmt: skip
+        done.append(result)
+    return done
 
 
 def read_kept_chunk(
@@ -697,6 +791,45 @@ def _nd_buffer(rows: np.ndarray) -> Any:
     from zarr.core.buffer import default_buffer_prototype
 
     return default_buffer_prototype().nd_buffer.from_numpy_array(rows)
+
+
+def _direct_items(
+    pieces: Sequence[ChunkPiece],
+) -> list[tuple[tuple[int, int], np.ndarray | None]] | None:
+    """What ``store.direct`` reads for each piece: its span, and the rows it keeps.
+
+    A piece that keeps one run of its chunk's rows is that run (``None``:
+    every row of it); any other keeps the rows of ``take`` from its chunk's
+    rows, gathered in that order.  ``None`` if a piece keeps no row.
+    """
+    items: list[tuple[tuple[int, int], np.ndarray | None]] = []
+    for piece in pieces:
+        span = _span(piece)
+        if span is not None:
+            items.append((span, None))
+            continue
+        take = piece.take
+        rows = np.arange(piece.rows)[take] if isinstance(take, slice) else np.asarray(take)
+        if not len(rows):
+            return None
+        items.append(((piece.start, piece.stop), rows.astype(np.intp, copy=False)))
+    return items
+
+
+def _direct_targets(
+    pieces: Sequence[ChunkPiece],
+    items: Sequence[tuple[tuple[int, int], np.ndarray | None]],
+    out: np.ndarray,
+    at: int,
+) -> tuple[list[tuple[int, int]], list[np.ndarray | None], list[np.ndarray]]:
+    """Spans, kept rows and targets of ``pieces`` (ascending) written into ``out`` from ``at``."""
+    spans, takes, targets = [], [], []
+    for piece, (span, take) in zip(pieces, items, strict=True):
+        spans.append(span)
+        takes.append(take)
+        targets.append(out[at : at + _taken(piece)])
+        at += _taken(piece)
+    return spans, takes, targets
 
 
 def _span(piece: ChunkPiece) -> tuple[int, int] | None:

@@ -25,8 +25,9 @@ import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from ..plan.windows import ChunkPiece, chunk_offsets
+from .direct import plain_zstd
 from .open import open_array
-from .sources import Source, SourceLike, as_source
+from .sources import SliceSource, Source, SourceLike, as_source
 from .threads import DaemonExecutor
 
 __all__ = [
@@ -62,6 +63,14 @@ class ConcatSource(Source):
     def offsets(self) -> np.ndarray:
         """Where each member starts along axis 0, and the total: ``M + 1`` values."""
         return chunk_offsets([member.n_samples for member in self.members])
+
+    @functools.cached_property
+    def plain_members(self) -> tuple[bool, ...]:
+        """Per member: a Zarr array whose chunks ``store.direct`` decodes straight into rows."""
+        return tuple(
+            isinstance(member, SliceSource) and plain_zstd(member.array) is not None
+            for member in self.members
+        )
 
     @functools.cached_property
     def _grid(self) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:

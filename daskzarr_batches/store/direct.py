@@ -18,10 +18,11 @@ layer reads the window again through Zarr.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ import zarr.storage
 
 from .policy import PolicyStore
 
-__all__ = ["DirectReader", "direct_reader", "frame_size"]
+__all__ = ["DirectReader", "concurrency_limit", "direct_reader", "frame_size", "plain_zstd"]
 
 #: The magic number that starts a zstd frame (little-endian).
 _ZSTD_MAGIC = 0xFD2FB528
@@ -56,24 +57,40 @@ class DirectReader:
         spec = inner.metadata.get_chunk_spec((0,) * self.ndim, inner.config, self.prototype)
         self.fill_value = fill_value_or_default(spec)
 
-    async def read(self, spans: Sequence[tuple[int, int]], targets: Sequence[np.ndarray]) -> None:
+    async def read(
+        self,
+        spans: Sequence[tuple[int, int]],
+        targets: Sequence[np.ndarray],
+        limit: asyncio.Semaphore | int | None = None,
+        takes: Sequence[np.ndarray | None] | None = None,
+    ) -> None:
         """Rows ``start:stop`` of each span (within one stored chunk) into its target.
 
-        Chunks are fetched and decoded concurrently (decoding on the event loop's
-        executor), at most Zarr's ``async.concurrency`` at once; a failure
+        ``takes``: per span, ``None`` (every row of the span) or the rows to
+        keep, counted from the span's start, in the order to write them
+        (an exact shuffle's kept rows: gathered from the decoded chunk).
+        Chunks are fetched and decoded concurrently (decoding on the event
+        loop's executor), at most ``limit`` (a count, at most Zarr's
+        ``async.concurrency``, which is the default) at once; readers of
+        several arrays may share one ``limit`` (a semaphore).  A failure
         cancels the others.
         """
-        limit = asyncio.Semaphore(max(1, int(zarr.config.get("async.concurrency") or 10)))
+        if not isinstance(limit, asyncio.Semaphore):
+            limit = concurrency_limit(limit)
+        if takes is None:
+            takes = [None] * len(spans)
 
-        async def one(span: tuple[int, int], target: np.ndarray) -> None:
+        async def one(span: tuple[int, int], target: np.ndarray, take: np.ndarray | None) -> None:
             async with limit:
-                await self._one(span, target)
+                await self._one(span, target, take)
 
         async with asyncio.TaskGroup() as group:
-            for span, target in zip(spans, targets, strict=True):
-                group.create_task(one(span, target))
+            for span, target, take in zip(spans, targets, takes, strict=True):
+                group.create_task(one(span, target, take))
 
-    async def _one(self, span: tuple[int, int], target: np.ndarray) -> None:
+    async def _one(
+        self, span: tuple[int, int], target: np.ndarray, take: np.ndarray | None = None
+    ) -> None:
         start, stop = span
         chunk, offset = divmod(start, self.chunk_rows)
         if stop - start > self.chunk_rows - offset:
@@ -82,40 +99,63 @@ class DirectReader:
         where = self.store_path / key
         store = where.store
         base = getattr(store, "_store", None)
-        scratch = None
+        whole = take is None and offset == 0 and stop - start == self.chunk_rows
         if isinstance(store, PolicyStore) and type(base) is zarr.storage.LocalStore:
-            # the file read into a reused buffer: a fresh bytes object per chunk is a
-            # fresh mapping from the C heap, faulted in page by page (issue 20)
+            # the file read into a reused buffer (a fresh bytes object per chunk is a
+            # fresh mapping from the C heap, faulted in page by page: issue 20) and
+            # decoded by the same thread call (one hand-off per chunk, not two)
             path = os.path.join(os.fspath(base.root), where.path)
-            read = await store.get_with(where.path, _read_local, path)
-            if read is not None:
-                raw, scratch = read
-        else:
-            data = await where.get(prototype=self.prototype)
-            read = raw = None if data is None else data.as_numpy_array()
-        if read is None:  # absent (recorded by the policy store): Zarr's fill value
+            decode = functools.partial(
+                self._decode, target=target, whole=whole, offset=offset, take=take
+            )
+            read = await store.get_with(where.path, _read_local, path, decode)
+            if read is None:  # absent (recorded by the policy store): Zarr's fill value
+                target[...] = self.fill_value
+                return
+            scratch, error = read
+            _SCRATCH.give(scratch)  # the decode is done with it (a cancelled one never is)
+            if error is not None:
+                raise error
+            return
+        data = await where.get(prototype=self.prototype)
+        if data is None:
             target[...] = self.fill_value
             return
-        whole = offset == 0 and stop - start == self.chunk_rows
-        try:
-            await asyncio.to_thread(self._decode, raw, target, whole, offset)
-        except asyncio.CancelledError:
-            scratch = None  # an abandoned decode may still read it: not reused
-            raise
-        finally:
-            if scratch is not None:
-                _SCRATCH.give(scratch)
+        raw = data.as_numpy_array()
+        await asyncio.to_thread(self._decode, raw, target, whole, offset, take)
 
-    def _decode(self, raw: np.ndarray, target: np.ndarray, whole: bool, offset: int) -> None:
+    def _decode(
+        self,
+        raw: np.ndarray,
+        target: np.ndarray,
+        whole: bool,
+        offset: int,
+        take: np.ndarray | None = None,
+    ) -> None:
         nbytes = self.chunk_rows * int(np.prod(self.rest, dtype=np.int64)) * self.dtype.itemsize
         if frame_size(raw) != nbytes:
             raise ValueError("the chunk's zstd frame does not give the chunk's size")
         if whole and target.flags.c_contiguous:
             self.decode(raw, out=target.reshape(-1).view(np.uint8))
             return
-        chunk = np.empty((self.chunk_rows, *self.rest), dtype=self.dtype)
-        self.decode(raw, out=chunk.reshape(-1).view(np.uint8))
-        target[...] = chunk[offset : offset + len(target)]
+        # a chunk kept in part: decoded into a reused scratch chunk, its rows copied out
+        scratch = _CHUNKS.take(nbytes)
+        try:
+            flat = np.frombuffer(scratch, dtype=np.uint8, count=nbytes)
+            self.decode(raw, out=flat)
+            chunk = flat.view(self.dtype).reshape(self.chunk_rows, *self.rest)
+            if take is None:
+                target[...] = chunk[offset : offset + len(target)]
+            else:  # mode="clip": no buffered copy of the rows (take is within the chunk)
+                np.take(chunk[offset:], take, axis=0, out=target, mode="clip")
+        finally:
+            _CHUNKS.give(scratch)
+
+
+def concurrency_limit(most: int | None = None) -> asyncio.Semaphore:
+    """A limit of chunk reads at once: Zarr's ``async.concurrency``, or ``most`` if fewer."""
+    limit = max(1, int(zarr.config.get("async.concurrency") or 10))
+    return asyncio.Semaphore(limit if most is None else max(1, min(most, limit)))
 
 
 class _Scratch:
@@ -142,14 +182,36 @@ class _Scratch:
 #: Scratch buffers of chunk files being decoded: as many as Zarr's loop has threads, about.
 _SCRATCH = _Scratch(keep=16)
 
+#: Scratch chunks decoded for a part of their rows (a chunk cut by a window's border).
+_CHUNKS = _Scratch(keep=8)
 
-async def _read_local(key: str, path: str) -> tuple[np.ndarray, bytearray] | None:
-    """The bytes of local chunk file ``path`` in a scratch buffer, or ``None`` if absent.
 
-    Read on the event loop's executor, as ``LocalStore.get`` reads; absent as
-    ``LocalStore.get`` says it (``None``), so the policy store sees the same.
+async def _read_local(
+    key: str, path: str, decode: Callable[[np.ndarray], None]
+) -> tuple[bytearray, Exception | None] | None:
+    """Local chunk file ``path`` read into a scratch buffer and decoded by ``decode``.
+
+    ``None`` if the file is absent, as ``LocalStore.get`` says it, so the
+    policy store sees the same; else the scratch buffer and the decode's
+    error, if any (returned, not raised: the policy store retries a failed
+    read, never a chunk that does not decode).  Run on the event loop's
+    executor, as ``LocalStore.get`` reads.
     """
-    return await asyncio.to_thread(_read_file, path)
+    return await asyncio.to_thread(_read_and_decode, path, decode)
+
+
+def _read_and_decode(
+    path: str, decode: Callable[[np.ndarray], None]
+) -> tuple[bytearray, Exception | None] | None:
+    read = _read_file(path)
+    if read is None:
+        return None
+    raw, buffer = read
+    try:
+        decode(raw)
+    except Exception as exc:
+        return buffer, exc
+    return buffer, None
 
 
 def _read_file(path: str) -> tuple[np.ndarray, bytearray] | None:
@@ -178,23 +240,32 @@ def _read_file(path: str) -> tuple[np.ndarray, bytearray] | None:
 def direct_reader(array: Any) -> DirectReader | None:
     """A :class:`DirectReader` for ``array`` read by Zarr's own pipeline, or ``None``.
 
-    Only a Zarr v3 array, unsharded, on a regular grid with one chunk across
-    every axis but the first, of a native numeric dtype, whose codecs are
-    exactly ``bytes`` (native order) and ``zstd``, read by zarr-python's
+    Only an array of :func:`plain_zstd` layout read by zarr-python's
     ``BatchedCodecPipeline`` itself (not zarrs, not a caching pipeline).
+    """
+    from zarr.core.codec_pipeline import BatchedCodecPipeline
+
+    codec = plain_zstd(array)
+    if codec is None or type(array._async_array.codec_pipeline) is not BatchedCodecPipeline:
+        return None
+    return DirectReader(array, codec._zstd_codec.decode)
+
+
+def plain_zstd(array: Any) -> Any:
+    """``array``'s zstd codec if its chunks can be decoded directly, else ``None``.
+
+    A Zarr v3 array, unsharded, on a regular grid with one chunk across every
+    axis but the first, of a native numeric dtype, whose codecs are exactly
+    ``bytes`` (native order) and ``zstd``, whatever pipeline reads it.
     """
     if not isinstance(array, zarr.Array):
         return None
     from zarr.codecs import BytesCodec, ZstdCodec
     from zarr.core.chunk_grids import RegularChunkGrid
-    from zarr.core.codec_pipeline import BatchedCodecPipeline
     from zarr.core.metadata import ArrayV3Metadata
 
-    inner = array._async_array
-    metadata = inner.metadata
+    metadata = array._async_array.metadata
     if not isinstance(metadata, ArrayV3Metadata) or array.shards is not None:
-        return None
-    if type(inner.codec_pipeline) is not BatchedCodecPipeline:
         return None
     if not isinstance(metadata.chunk_grid, RegularChunkGrid) or not array.shape:
         return None
@@ -209,7 +280,7 @@ def direct_reader(array: Any) -> DirectReader | None:
     endian = codecs[0].endian
     if dtype.itemsize > 1 and (endian is None or endian.value != sys.byteorder):
         return None
-    return DirectReader(array, codecs[1]._zstd_codec.decode)
+    return codecs[1]
 
 
 def frame_size(data: Any) -> int | None:

@@ -425,9 +425,15 @@ class BatchStream(Stream[Any]):
         counts = self.stats.samples_per_source
         if counts is None:
             counts = self.stats.samples_per_source = [0] * len(first.members)
-        samples = _ids(window.samples[:size])
-        member = np.searchsorted(first.offsets, samples, side="right") - 1
-        for m, n in enumerate(np.bincount(member, minlength=len(counts)).tolist()):
+        samples = window.samples[:size]
+        if isinstance(samples, range) and samples.step == 1:  # sequential: by overlap
+            offsets = first.offsets
+            per = np.minimum(offsets[1:], samples.stop) - np.maximum(offsets[:-1], samples.start)
+            per = np.maximum(per, 0)
+        else:
+            member = np.searchsorted(first.offsets, _ids(samples), side="right") - 1
+            per = np.bincount(member, minlength=len(counts))
+        for m, n in enumerate(per.tolist()):
             counts[m] += n
 
     def summary(self) -> PlanSummary:
