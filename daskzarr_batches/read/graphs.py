@@ -331,8 +331,8 @@ def _read_together(
     """
     if kept is not None or policy.cache is not None:
         return False
-    plain = source.plain_members
-    return all(plain[m] for m, _ in touched)
+    layouts = source.direct_layouts
+    return all(layouts[m] is not None for m, _ in touched)
 
 
 def _add_members_together(
@@ -352,7 +352,8 @@ def _add_members_together(
     for member, member_pieces in touched:
         base = source.members[member]
         assert isinstance(base, SliceSource)
-        reads.append((base.array, base.name, base.row_bytes, tuple(member_pieces)))
+        layout = source.direct_layouts[member]
+        reads.append((base.array, base.name, base.row_bytes, tuple(member_pieces), layout))
         starts.append(at)
         at += sum(_taken(piece) for piece in member_pieces)
         maps.append((source._grid[2][member], int(source.offsets[member])))

@@ -21,24 +21,26 @@ from ..errors import CorruptChunkError, MissingChunkError, ReadCancelledError, S
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
 from ..store.cache import CacheCounts
-from ..store.direct import concurrency_limit, direct_reader
+from ..store.direct import DirectLayout, concurrency_limit, direct_reader
 from ..store.layout import block_key, object_shape, storage_keys
 from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
     Ledger,
+    PolicyStore,
     ReadPolicy,
     ReadReport,
-    policy_view,
     read_array,
     read_into,
 )
 from ..store.shards import read_sharded, sharding_codec
+from ..store.threads import zarr_loop
 from .buffers import BufferPool
 from .failures import raise_failed_read, read_named
 from .tasks import _owned, mapped, put_rows, read_block, read_shard, read_views, run_on_loop
 
 __all__ = [
+    "MemberRead",
     "MemberReads",
     "cut_kept_block",
     "cut_kept_chunks",
@@ -195,8 +197,13 @@ def read_window(
     return out, _report(view, pieces, ledger, [p for p, _ in skipped])
 
 
-class MemberReads(Sequence[tuple[Any, str, int, tuple[ChunkPiece, ...]]]):
-    """``read_members``'s ``(array, name, row_bytes, pieces)`` per member, opaque to dask.
+#: One member's read in :func:`read_members`: the array, its name, its row bytes, its
+#: pieces and its ``store.direct`` layout (``None``: read by :func:`read_window`).
+MemberRead = tuple[Any, str, int, tuple[ChunkPiece, ...], DirectLayout | None]
+
+
+class MemberReads(Sequence[MemberRead]):
+    """:func:`read_members`'s reads, one per member, opaque to dask.
 
     Dask walks a task's tuple and list arguments for keys, item by item; a
     collection window's pieces are many small tuples that hold none.
@@ -204,7 +211,7 @@ class MemberReads(Sequence[tuple[Any, str, int, tuple[ChunkPiece, ...]]]):
 
     __slots__ = ("items",)
 
-    def __init__(self, items: Sequence[tuple[Any, str, int, tuple[ChunkPiece, ...]]]) -> None:
+    def __init__(self, items: Sequence[MemberRead]) -> None:
         self.items = tuple(items)
 
     def __len__(self) -> int:
@@ -215,7 +222,7 @@ class MemberReads(Sequence[tuple[Any, str, int, tuple[ChunkPiece, ...]]]):
 
 
 def read_members(
-    reads: Sequence[tuple[Any, str, int, tuple[ChunkPiece, ...]]],
+    reads: Sequence[MemberRead],
     out: np.ndarray,
     starts: Sequence[int],
     policy: ReadPolicy = DEFAULT_POLICY,
@@ -224,36 +231,37 @@ def read_members(
 ) -> list[tuple[np.ndarray, ReadReport]]:
     """Windows of several arrays (a collection's members) read into one output, as one read.
 
-    ``reads`` are ``(array, name, row_bytes, pieces)`` per member, each
-    member's rows going to ``out`` from its ``starts`` on (ascending sample
-    order).  The members of a plain zstd layout (``store.direct``) have
-    their chunks fetched and decoded straight into their rows (the kept
-    rows of a chunk kept in part gathered from it), every member's chunks
-    at once on Zarr's event loop, as many at a time as :func:`read_window`
+    ``reads`` are :data:`MemberRead` per member, each member's rows going to
+    ``out`` from its ``starts`` on (ascending sample order).  The members
+    with a ``store.direct`` layout have their chunks fetched through a policy
+    store of their own and decoded straight into their rows (the kept rows
+    of a chunk kept in part gathered from it), every member's chunks at
+    once on Zarr's event loop, as many at a time as :func:`read_window`
     decodes for one array (``decode_bytes``: an exact shuffle's share of its
     budget): one read, where one task per member paid its own task, view
     and selection for two or three chunks (docs/benchmarks.md,
-    *Collections*).  Any other member, or one whose read fails, is read on
-    its own by :func:`read_window` (which names, skips or fills its chunks
-    as for one array).  Returns each member's ``(rows, report)``, as
-    :func:`read_window` would.
+    *Collections*).  Any other member, or one whose chunk does not decode,
+    is read on its own by :func:`read_window` (which names, skips or fills
+    its chunks as for one array); a fetch that failed for good is raised,
+    named.  Returns each member's ``(rows, report)``, as :func:`read_window`
+    would.
     """
+    zarr_loop()
     results: list[tuple[np.ndarray, ReadReport] | None] = [None] * len(reads)
     jobs = []
-    for i, ((array, name, _, pieces), start) in enumerate(zip(reads, starts, strict=True)):
-        ledger = Ledger()
-        view = policy_view(array, name, policy, ledger)
-        direct = direct_reader(view)
-        items = None if direct is None else _direct_items(pieces)
-        if direct is None or items is None:
+    for i, ((array, name, _, pieces, layout), start) in enumerate(zip(reads, starts, strict=True)):
+        items = None if layout is None else _direct_items(pieces)
+        if layout is None or items is None:
             continue
+        ledger = Ledger()
+        store = PolicyStore(array.store_path.store, policy, ledger, name, layout.metadata_key)
         spans, takes, targets = _direct_targets(pieces, items, out, start)
         rows = slice(start, start + sum(_taken(piece) for piece in pieces))
-        jobs.append((i, direct, spans, targets, takes, view, ledger, rows))
-    every = [piece for _, _, _, pieces in reads for piece in pieces]
+        jobs.append((i, layout.reader(store), spans, targets, takes, ledger, rows))
+    every = [piece for read in reads for piece in read[3]]
     at_once = None
     if every:
-        row_bytes = max(row_bytes for _, _, row_bytes, _ in reads)
+        row_bytes = max(read[2] for read in reads)
         limit_rows, _ = _decode_limit(every, len(out), row_bytes, decode_bytes)
         at_once = limit_rows // max(piece.rows for piece in every)
 
@@ -266,18 +274,21 @@ def read_members(
 
     if jobs:
         outcomes = run_on_loop(read_all(), scope)
-        for (i, *_, view, ledger, rows), outcome in zip(jobs, outcomes, strict=True):
+        for (i, *_, ledger, rows), outcome in zip(jobs, outcomes, strict=True):
+            array, name, _, pieces, _ = reads[i]
             if isinstance(outcome, MissingChunkError | StoreGoneError | ReadCancelledError):
                 raise outcome
             if isinstance(outcome, BaseException):
                 # a key whose retries are spent is not read again: named here; a chunk
                 # that did not decode is read again alone, below (named, or skipped)
-                named = [(f"axis-0 chunk {piece.chunk}", piece) for piece in reads[i][3]]
-                raise_failed_read(view, reads[i][1], named, ledger)
+                named = [(f"axis-0 chunk {piece.chunk}", piece) for piece in pieces]
+                raise_failed_read(array, name, named, ledger)
                 continue
-            results[i] = (out[rows], _report(view, reads[i][3], ledger, ()))
+            results[i] = (out[rows], _report(array, pieces, ledger, ()))
     done = []
-    for result, (array, name, row_bytes, pieces), start in zip(results, reads, starts, strict=True):
+    for result, (array, name, row_bytes, pieces, _), start in zip(
+        results, reads, starts, strict=True
+    ):
         if result is None:
             size = sum(_taken(piece) for piece in pieces)
             into = out[start : start + size]

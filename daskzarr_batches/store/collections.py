@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from ..plan.windows import ChunkPiece, chunk_offsets
-from .direct import plain_zstd
+from .direct import DirectLayout
 from .open import open_array
 from .sources import SliceSource, Source, SourceLike, as_source
 from .threads import DaemonExecutor
@@ -65,10 +65,11 @@ class ConcatSource(Source):
         return chunk_offsets([member.n_samples for member in self.members])
 
     @functools.cached_property
-    def plain_members(self) -> tuple[bool, ...]:
-        """Per member: a Zarr array whose chunks ``store.direct`` decodes straight into rows."""
+    def direct_layouts(self) -> tuple[DirectLayout | None, ...]:
+        """Per member: its :class:`DirectLayout` when ``store.direct`` decodes its chunks
+        straight into rows (a Zarr array of the plain zstd layout), else ``None``."""
         return tuple(
-            isinstance(member, SliceSource) and plain_zstd(member.array) is not None
+            DirectLayout.of(member.array) if isinstance(member, SliceSource) else None
             for member in self.members
         )
 

@@ -23,39 +23,93 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zarr
 import zarr.storage
 
+from .layout import metadata_key
 from .policy import PolicyStore
 
-__all__ = ["DirectReader", "concurrency_limit", "direct_reader", "frame_size", "plain_zstd"]
+__all__ = [
+    "DirectLayout",
+    "DirectReader",
+    "concurrency_limit",
+    "direct_reader",
+    "frame_size",
+    "plain_zstd",
+]
 
 #: The magic number that starts a zstd frame (little-endian).
 _ZSTD_MAGIC = 0xFD2FB528
 
 
-class DirectReader:
-    """Reads whole axis-0 chunks of one array (a policy view) into output rows."""
+@dataclass(frozen=True)
+class DirectLayout:
+    """What :class:`DirectReader` needs of an array of :func:`plain_zstd` layout, read once.
 
-    def __init__(self, array: zarr.Array, decode: Any) -> None:
-        inner = array._async_array
-        self.array = array
-        self.store_path = inner.store_path
-        self.encode_key = inner.metadata.encode_chunk_key
-        self.chunk_rows = int(array.chunks[0])
-        self.rest = tuple(array.shape[1:])
-        self.dtype = np.dtype(array.dtype)
-        self.ndim = len(array.shape)
-        self.decode = decode
+    Everything but the store: a collection keeps one per member and gives
+    each window's read a reader over its own policy store
+    (:meth:`reader`), without a Zarr array view per member and window.
+    """
+
+    path: str
+    encode_key: Callable[[tuple[int, ...]], str]
+    chunk_rows: int
+    rest: tuple[int, ...]
+    dtype: np.dtype
+    decode: Callable[..., Any]
+    prototype: Any
+    fill_value: Any
+    metadata_key: str | None
+
+    @classmethod
+    def of(cls, array: Any) -> DirectLayout | None:
+        """``array``'s layout if it is :func:`plain_zstd` (whatever pipeline reads it)."""
+        codec = plain_zstd(array)
+        if codec is None:
+            return None
         from zarr.core.buffer import default_buffer_prototype
         from zarr.core.codec_pipeline import fill_value_or_default
 
-        self.prototype = default_buffer_prototype()
-        spec = inner.metadata.get_chunk_spec((0,) * self.ndim, inner.config, self.prototype)
-        self.fill_value = fill_value_or_default(spec)
+        inner = array._async_array
+        prototype = default_buffer_prototype()
+        ndim = len(array.shape)
+        spec = inner.metadata.get_chunk_spec((0,) * ndim, inner.config, prototype)
+        return cls(
+            path=inner.store_path.path,
+            encode_key=inner.metadata.encode_chunk_key,
+            chunk_rows=int(array.chunks[0]),
+            rest=tuple(array.shape[1:]),
+            dtype=np.dtype(array.dtype),
+            decode=codec._zstd_codec.decode,
+            prototype=prototype,
+            fill_value=fill_value_or_default(spec),
+            metadata_key=metadata_key(array),
+        )
+
+    def reader(self, store: Any) -> DirectReader:
+        """A reader of the array's chunks through ``store`` (its own store, or a wrapper)."""
+        from zarr.storage import StorePath
+
+        return DirectReader(self, StorePath(store, self.path))
+
+
+class DirectReader:
+    """Reads whole axis-0 chunks of one array (a policy view) into output rows."""
+
+    def __init__(self, layout: DirectLayout, store_path: Any) -> None:
+        self.store_path = store_path
+        self.encode_key = layout.encode_key
+        self.chunk_rows = layout.chunk_rows
+        self.rest = layout.rest
+        self.dtype = layout.dtype
+        self.ndim = len(layout.rest) + 1
+        self.decode = layout.decode
+        self.prototype = layout.prototype
+        self.fill_value = layout.fill_value
 
     async def read(
         self,
@@ -245,10 +299,12 @@ def direct_reader(array: Any) -> DirectReader | None:
     """
     from zarr.core.codec_pipeline import BatchedCodecPipeline
 
-    codec = plain_zstd(array)
-    if codec is None or type(array._async_array.codec_pipeline) is not BatchedCodecPipeline:
+    if not isinstance(array, zarr.Array):
         return None
-    return DirectReader(array, codec._zstd_codec.decode)
+    if type(array._async_array.codec_pipeline) is not BatchedCodecPipeline:
+        return None
+    layout = DirectLayout.of(array)
+    return None if layout is None else layout.reader(array._async_array.store_path.store)
 
 
 def plain_zstd(array: Any) -> Any:
