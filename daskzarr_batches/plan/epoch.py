@@ -324,6 +324,12 @@ class EpochPlan:
             yield Window(index, position, samples, pieces)
             position += len(samples)
 
+    def window_samples(self) -> Iterator[range | SampleIds]:
+        """Each window's sample ids in delivery order, as :meth:`windows` gives them,
+        without their chunk pieces (lazily)."""
+        for samples, _ in self._truncate(self._orders()):
+            yield samples
+
     def _orders(self) -> Iterator[tuple[range | SampleIds, _UnitShuffle | None]]:
         """Each window's sample ids (and a buffered window's unit layout), untruncated."""
         orders: Iterator[tuple[range | SampleIds, _UnitShuffle | None]]

@@ -190,7 +190,12 @@ class MixOrder:
             shards=self.shards[source],
             ramp=ramp,
         )
-        parts = [np.asarray(window.samples, dtype=np.int64) for window in plan.windows()]
+        parts = [
+            np.arange(ids.start, ids.stop, ids.step, dtype=np.int64)  # not element by element
+            if isinstance(ids, range)
+            else np.asarray(ids, dtype=np.int64)
+            for ids in plan.window_samples()
+        ]
         edges = np.cumsum([0, *(len(p) for p in parts)]).astype(np.int64)
         return (np.concatenate(parts) if parts else np.empty(0, np.int64)), edges
 
