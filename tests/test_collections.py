@@ -353,6 +353,7 @@ def test_plain_members_read_together_skip_and_fill_as_alone(tmp_path: Any, kind:
     # that does not decode is still skipped and named, an absent one filled, as when
     # each member is read on its own
     from daskzarr_batches.read.graphs import window_graph
+    from daskzarr_batches.read.window import read_member_window
     from daskzarr_batches.streams.spec import StreamSpec
 
     members, data = _plain_members(tmp_path)
@@ -361,7 +362,8 @@ def test_plain_members_read_together_skip_and_fill_as_alone(tmp_path: Any, kind:
     joined = dzb.concat(members)
     spec = StreamSpec((joined,), 6)
     dsk, _ = window_graph(spec.sources, next(iter(spec.plan().windows())), "t")
-    assert any(isinstance(k, tuple) and k[0].startswith("dzb-members-") for k in dsk)
+    tasks = [task[0] for task in dsk.values()]
+    assert tasks.count(read_member_window) == 1 and len(tasks) == 2  # and the window's tuple
     stream = KINDS[kind](joined)
     with pytest.warns(dzb.SkippedChunksWarning):
         got = np.concatenate(list(stream))
@@ -385,3 +387,21 @@ def test_a_member_fetch_that_fails_for_good_is_named_and_not_read_again(tmp_path
         list(dzb.batch_stream(dzb.concat(members), 6, retries=5))
     assert "axis-0 chunk 1" in str(raised.value)
     assert faulty.attempts["c/1/0"] == 1
+
+
+@property_settings(40)
+@given(
+    lengths=st.lists(st.integers(0, 300_000), min_size=1, max_size=8).filter(lambda v: sum(v) > 0),
+    draws=st.integers(0, 2000),
+    seed=seeds,
+)
+def test_run_index_finds_each_ids_member_as_searchsorted(
+    lengths: list[int], draws: int, seed: int
+) -> None:
+    from daskzarr_batches.plan.windows import RunIndex
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = np.random.default_rng(seed).integers(0, offsets[-1], draws)
+    ids = np.concatenate([ids, offsets[:-1][np.diff(offsets) > 0], [offsets[-1] - 1]])
+    expected = np.searchsorted(offsets, ids, side="right") - 1
+    np.testing.assert_array_equal(RunIndex(offsets)(ids), expected)

@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ArgumentValueError
+from .windows import RunIndex
 
 __all__ = [
     "AUTO_EXACT_SAMPLES",
@@ -235,6 +236,7 @@ class QualityCounter:
         "_last",
         "_members",
         "_partial",
+        "_runs",
         "_source_bits",
         "batch_size",
         "batches",
@@ -258,6 +260,7 @@ class QualityCounter:
             bounds = np.asarray(members, dtype=np.int64)
             if len(bounds) > 2:
                 self._members = bounds[1:-1]
+                self._runs = RunIndex(bounds)
                 self._partial = np.zeros(len(bounds) - 1, dtype=np.int64)
                 sizes = tuple(np.diff(bounds).tolist())
                 self._exact_sources = exact_source_entropy(sizes, self.batch_size)
@@ -327,7 +330,7 @@ class QualityCounter:
         k, size = len(self._partial), self.batch_size
         batch = (self.samples + np.arange(len(ids))) // size
         batch -= batch[0]
-        member = np.searchsorted(self._members, ids, side="right")
+        member = self._runs(ids)
         rows = int(batch[-1]) + 1
         counts = np.bincount(batch * k + member, minlength=rows * k).reshape(rows, k)
         counts[0] += self._partial

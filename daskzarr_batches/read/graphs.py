@@ -40,11 +40,11 @@ from .tasks import (
     window_output,
 )
 from .window import (
-    MemberReads,
+    MemberWindow,
     cut_kept_block,
     cut_kept_chunks,
     read_kept_part,
-    read_members,
+    read_member_window,
     read_subset_window,
     read_window,
 )
@@ -282,6 +282,10 @@ def _add_members(
     if decode_bytes is not None:
         share = max(1, decode_bytes // min(len(touched), 4 * MEMBER_READS))
     shared = (f"dzb-rows-{where[0]}", *where[1:]) if _shares_output(plan_order) else None
+    if shared is not None and _read_together(source, touched, policy, kept):
+        _add_members_together(dsk, source, touched, size, out_key, policy, scope, local,
+                              decode_bytes, pool)  # fmt: skip
+        return
     if shared is not None:
         dsk[shared] = (
             window_output,
@@ -291,10 +295,6 @@ def _add_members(
             decode_bytes is not None,
             pool,
         )
-    if shared is not None and _read_together(source, touched, policy, kept):
-        _add_members_together(dsk, source, touched, out_key, where, shared, policy, scope, local,
-                              decode_bytes)  # fmt: skip
-        return
     at = 0
     starts = []
     for member, member_pieces in touched:
@@ -339,15 +339,15 @@ def _add_members_together(
     dsk: dict[Key, Any],
     source: ConcatSource,
     touched: Sequence[tuple[int, Sequence[ChunkPiece]]],
+    size: int,
     out_key: Key,
-    where: tuple[Any, ...],
-    shared: Key,
     policy: ReadPolicy,
     scope: CancelScope | None,
     local: dict[int, tuple[int, int, int]] | None,
     decode_bytes: int | None,
+    pool: BufferPool | None,
 ) -> None:
-    """Add a local window's member reads as one task into the shared output, then the join."""
+    """Add a local window's members as one task: output, members read together, join."""
     reads, starts, maps, at = [], [], [], 0
     for member, member_pieces in touched:
         base = source.members[member]
@@ -357,9 +357,11 @@ def _add_members_together(
         starts.append(at)
         at += sum(_taken(piece) for piece in member_pieces)
         maps.append((source._grid[2][member], int(source.offsets[member])))
-    key = (f"dzb-members-{where[0]}", *where[1:])
-    dsk[key] = (read_members, MemberReads(reads), shared, starts, policy, scope, decode_bytes)
-    dsk[out_key] = (join_members, key, maps, None, local, (shared, starts))
+    window = MemberWindow(
+        tuple(reads), tuple(starts), tuple(maps), size, source.shape[1:], source.dtype, local,
+        decode_bytes,
+    )  # fmt: skip
+    dsk[out_key] = (read_member_window, window, policy, scope, pool)
 
 
 def _shares_output(plan_order: bool) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..plan.windows import ChunkPiece
 from ..store.cache import CacheCounts
 from ..store.direct import DirectLayout, concurrency_limit, direct_reader
 from ..store.layout import block_key, object_shape, storage_keys
+from ..store.pipelines import codec_pipeline_of
 from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
@@ -30,6 +32,8 @@ from ..store.policy import (
     PolicyStore,
     ReadPolicy,
     ReadReport,
+    native_view,
+    policy_view,
     read_array,
     read_into,
 )
@@ -37,15 +41,25 @@ from ..store.shards import read_sharded, sharding_codec
 from ..store.threads import zarr_loop
 from .buffers import BufferPool
 from .failures import raise_failed_read, read_named
-from .tasks import _owned, mapped, put_rows, read_block, read_shard, read_views, run_on_loop
+from .tasks import (
+    _owned,
+    join_members,
+    mapped,
+    put_rows,
+    read_block,
+    read_shard,
+    run_on_loop,
+    window_output,
+)
 
 __all__ = [
     "MemberRead",
-    "MemberReads",
+    "MemberWindow",
     "cut_kept_block",
     "cut_kept_chunks",
     "read_kept_chunk",
     "read_kept_part",
+    "read_member_window",
     "read_members",
     "read_rows",
     "read_subset_window",
@@ -133,11 +147,13 @@ def read_window(
     def keys() -> list[str]:  # the store keys of the window's chunk rows
         return [key for piece in pieces for key in storage_keys(array, piece.start, piece.stop)]
 
-    fast, view = read_views(array, name, policy, ledger, keys, scope)
+    view = policy_view(array, name, policy, ledger)
+    # zarrs reads the store natively (read_views), unless the direct decode reads the window
+    native = policy.cache is None and codec_pipeline_of(array) == "zarrs"
     limit_rows, streaming = _decode_limit(pieces, size, row_bytes, decode_bytes)
     runs = _runs(pieces, limit_rows)
     # zarrs reads shards natively; Zarr's own pipeline reads them through store.shards
-    sharded = fast is view and sharding_codec(view) is not None
+    sharded = not native and sharding_codec(view) is not None
     shape, dtype = (size, *view.shape[1:]), np.dtype(view.dtype)
     out = None
     if into is not None:
@@ -150,12 +166,16 @@ def read_window(
     # call (per chunk, zarrs costs more than this: issue 20)
     one_slice = not sharded and _one_slice(runs, size, plan_order)
     direct = None
-    if not sharded and not plan_order and not (one_slice and fast is not view):
+    if not sharded and not plan_order and not (one_slice and native):
         direct = direct_reader(view)
     ordered = [piece for run in runs for piece in run]  # ascending chunks, as placed
     items = None if direct is None else _direct_items(ordered)
     if items is None:
         direct = None
+    # the missing-key lookups of a native read only when zarrs reads the window
+    fast = view
+    if direct is None and native:
+        fast = native_view(array, name, policy, ledger, keys, scope) or view
     if direct is None and one_slice:
         with contextlib.suppress(Exception):  # read again below, chunk by chunk
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
@@ -202,23 +222,48 @@ def read_window(
 MemberRead = tuple[Any, str, int, tuple[ChunkPiece, ...], DirectLayout | None]
 
 
-class MemberReads(Sequence[MemberRead]):
-    """:func:`read_members`'s reads, one per member, opaque to dask.
+@dataclass(frozen=True, eq=False)
+class MemberWindow:
+    """A collection window read here whose members :func:`read_members` reads together.
 
-    Dask walks a task's tuple and list arguments for keys, item by item; a
-    collection window's pieces are many small tuples that hold none.
+    The reads (:data:`MemberRead` per member touched, ascending), where each
+    member's rows start in the window's output, each member's chunk -> the
+    collection's chunk map and first sample (as :func:`join_members` takes
+    them), the output's rows, trailing shape and dtype, a chunk subset's
+    chunk map (``local``) and an exact window's ``decode_bytes``.  One value,
+    opaque to dask: dask walks a task's tuple and list arguments for keys,
+    item by item, and a window's pieces are many small tuples holding none.
     """
 
-    __slots__ = ("items",)
+    reads: tuple[MemberRead, ...]
+    starts: tuple[int, ...]
+    maps: tuple[tuple[Any, int], ...]
+    size: int
+    trailing: tuple[int, ...]
+    dtype: Any
+    local: dict[int, tuple[int, int, int]] | None = None
+    decode_bytes: int | None = None
 
-    def __init__(self, items: Sequence[MemberRead]) -> None:
-        self.items = tuple(items)
 
-    def __len__(self) -> int:
-        return len(self.items)
+def read_member_window(
+    window: MemberWindow,
+    policy: ReadPolicy = DEFAULT_POLICY,
+    scope: CancelScope | None = None,
+    pool: BufferPool | None = None,
+) -> tuple[np.ndarray, ReadReport]:
+    """One task for a local collection window: its output, its members' read, the join.
 
-    def __getitem__(self, index: Any) -> Any:
-        return self.items[index]
+    The output as :func:`window_output` makes it (an exact window's in an
+    mmap of its own, else from ``pool``), filled by :func:`read_members`,
+    the reports joined by :func:`join_members`: the window's rows in
+    ascending sample order and its report in the collection's chunks, as
+    the task per member and the join give them.
+    """
+    out = window_output(
+        window.size, window.trailing, window.dtype, window.decode_bytes is not None, pool
+    )
+    parts = read_members(window.reads, out, window.starts, policy, scope, window.decode_bytes)
+    return join_members(parts, window.maps, None, window.local, (out, window.starts))
 
 
 def read_members(

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError
-from ..plan.windows import ChunkPiece, chunk_offsets
+from ..plan.windows import ChunkPiece, RunIndex, chunk_offsets
 from .direct import DirectLayout
 from .open import open_array
 from .sources import SliceSource, Source, SourceLike, as_source
@@ -63,6 +63,11 @@ class ConcatSource(Source):
     def offsets(self) -> np.ndarray:
         """Where each member starts along axis 0, and the total: ``M + 1`` values."""
         return chunk_offsets([member.n_samples for member in self.members])
+
+    @functools.cached_property
+    def member_of(self) -> RunIndex:
+        """The member of each sample id (``RunIndex`` over :attr:`offsets`)."""
+        return RunIndex(self.offsets)
 
     @functools.cached_property
     def direct_layouts(self) -> tuple[DirectLayout | None, ...]:
@@ -140,7 +145,7 @@ class ConcatSource(Source):
         """``(member, position within it)`` of each sample id, an int64 ``(n, 2)`` array."""
         samples = np.asarray(samples, dtype=np.int64)
         out = np.empty((len(samples), 2), dtype=np.int64)
-        member = np.searchsorted(self.offsets, samples, side="right") - 1
+        member = self.member_of(samples)
         out[:, 0] = member
         out[:, 1] = samples - self.offsets[member]
         return out

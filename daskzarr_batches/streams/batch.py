@@ -431,8 +431,7 @@ class BatchStream(Stream[Any]):
             per = np.minimum(offsets[1:], samples.stop) - np.maximum(offsets[:-1], samples.start)
             per = np.maximum(per, 0)
         else:
-            member = np.searchsorted(first.offsets, _ids(samples), side="right") - 1
-            per = np.bincount(member, minlength=len(counts))
+            per = np.bincount(first.member_of(_ids(samples)), minlength=len(counts))
         for m, n in enumerate(per.tolist()):
             counts[m] += n
 
