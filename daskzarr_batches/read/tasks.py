@@ -136,8 +136,15 @@ def read_block(
             if policy.on_error != "skip":
                 raise
             result, skipped = None, ((block[0], piece.start, piece.stop),)
+    return result, _block_report(ledger, block, skipped)
+
+
+def _block_report(
+    ledger: Ledger, block: tuple[int, ...], skipped: tuple[tuple[int, int, int], ...] = ()
+) -> ReadReport:
+    """What the policy saw while reading one block (its axis-0 chunk named if missing)."""
     missing = tuple(dict.fromkeys(ledger.missing))
-    return result, ReadReport(
+    return ReadReport(
         cache=ledger.cache,
         missing_keys=missing,
         missing_chunks=(block[0],) if missing else (),
@@ -160,8 +167,10 @@ def _read_block_directly(
     the result (an edge block through a scratch chunk): no Zarr selection
     machinery per block, which costs about what decoding a small chunk does
     (docs/benchmarks.md, *Collections*).  ``None`` when the array is not of
-    that layout or the read fails: the caller reads the block as any other
-    (and names, skips or fills it).
+    that layout or the chunk did not decode: the caller reads the block as
+    any other (and names, skips or fills it).  A fetch that failed for good
+    (its retries spent, or a permanent error) is raised, named, and not read
+    again.
     """
     if plain_zstd(array) is None or any(
         (s.start, s.stop) != (0, n) for s, n in zip(slices[1:], array.shape[1:], strict=True)
@@ -180,13 +189,7 @@ def _read_block_directly(
     except Exception:  # a key whose retries are spent is not read again: named here
         raise_failed_read(array, name, [(f"chunk {block}", _block_piece(block, slices))], ledger)
         return None  # it did not decode: read again (named, or skipped)
-    missing = tuple(dict.fromkeys(ledger.missing))
-    return out, ReadReport(
-        cache=ledger.cache,
-        missing_keys=missing,
-        missing_chunks=(block[0],) if missing else (),
-        retries=ledger.retries,
-    )
+    return out, _block_report(ledger, block)
 
 
 def apply_transform(transform: Callable[[np.ndarray], Any], read: tuple[Any, ReadReport]) -> Any:
