@@ -196,8 +196,9 @@ def read_window(
             return place.out, _report(view, pieces, ledger, ())
         if direct is not None and items is not None:
             spans, takes, targets = _direct_targets(ordered, items, place.out, 0)
-            at_once = limit_rows // max(piece.rows for piece in ordered)
-            run_on_loop(direct.read(spans, targets, at_once, takes), scope)
+            at_once = _direct_at_once(limit_rows, ordered)
+            keep = decode_bytes is None  # an exact window's buffers are budgeted: not kept
+            run_on_loop(direct.read(spans, targets, at_once, takes, keep), scope)
             return place.out, _report(view, pieces, ledger, ())
         inner = getattr(fast, "_async_array", None)
         if inner is not None and (len(runs) > 1 or fast is not view):
@@ -308,12 +309,12 @@ def read_members(
     if every:
         row_bytes = max(read[2] for read in reads)
         limit_rows, _ = _decode_limit(every, len(out), row_bytes, decode_bytes)
-        at_once = limit_rows // max(piece.rows for piece in every)
+        at_once = _direct_at_once(limit_rows, every)
 
     async def read_all() -> list[Any]:
         limit = concurrency_limit(at_once)
         return await asyncio.gather(
-            *(job[1].read(job[2], job[3], limit, job[4]) for job in jobs),
+            *(job[1].read(job[2], job[3], limit, job[4], decode_bytes is None) for job in jobs),
             return_exceptions=True,
         )
 
@@ -847,6 +848,15 @@ def _nd_buffer(rows: np.ndarray) -> Any:
     from zarr.core.buffer import default_buffer_prototype
 
     return default_buffer_prototype().nd_buffer.from_numpy_array(rows)
+
+
+def _direct_at_once(limit_rows: int, pieces: Sequence[ChunkPiece]) -> int:
+    """Chunks ``store.direct`` decodes at once within ``limit_rows`` decoded rows in flight.
+
+    Each holds its stored bytes and its decoded chunk (a scratch chunk, or
+    the rows it fills), so two chunks' worth each (at least one at once).
+    """
+    return max(1, limit_rows // (2 * max(piece.rows for piece in pieces)))
 
 
 def _direct_items(

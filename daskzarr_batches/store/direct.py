@@ -117,6 +117,7 @@ class DirectReader:
         targets: Sequence[np.ndarray],
         limit: asyncio.Semaphore | int | None = None,
         takes: Sequence[np.ndarray | None] | None = None,
+        keep_buffers: bool = True,
     ) -> None:
         """Rows ``start:stop`` of each span (within one stored chunk) into its target.
 
@@ -127,8 +128,12 @@ class DirectReader:
         loop's executor), at most ``limit`` (a count, at most Zarr's
         ``async.concurrency``, which is the default) at once; readers of
         several arrays may share one ``limit`` (a semaphore).  A failure
-        cancels the others.
+        cancels the others.  ``keep_buffers``: the file and scratch-chunk
+        buffers are the process's reused ones (kept for the next reads), else
+        fresh ones freed after each chunk (an exact window, whose memory is
+        budgeted: ``memory_budget``).
         """
+        pools = (_SCRATCH, _CHUNKS) if keep_buffers else (_FRESH, _FRESH)
         if not isinstance(limit, asyncio.Semaphore):
             limit = concurrency_limit(limit)
         if takes is None:
@@ -136,15 +141,20 @@ class DirectReader:
 
         async def one(span: tuple[int, int], target: np.ndarray, take: np.ndarray | None) -> None:
             async with limit:
-                await self._one(span, target, take)
+                await self._one(span, target, take, pools)
 
         async with asyncio.TaskGroup() as group:
             for span, target, take in zip(spans, targets, takes, strict=True):
                 group.create_task(one(span, target, take))
 
     async def _one(
-        self, span: tuple[int, int], target: np.ndarray, take: np.ndarray | None = None
+        self,
+        span: tuple[int, int],
+        target: np.ndarray,
+        take: np.ndarray | None = None,
+        pools: tuple[_Scratch, _Scratch] | None = None,
     ) -> None:
+        files, chunks = (_SCRATCH, _CHUNKS) if pools is None else pools
         start, stop = span
         chunk, offset = divmod(start, self.chunk_rows)
         if stop - start > self.chunk_rows - offset:
@@ -160,14 +170,14 @@ class DirectReader:
             # decoded by the same thread call (one hand-off per chunk, not two)
             path = os.path.join(os.fspath(base.root), where.path)
             decode = functools.partial(
-                self._decode, target=target, whole=whole, offset=offset, take=take
+                self._decode, target=target, whole=whole, offset=offset, take=take, chunks=chunks
             )
-            read = await store.get_with(where.path, _read_local, path, decode)
+            read = await store.get_with(where.path, _read_local, path, decode, files)
             if read is None:  # absent (recorded by the policy store): Zarr's fill value
                 target[...] = self.fill_value
                 return
             scratch, error = read
-            _SCRATCH.give(scratch)  # the decode is done with it (a cancelled one never is)
+            files.give(scratch)  # the decode is done with it (a cancelled one never is)
             if error is not None:
                 raise error
             return
@@ -176,7 +186,7 @@ class DirectReader:
             target[...] = self.fill_value
             return
         raw = data.as_numpy_array()
-        await asyncio.to_thread(self._decode, raw, target, whole, offset, take)
+        await asyncio.to_thread(self._decode, raw, target, whole, offset, take, chunks)
 
     def _decode(
         self,
@@ -185,7 +195,9 @@ class DirectReader:
         whole: bool,
         offset: int,
         take: np.ndarray | None = None,
+        chunks: _Scratch | None = None,
     ) -> None:
+        chunks = _CHUNKS if chunks is None else chunks
         nbytes = self.chunk_rows * int(np.prod(self.rest, dtype=np.int64)) * self.dtype.itemsize
         if frame_size(raw) != nbytes:
             raise ValueError("the chunk's zstd frame does not give the chunk's size")
@@ -193,7 +205,7 @@ class DirectReader:
             self.decode(raw, out=target.reshape(-1).view(np.uint8))
             return
         # a chunk kept in part: decoded into a reused scratch chunk, its rows copied out
-        scratch = _CHUNKS.take(nbytes)
+        scratch = chunks.take(nbytes)
         try:
             flat = np.frombuffer(scratch, dtype=np.uint8, count=nbytes)
             self.decode(raw, out=flat)
@@ -203,7 +215,7 @@ class DirectReader:
             else:  # mode="clip": no buffered copy of the rows (take is within the chunk)
                 np.take(chunk[offset:], take, axis=0, out=target, mode="clip")
         finally:
-            _CHUNKS.give(scratch)
+            chunks.give(scratch)
 
 
 def concurrency_limit(most: int | None = None) -> asyncio.Semaphore:
@@ -239,11 +251,14 @@ _SCRATCH = _Scratch(keep=16)
 #: Scratch chunks decoded for a part of their rows (a chunk cut by a window's border).
 _CHUNKS = _Scratch(keep=8)
 
+#: Buffers of reads whose memory is budgeted (an exact window's): fresh, never kept.
+_FRESH = _Scratch(keep=0)
+
 
 async def _read_local(
-    key: str, path: str, decode: Callable[[np.ndarray], None]
+    key: str, path: str, decode: Callable[[np.ndarray], None], files: _Scratch
 ) -> tuple[bytearray, Exception | None] | None:
-    """Local chunk file ``path`` read into a scratch buffer and decoded by ``decode``.
+    """Local chunk file ``path`` read into a buffer of ``files`` and decoded by ``decode``.
 
     ``None`` if the file is absent, as ``LocalStore.get`` says it, so the
     policy store sees the same; else the scratch buffer and the decode's
@@ -251,13 +266,13 @@ async def _read_local(
     read, never a chunk that does not decode).  Run on the event loop's
     executor, as ``LocalStore.get`` reads.
     """
-    return await asyncio.to_thread(_read_and_decode, path, decode)
+    return await asyncio.to_thread(_read_and_decode, path, decode, files)
 
 
 def _read_and_decode(
-    path: str, decode: Callable[[np.ndarray], None]
+    path: str, decode: Callable[[np.ndarray], None], files: _Scratch
 ) -> tuple[bytearray, Exception | None] | None:
-    read = _read_file(path)
+    read = _read_file(path, files)
     if read is None:
         return None
     raw, buffer = read
@@ -268,14 +283,14 @@ def _read_and_decode(
     return buffer, None
 
 
-def _read_file(path: str) -> tuple[np.ndarray, bytearray] | None:
+def _read_file(path: str, files: _Scratch | None = None) -> tuple[np.ndarray, bytearray] | None:
     try:
         file = open(path, "rb")  # noqa: SIM115  (closed below)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     with file:
         size = os.fstat(file.fileno()).st_size
-        buffer = _SCRATCH.take(size + 1)  # one more: a file that grew is seen, not cut
+        buffer = (files or _SCRATCH).take(size + 1)  # one more: a file that grew is seen
         view = memoryview(buffer)
         got = 0
         while True:
