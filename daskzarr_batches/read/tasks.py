@@ -163,18 +163,20 @@ def _read_block_directly(
 ) -> tuple[np.ndarray, ReadReport] | None:
     """A block of a plain zstd array (``store.direct``) decoded straight into its own array.
 
-    The block's chunk fetched through the policy view and decompressed into
-    the result (an edge block through a scratch chunk): no Zarr selection
-    machinery per block, which costs about what decoding a small chunk does
-    (docs/benchmarks.md, *Collections*).  ``None`` when the array is not of
-    that layout or the chunk did not decode: the caller reads the block as
+    A block on a local directory store: its chunk fetched through the policy
+    view and decompressed into the result (an edge block through a scratch
+    chunk): no Zarr selection machinery per block, which costs about what
+    decoding a small chunk does (docs/benchmarks.md, *Collections*; on an
+    object store through obstore the read through Zarr measured faster).
+    ``None`` when the array is not of that layout, not on a local directory
+    store, or the chunk did not decode: the caller reads the block as
     any other (and names, skips or fills it).  A fetch that failed for good
     (its retries spent, or a permanent error) is raised, named, and not read
     again.
     """
-    if plain_zstd(array) is None or any(
-        (s.start, s.stop) != (0, n) for s, n in zip(slices[1:], array.shape[1:], strict=True)
-    ):
+    if plain_zstd(array) is None or type(array.store_path.store) is not zarr.storage.LocalStore:
+        return None  # on an object store the read through Zarr measured faster (obstore)
+    if any((s.start, s.stop) != (0, n) for s, n in zip(slices[1:], array.shape[1:], strict=True)):
         return None
     ledger = Ledger()
     reader = direct_reader(policy_view(array, name, policy, ledger))
