@@ -354,12 +354,11 @@ class QualityCounter:
         starts = self._members[(self._members > lo) & (self._members < lo + n)] - lo
         mixed = np.unique(np.concatenate([[0, rows - 1], (self.samples + starts) // size - first]))
         whole = rows if (self.samples + n) % size == 0 else rows - 1
-        bounds = np.append(self._members, np.iinfo(np.int64).max)
         bits, last = 0.0, np.zeros(k, dtype=np.int64)
         for row in mixed.tolist():
             a = max(0, (first + row) * size - self.samples)
             b = min(n, (first + row + 1) * size - self.samples)
-            counts = _range_counts(lo + a, lo + b, bounds, k)
+            counts = self._runs.counts(lo + a, lo + b)
             if row == 0:
                 counts += self._partial
             if row < whole:
@@ -392,13 +391,6 @@ class QualityCounter:
             source_entropy=sources,
             source_entropy_bits=bits_per_batch,
         )
-
-
-def _range_counts(lo: int, hi: int, bounds: npt.NDArray[np.int64], k: int) -> npt.NDArray[np.int64]:
-    """How many of ids ``lo:hi`` fall in each of ``k`` members (``bounds``: their ends)."""
-    ends = np.minimum(bounds, hi)
-    begins = np.maximum(np.concatenate([[0], bounds[:-1]]), lo)
-    return np.maximum(ends - begins, 0).astype(np.int64)
 
 
 def _row_entropy(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:

@@ -123,6 +123,11 @@ class RunIndex:
             runs[mixed] = np.searchsorted(self.offsets, ids[mixed], side="right") - 1
         return runs
 
+    def counts(self, lo: int, hi: int) -> IndexArray:
+        """How many of the ids ``lo:hi`` each run holds (int64, one per run)."""
+        ends = np.minimum(self.offsets[1:], hi)
+        return np.maximum(ends - np.maximum(self.offsets[:-1], lo), 0)
+
 
 def chunk_offsets(chunk_rows: Sequence[int]) -> IndexArray:
     """Start offsets of each chunk plus the end: ``[0, c0, c0 + c1, ..., n]``."""

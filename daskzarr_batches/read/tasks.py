@@ -53,7 +53,7 @@ from ..errors import (
 )
 from ..plan.batching import join_rows
 from ..plan.windows import ChunkPiece, Selector
-from ..store.direct import direct_reader, plain_zstd
+from ..store.direct import DirectLayout
 from ..store.layout import block_key
 from ..store.policy import (
     DEFAULT_POLICY,
@@ -174,14 +174,17 @@ def _read_block_directly(
     (its retries spent, or a permanent error) is raised, named, and not read
     again.
     """
-    if plain_zstd(array) is None or type(array.store_path.store) is not zarr.storage.LocalStore:
+    if policy.cache is not None or not isinstance(array, zarr.Array):
+        return None  # a cache is consulted by Zarr's pipeline only
+    if type(array.store_path.store) is not zarr.storage.LocalStore:
         return None  # on an object store the read through Zarr measured faster (obstore)
     if any((s.start, s.stop) != (0, n) for s, n in zip(slices[1:], array.shape[1:], strict=True)):
         return None
-    ledger = Ledger()
-    reader = direct_reader(policy_view(array, name, policy, ledger))
-    if reader is None:
+    layout = DirectLayout.of(array)
+    if layout is None:
         return None
+    ledger = Ledger()
+    reader = layout.policy_reader(array, name, policy, ledger)
     first = slices[0]
     out = np.empty((first.stop - first.start, *array.shape[1:]), dtype=reader.dtype)
     try:

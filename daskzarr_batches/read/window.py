@@ -29,7 +29,6 @@ from ..store.policy import (
     DEFAULT_POLICY,
     CancelScope,
     Ledger,
-    PolicyStore,
     ReadPolicy,
     ReadReport,
     native_view,
@@ -38,7 +37,6 @@ from ..store.policy import (
     read_into,
 )
 from ..store.shards import read_sharded, sharding_codec
-from ..store.threads import zarr_loop
 from .buffers import BufferPool
 from .failures import raise_failed_read, read_named
 from .tasks import (
@@ -292,7 +290,6 @@ def read_members(
     named.  Returns each member's ``(rows, report)``, as :func:`read_window`
     would.
     """
-    zarr_loop()
     results: list[tuple[np.ndarray, ReadReport] | None] = [None] * len(reads)
     jobs = []
     for i, ((array, name, _, pieces, layout), start) in enumerate(zip(reads, starts, strict=True)):
@@ -300,10 +297,10 @@ def read_members(
         if layout is None or items is None:
             continue
         ledger = Ledger()
-        store = PolicyStore(array.store_path.store, policy, ledger, name, layout.metadata_key)
+        reader = layout.policy_reader(array, name, policy, ledger)
         spans, takes, targets = _direct_targets(pieces, items, out, start)
         rows = slice(start, start + sum(_taken(piece) for piece in pieces))
-        jobs.append((i, layout.reader(store), spans, targets, takes, ledger, rows))
+        jobs.append((i, reader, spans, targets, takes, ledger, rows))
     every = [piece for read in reads for piece in read[3]]
     at_once = None
     if every:

@@ -31,7 +31,8 @@ import zarr
 import zarr.storage
 
 from .layout import metadata_key
-from .policy import PolicyStore
+from .policy import Ledger, PolicyStore, ReadPolicy
+from .threads import zarr_loop
 
 __all__ = [
     "DirectLayout",
@@ -95,6 +96,19 @@ class DirectLayout:
         from zarr.storage import StorePath
 
         return DirectReader(self, StorePath(store, self.path))
+
+    def policy_reader(
+        self, array: zarr.Array, name: str, policy: ReadPolicy, ledger: Ledger
+    ) -> DirectReader:
+        """A reader of ``array`` (of this layout) through a :class:`PolicyStore` of its own.
+
+        What a read task uses instead of a Zarr view per read (``policy_view``):
+        ``policy`` applied to every fetch and recorded in ``ledger``.  Not for a
+        policy with a cache, which only Zarr's pipeline consults.
+        """
+        zarr_loop()  # Zarr's blocking I/O on daemon threads, before any read of a task
+        store = PolicyStore(array.store_path.store, policy, ledger, name, self.metadata_key)
+        return self.reader(store)
 
 
 class DirectReader:

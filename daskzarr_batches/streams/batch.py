@@ -427,9 +427,7 @@ class BatchStream(Stream[Any]):
             counts = self.stats.samples_per_source = [0] * len(first.members)
         samples = window.samples[:size]
         if isinstance(samples, range) and samples.step == 1:  # sequential: by overlap
-            offsets = first.offsets
-            per = np.minimum(offsets[1:], samples.stop) - np.maximum(offsets[:-1], samples.start)
-            per = np.maximum(per, 0)
+            per = first.member_of.counts(samples.start, samples.stop)
         else:
             per = np.bincount(first.member_of(_ids(samples)), minlength=len(counts))
         for m, n in enumerate(per.tolist()):
