@@ -473,11 +473,9 @@ def _reset_event_loops() -> None:
     references remain, and the first read would wait forever on them.
     """
     import fsspec.asyn
-    import zarr.core.sync
 
-    zarr.core.sync.loop[0] = None
-    zarr.core.sync.iothread[0] = None
-    zarr.core.sync._executor = None
-    zarr.core.sync._lock = None
+    from .store.zarr_adapter import forget_loop
+
+    forget_loop()
     fsspec.asyn.reset_lock()
     _reset_in[0] = os.getpid()

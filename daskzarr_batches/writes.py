@@ -66,6 +66,7 @@ from .store.cache import ChunkCache
 from .store.layout import storage_keys
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .store.sources import Source, as_source
+from .store.zarr_adapter import buffer_prototype, sync
 from .streams.base import stored_arrays
 from .streams.spec import ReadOptions, as_array, byte_size
 
@@ -242,8 +243,6 @@ def _runs(ranges: list[list[int]], max_rows: int) -> list[tuple[int, int]]:
 
 def _object_sizes(outs: Sequence[zarr.Array], ranges: Sequence[tuple[int, int]]) -> dict[str, int]:
     """``{store key: bytes}`` of the objects holding rows ``ranges`` of every array."""
-    from zarr.core.sync import sync
-
     keys = [(out, key) for out in outs for a, b in ranges for key in storage_keys(out, a, b)]
 
     async def sized() -> list[int]:
@@ -375,8 +374,6 @@ def _check_fingerprint(
 
 
 def _existing_keys(array: zarr.Array) -> set[str]:
-    from zarr.core.sync import sync
-
     prefix = f"{array.path}/" if array.path else ""
 
     async def listed() -> set[str]:
@@ -423,8 +420,6 @@ def _keys_of(outs: Sequence[zarr.Array], unit: tuple[int, int]) -> list[str]:
 
 
 def _sizes_of(array: zarr.Array, keys: Sequence[str]) -> dict[str, int]:
-    from zarr.core.sync import sync
-
     async def sized() -> list[int]:
         import asyncio
 
@@ -451,11 +446,8 @@ class _Manifest:
         self.saved = time.monotonic()
 
     def read(self) -> dict[str, int]:
-        from zarr.core.buffer import default_buffer_prototype
-        from zarr.core.sync import sync
-
         try:
-            found = sync(self.array.store.get(self.key, prototype=default_buffer_prototype()))
+            found = sync(self.array.store.get(self.key, prototype=buffer_prototype()))
             if found is None:
                 return {}
             value = json.loads(found.to_bytes())
@@ -469,16 +461,11 @@ class _Manifest:
             self.write()
 
     def delete(self) -> None:
-        from zarr.core.sync import sync
-
         sync(self.array.store.delete(self.key))
 
     def write(self) -> None:
-        from zarr.core.buffer import default_buffer_prototype
-        from zarr.core.sync import sync
-
         data = json.dumps({"sizes": self.sizes}).encode()
-        sync(self.array.store.set(self.key, default_buffer_prototype().buffer.from_bytes(data)))
+        sync(self.array.store.set(self.key, buffer_prototype().buffer.from_bytes(data)))
         self.saved = time.monotonic()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,25 @@ settings.register_profile(
 )
 settings.register_profile("random", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("DZB_HYPOTHESIS", "fixed"))
+
+# Optional frameworks: a test that needs one is not collected where it is not installed
+# (the newest CI leg has no torch: the registry offers only CUDA builds there), rather than
+# skipped.  Module-wide: the files below; single tests: the marker of the same name.
+OPTIONAL = {"torch": ["test_torch.py"], "peers": ["test_peers.py"]}
+MISSING = {
+    name
+    for name, module in (("torch", "torch"), ("peers", "insitubatch"))
+    if importlib.util.find_spec(module) is None
+}
+collect_ignore = [path for name in MISSING for path in OPTIONAL[name]]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked for an optional framework that is not installed."""
+    unusable = [item for item in items if any(item.get_closest_marker(m) for m in MISSING)]
+    if unusable:
+        config.hook.pytest_deselected(items=unusable)
+        items[:] = [item for item in items if item not in unusable]
 
 
 @pytest.fixture(scope="module")

@@ -301,9 +301,11 @@ def test_policy_holds_with_zarrs(kind: str, shards: Any) -> None:
 # Forked processes (torch DataLoader workers)
 
 
+@pytest.mark.torch
 def test_forked_workers_read_with_zarrs_pipeline_after_zarrs_was_used() -> None:
     """zarrs' threads do not survive fork: forked workers fall back to zarr, same batches."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from daskzarr_batches.torch import ZarrIterableDataset
 
     path, data = local_array(shape=(64, 2), chunks=(8, 2))

@@ -15,8 +15,9 @@ is the package's public namespace, the table of docs/index.md names exactly the 
 docstrings by mkdocstrings, built by tests/test_docs.py) document each of them by its
 public path.
 
-Commands: the README gives exactly two commands for a fresh machine, ``.ci/run`` runs the
-second one, and its install uses ``constraints.txt``, whose pins satisfy the test extra.
+Commands: the README gives exactly two commands for a fresh machine, the second is
+``bash .ci/run`` (both CI legs), each leg's install uses its constraints file, whose pins
+satisfy the extras it installs.
 """
 
 from __future__ import annotations
@@ -118,17 +119,20 @@ def test_exactly_two_commands_for_a_fresh_machine() -> None:
     assert all("\n" not in command for command in commands)
     demo, tests = commands
     assert demo.endswith("daskzarr-batches demo")
-    assert "pytest" in tests
-    assert "pip install -c constraints.txt -e '.[test]'" in tests
+    assert tests == "bash .ci/run"
 
 
-def test_ci_runs_the_readme_test_command() -> None:
-    tests = re.findall(r"```bash\n(.*?)\n```", _section("Two commands for a fresh machine"), re.S)[
-        1
-    ]
-    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    assert script[-1] == tests
-    assert "set -euo pipefail" in script
+def test_ci_runs_both_legs_each_from_its_constraints() -> None:
+    run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    leg = (ROOT / ".ci" / "leg").read_text(encoding="utf-8")
+    assert "set -euo pipefail" in run.splitlines() and "set -euo pipefail" in leg.splitlines()
+    assert "legs=(pinned newest)" in run
+    assert "constraints=constraints.txt extras=test,torch" in leg
+    assert "constraints=constraints-newest.txt" in leg and "extras=test,peers" in leg
+    assert 'pip" install -q -c "$constraints" -e ".[$extras]"' in leg
+    for step in ('ruff" check .', 'ruff" format --check .', 'mypy"', 'python" -m pytest\n'):
+        assert step in leg
+    assert "pyenv which python" in (ROOT / ".ci" / "newest-python").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("block", RUN, ids=[block.name for block in RUN])
@@ -204,9 +208,9 @@ def test_api_reference_documents_every_public_name_by_its_public_path() -> None:
     )
 
 
-def _pins() -> dict[str, Version]:
+def _pins(name: str = "constraints.txt") -> dict[str, Version]:
     pins = {}
-    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+    for line in (ROOT / name).read_text(encoding="utf-8").splitlines():
         line = line.split("#")[0].strip()
         if line:
             requirement = Requirement(line)
@@ -216,19 +220,29 @@ def _pins() -> dict[str, Version]:
     return pins
 
 
-def test_constraints_pin_every_test_requirement_within_its_range() -> None:
+@pytest.mark.parametrize(
+    ("constraints", "extras", "python"),
+    [("constraints.txt", ["test", "docs", "torch"], "3.11"),
+     ("constraints-newest.txt", ["test", "docs", "peers"], "3.13")],
+)  # fmt: skip
+def test_constraints_pin_every_test_requirement_within_its_range(
+    constraints: str, extras: list[str], python: str
+) -> None:
     # An extra's floor raised past its pin would make the README's test command fail to
     # resolve; a requirement without a pin would let the resolver wander again.
-    pins = _pins()
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    wanted = [*extras["dependencies"], *extras["optional-dependencies"]["test"]]
-    wanted += extras["optional-dependencies"]["docs"]
+    pins = _pins(constraints)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = list(project["dependencies"])
+    for extra in extras:
+        wanted += project["optional-dependencies"][extra]
     for line in wanted:
         requirement = Requirement(line)
         name = canonicalize_name(requirement.name)
         if name == "daskzarr-batches":
             continue
-        assert name in pins, f"constraints.txt does not pin {name}"
+        if requirement.marker and not requirement.marker.evaluate({"python_version": python}):
+            continue
+        assert name in pins, f"{constraints} does not pin {name}"
         assert requirement.specifier.contains(pins[name], prereleases=True), (
-            f"constraints.txt pins {name}=={pins[name]}, outside {requirement.specifier}"
+            f"{constraints} pins {name}=={pins[name]}, outside {requirement.specifier}"
         )

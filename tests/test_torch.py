@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import zarr
 
-torch = pytest.importorskip("torch")
-
-import daskzarr_batches as dzb  # noqa: E402
-from daskzarr_batches.plan.batching import positions_between  # noqa: E402
-from daskzarr_batches.plan.batching import worker_part as worker_positions  # noqa: E402
-from daskzarr_batches.torch import ZarrIterableDataset, to_tensors  # noqa: E402
+import daskzarr_batches as dzb
+from daskzarr_batches.plan.batching import positions_between
+from daskzarr_batches.plan.batching import worker_part as worker_positions
+from daskzarr_batches.torch import ZarrIterableDataset, to_tensors
 
 N = 50
 

@@ -17,9 +17,8 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
-import zarr.core.sync  # noqa: F401  (first: Zarr's atexit hook is registered before ours)
-
 from ..errors import ReadCancelledError
+from ..store import zarr_adapter  # noqa: F401  (first: Zarr's atexit hook is registered before ours)
 from ..store.threads import drain, zarr_loop
 
 __all__ = ["EXIT_DRAIN_SECONDS", "Cancellation"]

@@ -282,7 +282,7 @@ def sorting_order(samples: SampleIds) -> IndexArray:
     """
     if len(samples) == 0:
         return np.empty(0, dtype=np.int64)
-    low, high = int(samples.min()), int(samples.max())
+    low, high = int(np.min(samples)), int(np.max(samples))
     span = high - low + 1
     if span > 4 * len(samples):
         if span > 2**32:

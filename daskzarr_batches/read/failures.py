@@ -9,6 +9,9 @@ through :func:`read_named`, whose error names the chunk (array, chunk, keys,
 samples) and says what failed: :class:`ChunkReadError` (the store),
 :class:`CorruptChunkError` (the bytes did not decode), or passes
 :class:`MissingChunkError`, :class:`StoreGoneError` and the cancellation on.
+A failure of the program itself (``store.policy.is_program_error``) is raised
+as what it is, with a note naming the chunk: never a corrupt or unreadable
+chunk, never skipped.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ..errors import (
 from ..plan.windows import ChunkPiece
 from ..store.backends import error_text
 from ..store.layout import storage_keys
-from ..store.policy import Ledger, is_transient
+from ..store.policy import Ledger, is_program_error, is_transient, program_error
 
 __all__ = ["chunk_error", "raise_failed_read", "read_named"]
 
@@ -47,7 +50,10 @@ def chunk_error(
     """The library error for a chunk whose read raised ``exc``.
 
     ``keys``: the chunk's store keys, if known (default: every key of its
-    axis-0 chunk row).
+    axis-0 chunk row).  A failure of the program itself
+    (:func:`~daskzarr_batches.store.policy.is_program_error`: an ImportError,
+    an AttributeError, a TypeError no codec raised) is no chunk's fault: it
+    is raised here as what it is, with a note naming the chunk.
     """
     if keys is None:
         keys = storage_keys(array, piece.start, piece.stop) if piece is not None else []
@@ -56,6 +62,9 @@ def chunk_error(
         shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
         where += f" (samples {piece.start}:{piece.stop}" + (f", key {shown})" if keys else ")")
     where += f" of array {name}"
+    if is_program_error(exc):
+        error = program_error(exc, where)
+        raise error from error.__cause__
     failed = [key for key in ledger.failed if not keys or key in keys]
     if failed or is_transient(exc) or not isinstance(array, zarr.Array):
         retried = f" after {ledger.retries} retries" if ledger.retries else ""

@@ -32,7 +32,16 @@ from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes
 from ..plan.windows import ChunkPiece, chunk_offsets
 from ..store.cache import CacheCounts
 from ..store.layout import block_key
-from ..store.policy import DEFAULT_POLICY, CancelScope, Ledger, ReadPolicy, ReadReport
+from ..store.policy import (
+    DEFAULT_POLICY,
+    CancelScope,
+    Ledger,
+    ReadPolicy,
+    ReadReport,
+    is_program_error,
+    program_error,
+)
+from ..store.zarr_adapter import async_array, nd_buffer
 from .buffers import BufferPool
 from .tasks import read_block, read_views, run_on_loop
 
@@ -486,7 +495,7 @@ def _read_boxes(
     fast, _ = read_views(array, name, policy, ledger, keys, scope)
     bad: set[Block] = set()
     decoded: set[Block] = set()
-    inner = getattr(fast, "_async_array", None)
+    inner = async_array(fast)
     try:
         if inner is None:
             raise RuntimeError("not an asynchronous array")
@@ -496,7 +505,10 @@ def _read_boxes(
         )  # fmt: skip
     except ReadCancelledError:
         raise
-    except Exception:  # read again chunk by chunk, so that the error names the chunk
+    except Exception as exc:  # read again chunk by chunk, so that the error names the chunk
+        if is_program_error(exc):
+            error = program_error(exc, f"a window of patches of array {name}")
+            raise error from error.__cause__
         for block, span in spans.items():
             data, report = read_block(array, name, block, span, policy, scope)
             ledger.retries += report.retries
@@ -539,13 +551,8 @@ def _decode_concurrently(
     decoded.
     """
     decoded = set() if decoded is None else decoded
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.indexing import BasicIndexer
-
-    prototype = default_buffer_prototype()
     largest = max((np.prod([s.stop - s.start for s in span]) for span in spans.values()), default=1)
     limit = max(4, DECODE_GROUP_BYTES // max(int(largest) * itemsize, 1))
-    grid = inner.metadata.chunk_grid
 
     async def read_all() -> None:
         gate = asyncio.Semaphore(limit)
@@ -559,9 +566,7 @@ def _decode_concurrently(
             (owner,) = users[block]
             decoded.add(block)
             target = filled[owner][_local(span, boxes[owner])]
-            indexer = BasicIndexer(span, shape=inner.shape, chunk_grid=grid)
-            out = prototype.nd_buffer.from_numpy_array(target)
-            await inner._get_selection(indexer, prototype=prototype, out=out)
+            await inner.get_orthogonal_selection(span, out=nd_buffer(target))
             return target
 
         async def one(block: Block, span: Box) -> None:

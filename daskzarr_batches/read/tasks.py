@@ -62,11 +62,14 @@ from ..store.policy import (
     Ledger,
     ReadPolicy,
     ReadReport,
+    is_program_error,
     native_view,
     policy_view,
+    program_error,
     read_array,
 )
 from ..store.shards import read_shard_blocks, sharding_codec
+from ..store.zarr_adapter import sync
 from .failures import raise_failed_read, read_named
 
 __all__ = []
@@ -191,7 +194,10 @@ def _read_block_directly(
         run_on_loop(reader.read([(first.start, first.stop)], [out]), scope)
     except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
-    except Exception:  # a key whose retries are spent is not read again: named here
+    except Exception as exc:  # a key whose retries are spent is not read again: named here
+        if is_program_error(exc):
+            error = program_error(exc, f"chunk {block} of array {name}")
+            raise error from error.__cause__
         raise_failed_read(array, name, [(f"chunk {block}", _block_piece(block, slices))], ledger)
         return None  # it did not decode: read again (named, or skipped)
     return out, _block_report(ledger, block)
@@ -246,7 +252,10 @@ def read_shard(
             outs = run_on_loop(read_shard_blocks(view, blocks, slices), scope)
         except (MissingChunkError, StoreGoneError, ReadCancelledError):
             raise
-        except Exception:  # read again block by block, so that the error names the block
+        except Exception as exc:  # read again block by block, so that the error names the block
+            if is_program_error(exc):
+                failure = program_error(exc, f"a shard of array {name}")
+                raise failure from failure.__cause__
             raise_failed_read(view, name, named, ledger)
     items: list[ShardItem] = []
     missing = tuple(dict.fromkeys(ledger.missing))
@@ -278,8 +287,6 @@ def _block_piece(block: tuple[int, ...], where: tuple[slice, ...]) -> ChunkPiece
 
 def run_on_loop(coro: Any, scope: CancelScope | None) -> Any:
     """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
-    from zarr.core.sync import sync
-
     return sync(coro) if scope is None else scope.run(coro)
 
 

@@ -31,12 +31,15 @@ from ..store.policy import (
     Ledger,
     ReadPolicy,
     ReadReport,
+    is_program_error,
     native_view,
     policy_view,
+    program_error,
     read_array,
     read_into,
 )
 from ..store.shards import read_sharded, sharding_codec
+from ..store.zarr_adapter import async_array, nd_buffer
 from .buffers import BufferPool
 from .failures import raise_failed_read, read_named
 from .tasks import (
@@ -198,7 +201,7 @@ def read_window(
             keep = decode_bytes is None  # an exact window's buffers are budgeted: not kept
             run_on_loop(direct.read(spans, targets, at_once, takes, keep), scope)
             return place.out, _report(view, pieces, ledger, ())
-        inner = getattr(fast, "_async_array", None)
+        inner = async_array(fast)
         if inner is not None and (len(runs) > 1 or fast is not view):
             chunks = [[piece] for run in runs for piece in run]
             _read_runs_concurrently(
@@ -209,8 +212,10 @@ def read_window(
             return place.out, _report(view, pieces, ledger, ())
     except ReadCancelledError:
         raise
-    except Exception:  # the other reads were cancelled; read again run by run,
-        pass  # so that the error names the chunk that fails
+    except Exception as exc:  # the other reads were cancelled; read again run by run,
+        if is_program_error(exc):  # so that the error names the chunk that fails
+            error = program_error(exc, f"a window of array {name}")
+            raise error from error.__cause__
     skipped = _read_again(view, name, runs, place, ledger, policy, scope)
     out = _without(place.out, skipped, size, plan_order)
     return out, _report(view, pieces, ledger, [p for p, _ in skipped])
@@ -634,8 +639,10 @@ def _read_again(
             span = (slice(run[0].start, run[-1].stop),)
             place(run, _owned(np.asarray(read_array(view, span, scope))), at)
             continue
-        except Exception:
-            pass  # chunk by chunk, so that the error names the chunk that fails
+        except Exception as exc:  # chunk by chunk, so that the error names the chunk that fails
+            if is_program_error(exc):
+                error = program_error(exc, f"axis-0 chunks {run[0].chunk}.. of array {name}")
+                raise error from error.__cause__
         for piece, where in zip(run, _starts([[p] for p in run]), strict=True):
             try:
                 rows = read_rows(view, name, piece, ledger, scope)
@@ -770,7 +777,7 @@ def _read_runs_concurrently(
                 target = place.target(run, at) if direct else None
                 if target is not None:  # decoded straight into the window's rows
                     selection = (slice(run[0].start, run[-1].stop),)
-                    await inner.get_orthogonal_selection(selection, out=_nd_buffer(target))
+                    await inner.get_orthogonal_selection(selection, out=nd_buffer(target))
                     return
                 if kept_rows and streaming and len(run) == 1 and not isinstance(run[0].take, slice):
                     kept = (run[0].start + run[0].take,)
@@ -838,13 +845,6 @@ def _dest_start(piece: ChunkPiece) -> int:
     """Where a piece's rows start in plan order (-1 when they are not one slice there)."""
     dest = piece.dest
     return int(dest.start or 0) if isinstance(dest, slice) and dest.step in (None, 1) else -1
-
-
-def _nd_buffer(rows: np.ndarray) -> Any:
-    """``rows`` as the ``out=`` Zarr writes a selection into (no copy)."""
-    from zarr.core.buffer import default_buffer_prototype
-
-    return default_buffer_prototype().nd_buffer.from_numpy_array(rows)
 
 
 def _direct_at_once(limit_rows: int, pieces: Sequence[ChunkPiece]) -> int:

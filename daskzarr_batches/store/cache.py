@@ -41,13 +41,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import zarr
 import zarr.storage
-from zarr.core.codec_pipeline import BatchedCodecPipeline
-from zarr.core.common import concurrent_map
-from zarr.core.config import config as zarr_config
-from zarr.core.indexing import SelectorTuple
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from .layout import chunks_per_shard, metadata_key, object_key, shard_of
+from .zarr_adapter import (
+    BatchedCodecPipeline,
+    concurrent_map,
+    fill_value_or_default,
+    read_results,
+    unwrapped_store,
+)
 
 __all__ = [
     "CacheCounts",
@@ -533,9 +536,7 @@ def array_token(array: zarr.Array) -> str:
     process only: their token names the process (and the store object).
     Computed once per stream, on the client (a request to a remote store).
     """
-    store = array.store_path.store
-    while isinstance(store, zarr.storage.WrapperStore):
-        store = store._store
+    store = unwrapped_store(array.store_path.store)
     where = str(store)
     if isinstance(store, zarr.storage.MemoryStore):
         where += f"@{_PROCESS}"
@@ -552,7 +553,7 @@ def _version(store: Any, key: str) -> str:
             stat = os.stat(Path(store.root) / key)
             return f"{stat.st_mtime_ns}-{stat.st_size}"
         if isinstance(store, zarr.storage.ZipStore):
-            return str(os.stat(store.path).st_mtime_ns)
+            return str(os.stat(str(store.path)).st_mtime_ns)
         if isinstance(store, zarr.storage.FsspecStore):
             info = store.fs.info(f"{store.path.rstrip('/')}/{key}")
             return str(info.get("ETag") or info.get("LastModified") or info.get("mtime") or "")
@@ -591,16 +592,13 @@ class CachingPipeline(BatchedCodecPipeline):
 
     async def read_batch(
         self,
-        batch_info: Iterable[tuple[Any, Any, SelectorTuple, SelectorTuple, bool]],
+        batch_info: Iterable[tuple[Any, Any, Any, Any, bool]],
         out: Any,
         drop_axes: tuple[int, ...] = (),
-    ) -> None:
+    ) -> Any:
         if self.cache is None:
-            await super().read_batch(batch_info, out, drop_axes)
-            return
+            return await super().read_batch(batch_info, out, drop_axes)
         import asyncio
-
-        from zarr.core.codec_pipeline import fill_value_or_default
 
         batch = list(batch_info)
         whole_shards = self.supports_partial_decode  # sharded: a shard decoded whole is kept
@@ -625,7 +623,7 @@ class CachingPipeline(BatchedCodecPipeline):
                 fetched = await concurrent_map(
                     [(batch[i][0], batch[i][1].prototype) for i in misses],
                     lambda getter, prototype: getter.get(prototype),
-                    zarr_config.get("async.concurrency"),
+                    zarr.config.get("async.concurrency"),
                 )
                 decoded = await self.decode_batch(
                     [(raw, batch[i][1]) for raw, i in zip(fetched, misses, strict=True)]
@@ -652,3 +650,4 @@ class CachingPipeline(BatchedCodecPipeline):
             if drop_axes:
                 part = part.squeeze(axis=drop_axes)
             out[out_selection] = part
+        return read_results([data is not None for data in found])

@@ -33,6 +33,14 @@ import zarr.storage
 from .layout import metadata_key
 from .policy import Ledger, PolicyStore, ReadPolicy
 from .threads import zarr_loop
+from .zarr_adapter import (
+    buffer_prototype,
+    bytes_endian,
+    codec_pipeline,
+    encode_chunk_key,
+    is_regular_grid,
+    is_zarr_pipeline,
+)
 
 __all__ = [
     "DirectLayout",
@@ -72,30 +80,24 @@ class DirectLayout:
         codec = plain_zstd(array)
         if codec is None:
             return None
-        from zarr.core.buffer import default_buffer_prototype
-        from zarr.core.codec_pipeline import fill_value_or_default
+        import numcodecs
 
-        inner = array._async_array
-        prototype = default_buffer_prototype()
-        ndim = len(array.shape)
-        spec = inner.metadata.get_chunk_spec((0,) * ndim, inner.config, prototype)
+        zstd = numcodecs.Zstd.from_config({"level": codec.level, "checksum": codec.checksum})
         return cls(
-            path=inner.store_path.path,
-            encode_key=inner.metadata.encode_chunk_key,
+            path=array.store_path.path,
+            encode_key=encode_chunk_key(array),
             chunk_rows=int(array.chunks[0]),
             rest=tuple(array.shape[1:]),
             dtype=np.dtype(array.dtype),
-            decode=codec._zstd_codec.decode,
-            prototype=prototype,
-            fill_value=fill_value_or_default(spec),
+            decode=zstd.decode,
+            prototype=buffer_prototype(),
+            fill_value=np.asarray(array.fill_value, dtype=array.dtype)[()],
             metadata_key=metadata_key(array),
         )
 
     def reader(self, store: Any) -> DirectReader:
         """A reader of the array's chunks through ``store`` (its own store, or a wrapper)."""
-        from zarr.storage import StorePath
-
-        return DirectReader(self, StorePath(store, self.path))
+        return DirectReader(self, zarr.storage.StorePath(store, self.path))
 
     def policy_reader(
         self, array: zarr.Array, name: str, policy: ReadPolicy, ledger: Ledger
@@ -176,9 +178,9 @@ class DirectReader:
         key = self.encode_key((chunk,) + (0,) * (self.ndim - 1))
         where = self.store_path / key
         store = where.store
-        base = getattr(store, "_store", None)
+        base = store.base if isinstance(store, PolicyStore) else None
         whole = take is None and offset == 0 and stop - start == self.chunk_rows
-        if isinstance(store, PolicyStore) and type(base) is zarr.storage.LocalStore:
+        if type(base) is zarr.storage.LocalStore:
             # the file read into a reused buffer (a fresh bytes object per chunk is a
             # fresh mapping from the C heap, faulted in page by page: issue 20) and
             # decoded by the same thread call (one hand-off per chunk, not two)
@@ -326,14 +328,12 @@ def direct_reader(array: Any) -> DirectReader | None:
     Only an array of :func:`plain_zstd` layout read by zarr-python's
     ``BatchedCodecPipeline`` itself (not zarrs, not a caching pipeline).
     """
-    from zarr.core.codec_pipeline import BatchedCodecPipeline
-
     if not isinstance(array, zarr.Array):
         return None
-    if type(array._async_array.codec_pipeline) is not BatchedCodecPipeline:
+    if not is_zarr_pipeline(codec_pipeline(array), exactly=True):
         return None
     layout = DirectLayout.of(array)
-    return None if layout is None else layout.reader(array._async_array.store_path.store)
+    return None if layout is None else layout.reader(array.store_path.store)
 
 
 def plain_zstd(array: Any) -> Any:
@@ -346,26 +346,25 @@ def plain_zstd(array: Any) -> Any:
     if not isinstance(array, zarr.Array):
         return None
     from zarr.codecs import BytesCodec, ZstdCodec
-    from zarr.core.chunk_grids import RegularChunkGrid
-    from zarr.core.metadata import ArrayV3Metadata
 
-    metadata = array._async_array.metadata
-    if not isinstance(metadata, ArrayV3Metadata) or array.shards is not None:
+    metadata = array.metadata
+    if metadata.zarr_format != 3 or array.shards is not None or not array.shape:
         return None
-    if not isinstance(metadata.chunk_grid, RegularChunkGrid) or not array.shape:
+    if not is_regular_grid(array):
         return None
     if tuple(array.chunks[1:]) != tuple(array.shape[1:]):
         return None
     dtype = np.dtype(array.dtype)
     if dtype.kind not in "biuf" or not dtype.isnative:
         return None
-    codecs = tuple(metadata.codecs)
-    if len(codecs) != 2 or type(codecs[0]) is not BytesCodec or type(codecs[1]) is not ZstdCodec:
+    serializer, compressors = array.serializer, tuple(array.compressors)
+    if array.filters or type(serializer) is not BytesCodec:
         return None
-    endian = codecs[0].endian
-    if dtype.itemsize > 1 and (endian is None or endian.value != sys.byteorder):
+    if len(compressors) != 1 or type(compressors[0]) is not ZstdCodec:
         return None
-    return codecs[1]
+    if dtype.itemsize > 1 and bytes_endian(serializer) != sys.byteorder:
+        return None
+    return compressors[0]
 
 
 def frame_size(data: Any) -> int | None:

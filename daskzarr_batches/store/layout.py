@@ -20,6 +20,7 @@ from typing import Any
 import zarr
 
 from ..plan.shards import ShardLayout
+from .zarr_adapter import encode_chunk_key
 
 __all__ = [
     "CONSOLIDATED_METADATA",
@@ -88,13 +89,13 @@ def object_grid(array: zarr.Array) -> tuple[int, ...]:
 
 def object_key(array: zarr.Array, coords: tuple[int, ...], relative: bool = False) -> str:
     """The store key of the object at grid ``coords`` (``relative``: without the array's path)."""
-    key = array.metadata.encode_chunk_key(coords)
+    key = encode_chunk_key(array)(coords)
     return key if relative else array_prefix(array) + key
 
 
 def object_keys(array: zarr.Array) -> dict[str, tuple[int, ...]]:
     """``{key relative to the array: grid coordinates}`` of every object of the grid."""
-    encode = array.metadata.encode_chunk_key
+    encode = encode_chunk_key(array)
     grid = object_grid(array)
     return {encode(coords): coords for coords in itertools.product(*(range(n) for n in grid))}
 
@@ -107,8 +108,9 @@ def storage_keys(array: Any, start: int, stop: int) -> list[str]:
     counts = [-(-size // step) for size, step in zip(array.shape[1:], grid[1:], strict=True)]
     rows = range(start // grid[0], (stop - 1) // grid[0] + 1)
     prefix = array_prefix(array)
+    encode = encode_chunk_key(array)
     return [
-        prefix + array.metadata.encode_chunk_key((row, *rest))
+        prefix + encode((row, *rest))
         for row in rows
         for rest in itertools.product(*(range(n) for n in counts))
     ]

@@ -36,6 +36,7 @@ from .pipelines import (
     resolve_codec_pipeline,
     with_codec_pipeline,
 )
+from .zarr_adapter import make_store_path, parse_array_metadata, sync
 
 __all__ = ["open_array"]
 
@@ -346,14 +347,10 @@ def _document_problem(key: str, raw: bytes) -> str | None:
         return None
     if key == V3_METADATA and document["node_type"] != "array":
         return f"node_type is {document['node_type']!r}, expected 'array' or 'group'"
-    from zarr.core.metadata.v2 import ArrayV2Metadata
-    from zarr.core.metadata.v3 import ArrayV3Metadata
-
-    parse = ArrayV3Metadata.from_dict if key == V3_METADATA else ArrayV2Metadata.from_dict
     try:
         with warnings.catch_warnings():  # e.g. dtypes without a stable specification
             warnings.simplefilter("ignore")
-            parse(dict(document))
+            parse_array_metadata(document, 3 if key == V3_METADATA else 2)
     except Exception as exc:
         return f"Zarr cannot parse it ({type(exc).__name__}: {exc})"
     return None
@@ -374,7 +371,6 @@ def _metadata_problem(store_path: Any, paths: Sequence[str]) -> str | None:
     Best effort: only called to explain a failure, so a store that cannot be
     read here gives None and the original error stands.
     """
-    from zarr.core.sync import sync
 
     async def first() -> str | None:
         for path in paths:
@@ -402,10 +398,7 @@ def _raise_if_invalid_metadata(
 def _root_store_path(source: Any, storage_options: dict[str, Any] | None) -> Any:
     """The StorePath zarr.open made of ``source``, to look at its documents, or None."""
     try:
-        from zarr.core.sync import sync
-        from zarr.storage._common import make_store_path
-
-        return sync(make_store_path(source, mode="r", storage_options=storage_options or None))
+        return sync(make_store_path(source, storage_options=storage_options or None))
     except Exception:
         return None
 
@@ -440,8 +433,6 @@ def _walk_arrays(store_path: Any) -> tuple[list[str], list[str]] | None:
     Used only when ``Group.members`` fails or skips members; None if the store
     cannot be listed.
     """
-    from zarr.core.sync import sync
-
     arrays: list[str] = []
     problems: list[str] = []
 

@@ -6,7 +6,6 @@ The one place that detects zarrs."""
 
 from __future__ import annotations
 
-import copy
 import importlib
 import os
 from typing import Any, Literal, get_args
@@ -20,6 +19,7 @@ from ..errors import (
     ArgumentTypeError,
     ArgumentValueError,
 )
+from .zarr_adapter import array_view, codec_pipeline, zarr_pipeline
 
 __all__ = [
     "CODEC_PIPELINE_ENV",
@@ -97,7 +97,7 @@ def codec_pipeline_of(array: Any) -> Literal["zarrs", "zarr"]:
     zarrs pipeline in a process forked after zarrs was used (its threads
     did not survive the fork: such a process reads with zarr's pipeline).
     """
-    pipeline = getattr(getattr(array, "_async_array", None), "codec_pipeline", None)
+    pipeline = codec_pipeline(array)
     if not is_zarrs_pipeline(pipeline) or getattr(pipeline, "impl", None) is None:
         return "zarr"
     _zarrs_state["used"] = True
@@ -117,44 +117,14 @@ def with_codec_pipeline(array: zarr.Array, choice: Literal["zarrs", "zarr"]) -> 
     the array was built with is kept).  No I/O, no warning, and zarr.config
     is not touched (the pipeline object is built directly).
     """
-    inner = array._async_array
     if choice == "zarrs" and codec_pipeline_of(array) == "zarrs":
         return array
     pipeline = _zarrs_pipeline(array) if choice == "zarrs" else None
     if pipeline is None:
-        if not is_zarrs_pipeline(inner.codec_pipeline):
+        if not is_zarrs_pipeline(codec_pipeline(array)):
             return array
-        pipeline = zarr_pipeline(inner.metadata)
+        pipeline = zarr_pipeline(array.metadata)
     return array_view(array, codec_pipeline=pipeline)
-
-
-def array_view(
-    array: zarr.Array, *, store_path: Any = None, codec_pipeline: Any = None
-) -> zarr.Array:
-    """A new ``zarr.Array`` on ``array``'s metadata with its store path or codec pipeline replaced.
-
-    The one way the package builds an array view (the codec pipeline chosen at
-    open, the read policy's store): no I/O, nothing rebuilt but the fields given.
-    """
-    view = copy.copy(array._async_array)  # a frozen dataclass: set fields as its __init__ does
-    if store_path is not None:
-        object.__setattr__(view, "store_path", store_path)
-    if codec_pipeline is not None:
-        object.__setattr__(view, "codec_pipeline", codec_pipeline)
-    return zarr.Array(view)
-
-
-def zarr_pipeline(metadata: Any) -> Any:
-    """zarr-python's own codec pipeline for an array's ``metadata``."""
-    from zarr.codecs._v2 import V2Codec
-    from zarr.core.codec_pipeline import BatchedCodecPipeline
-    from zarr.core.metadata import ArrayV3Metadata
-
-    if isinstance(metadata, ArrayV3Metadata):
-        return BatchedCodecPipeline.from_codecs(metadata.codecs)
-    return BatchedCodecPipeline.from_codecs(
-        [V2Codec(filters=metadata.filters, compressor=metadata.compressor)]
-    )
 
 
 @normalize_token.register_lazy("zarrs")
@@ -183,7 +153,7 @@ def _zarrs_pipeline(array: zarr.Array) -> Any:
         return None  # zarrs raises for a non-native byte order
     if _zarrs_state["forked"]:
         return None
-    if isinstance(array._async_array.store_path.store, zarr.storage.ObjectStore):
+    if isinstance(array.store_path.store, zarr.storage.ObjectStore):
         # zarrs 0.2.3 takes an obstore store and reads it with a Rust client of its own,
         # not obstore's: no allow_http, obstore's retries or the read policy's request
         # limit (on a loopback http endpoint its first read failed with "error sending
@@ -194,19 +164,17 @@ def _zarrs_pipeline(array: zarr.Array) -> Any:
         import zarrs
         from zarrs.pipeline import get_codec_pipeline_fallback, get_codec_pipeline_impl
 
-        inner = array._async_array
-        store = inner.store_path.store
+        metadata = array.metadata
+        store = array.store_path.store
         # strict: an unsupported array raises instead of warning; an unsupported
         # store raises NotImplementedError
-        impl = get_codec_pipeline_impl(inner.metadata, store, strict=True)
+        impl = get_codec_pipeline_impl(metadata, store, strict=True)
         if impl is None:
             return None
-        fallback = get_codec_pipeline_fallback(inner.metadata, strict=False)
+        fallback = get_codec_pipeline_fallback(metadata, strict=False)
     except Exception:
         return None
-    return zarrs.ZarrsCodecPipeline(
-        metadata=inner.metadata, store=store, impl=impl, python_impl=fallback
-    )
+    return zarrs.ZarrsCodecPipeline(metadata=metadata, store=store, impl=impl, python_impl=fallback)
 
 
 #: zarrs decodes on process-wide Rust threads, started as soon as a zarrs pipeline is

@@ -29,12 +29,11 @@ from typing import Any, Literal, Protocol, get_args
 import zarr
 import zarr.storage
 from zarr.abc.store import ByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
-from zarr.core.codec_pipeline import BatchedCodecPipeline
 
 from ..errors import (
     ArgumentTypeError,
     ArgumentValueError,
+    DaskZarrBatchesError,
     MissingChunkError,
     StoreGoneError,
 )
@@ -43,6 +42,16 @@ from .cache import CacheCounts, CachingPipeline, ChunkCache, array_token
 from .layout import is_metadata_key, metadata_key
 from .pipelines import array_view, codec_pipeline_of, is_zarrs_pipeline, zarr_pipeline
 from .threads import zarr_loop
+from .zarr_adapter import (
+    Buffer,
+    BufferPrototype,
+    async_array,
+    buffer_prototype,
+    codec_pipeline,
+    is_zarr_pipeline,
+    nd_buffer,
+    sync,
+)
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -57,9 +66,11 @@ __all__ = [
     "ReadReport",
     "RequestLimit",
     "absent_keys",
+    "is_program_error",
     "is_transient",
     "native_view",
     "policy_view",
+    "program_error",
     "read_array",
     "read_into",
 ]
@@ -282,6 +293,7 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
         self, store: Any, policy: ReadPolicy, ledger: Ledger, name: str, metadata: str | None = None
     ) -> None:
         super().__init__(store)
+        self.base = store  # the store wrapped (zarr keeps it in a private field)
         self.policy = policy
         self.ledger = ledger
         self.name = name
@@ -293,7 +305,7 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        result: Buffer | None = await self.get_with(key, self._store.get, prototype, byte_range)
+        result: Buffer | None = await self.get_with(key, self.base.get, prototype, byte_range)
         return result
 
     async def get_with(self, key: str, fetch: Callable[..., Any], *args: Any) -> Any:
@@ -326,12 +338,12 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
             async with ledger._looking:  # the task's other absent chunks wait for the answer
                 if ledger.gone is None:
                     found = await self._retrying(
-                        self.metadata, self._store.get, self.metadata, default_buffer_prototype()
+                        self.metadata, self.base.get, self.metadata, buffer_prototype()
                     )
                     ledger.gone = (
                         ""
                         if found is not None
-                        else gone_message(self._store, self.metadata, self.name)
+                        else gone_message(self.base, self.metadata, self.name)
                     )
         ledger.check_gone()
 
@@ -343,12 +355,12 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
         limit = self.policy.requests
         if limit is None:
             values: list[Buffer | None] = await self._retrying(
-                label, self._store.get_partial_values, prototype, ranges
+                label, self.base.get_partial_values, prototype, ranges
             )
         else:
             async with limit:
                 values = await self._retrying(
-                    label, self._store.get_partial_values, prototype, ranges
+                    label, self.base.get_partial_values, prototype, ranges
                 )
         return values
 
@@ -372,7 +384,7 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
 def read_array(array: Any, selection: tuple[slice, ...], scope: CancelScope | None) -> Any:
     """``array[selection]``; for a Zarr array with a scope, cancellable."""
     if scope is not None and isinstance(array, zarr.Array):
-        return scope.run(array._async_array.getitem(selection))
+        return scope.run(async_array(array).getitem(selection))
     return array[selection]
 
 
@@ -384,15 +396,10 @@ def read_into(
     Zarr's ``out=``: no array of Zarr's own (fresh pages to fault in) and no
     copy; with a scope, cancellable.
     """
-    from zarr.core.buffer import default_buffer_prototype
-
-    target = default_buffer_prototype().nd_buffer.from_numpy_array(out)
-    coro = array._async_array.get_orthogonal_selection(selection, out=target)
+    coro = async_array(array).get_orthogonal_selection(selection, out=nd_buffer(out))
     if scope is not None:
         scope.run(coro)
         return
-    from zarr.core.sync import sync
-
     sync(coro)
 
 
@@ -425,21 +432,18 @@ def policy_view(array: Any, name: str, policy: ReadPolicy, ledger: Ledger) -> An
     """
     if not isinstance(array, zarr.Array):
         return array
-    from zarr.storage import StorePath
-
     zarr_loop()  # Zarr's blocking I/O on daemon threads, before any read of a task
-    inner = array._async_array
-    store = PolicyStore(inner.store_path.store, policy, ledger, name, metadata_key(array))
-    zarrs = is_zarrs_pipeline(inner.codec_pipeline)
-    pipeline = zarr_pipeline(inner.metadata) if zarrs else None
+    store = PolicyStore(array.store_path.store, policy, ledger, name, metadata_key(array))
+    zarrs = is_zarrs_pipeline(codec_pipeline(array))
+    pipeline = zarr_pipeline(array.metadata) if zarrs else None
     if policy.cache is not None:  # chunks the cache holds are neither fetched nor decoded
-        base = pipeline if pipeline is not None else inner.codec_pipeline
-        if isinstance(base, BatchedCodecPipeline):
+        base = pipeline if pipeline is not None else codec_pipeline(array)
+        if is_zarr_pipeline(base):
             token = dict(policy.cache_tokens).get(str(array.store_path)) or array_token(array)
             pipeline = CachingPipeline.of(base, policy.cache, token, ledger.cache)
     return array_view(
         array,
-        store_path=StorePath(store, inner.store_path.path),
+        store_path=zarr.storage.StorePath(store, array.store_path.path),
         codec_pipeline=pipeline,
     )
 
@@ -498,13 +502,68 @@ def absent_keys(store: Any, keys: list[str], scope: CancelScope | None = None) -
     async def found() -> list[bool]:
         return list(await asyncio.gather(*(store.exists(key) for key in keys)))
 
-    if scope is not None:
-        exists = scope.run(found())
-    else:
-        from zarr.core.sync import sync
-
-        exists = sync(found())
+    exists = scope.run(found()) if scope is not None else sync(found())
     return [key for key, there in zip(keys, exists, strict=True) if not there]
+
+
+#: Exceptions that bad bytes never cause: a bug in this package, or a dependency it
+#: cannot work with (an ImportError or AttributeError from another zarr release).
+_PROGRAM_ERRORS = (ImportError, AttributeError, NameError, AssertionError, SyntaxError)
+#: Modules whose TypeError may come from the bytes they decode (a codec).
+_CODEC_MODULES = ("numcodecs", "zarr.codecs", "zarrs", "zstandard", "blosc", "lz4", "imagecodecs")
+
+
+def is_program_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure of the program, never of the data it read.
+
+    An ``ImportError``, ``AttributeError``, ``NameError``, ``AssertionError``
+    or ``SyntaxError``, or a ``TypeError`` that no codec module raised (a
+    codec may raise one on bad bytes), anywhere in its chain of causes, but
+    not beneath one of the package's own errors (which already say what
+    they are).  Such a failure is never a corrupt, missing or unreadable
+    chunk and is never skipped by ``on_error="skip"``: see
+    :func:`program_error`.
+    """
+    for error in _chain(exc):
+        if isinstance(error, DaskZarrBatchesError):
+            return False
+        if _is_program(error):
+            return True
+    return False
+
+
+def _is_program(error: BaseException) -> bool:
+    if isinstance(error, _PROGRAM_ERRORS):
+        return True
+    return isinstance(error, TypeError) and not _raised_in_codec(error)
+
+
+def _raised_in_codec(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module.startswith(_CODEC_MODULES):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def program_error(exc: BaseException, where: str) -> BaseException:
+    """The program's failure in ``exc`` (a :func:`is_program_error`), noting where it happened.
+
+    The first such failure in ``exc``'s chain (itself, or one inside an
+    exception group of concurrent reads), to be raised as what it is (its own
+    type, ``raise error from error.__cause__``), so that it is never taken for
+    bad data; the note says which chunk or window was being read.
+    """
+    exc = next((e for e in _chain(exc) if _is_program(e)), exc)
+    note = (
+        f"raised while reading {where}: a failure of daskzarr_batches or of a dependency "
+        "it cannot work with (not damaged data; please report it with your package versions)"
+    )
+    if note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)
+    return exc
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -35,12 +35,22 @@ from typing import Any, TypeVar
 import numpy as np
 import zarr
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from ..plan.shards import reads_whole_shard
 from ..plan.windows import ChunkPiece
 from .cache import array_token, inner_chunk_name
 from .layout import chunk_grid, chunks_per_shard, object_key, shard_of
+from .zarr_adapter import (
+    Buffer,
+    BufferPrototype,
+    buffer_prototype,
+    chunk_spec,
+    codec_pipeline,
+    decode_shard_index,
+    is_zarr_pipeline,
+    shard_chunk_spec,
+    shard_index_size,
+)
 
 __all__ = ["read_shard_blocks", "read_sharded", "sharding_codec"]
 
@@ -51,15 +61,14 @@ def sharding_codec(array: Any) -> Any | None:
     """The sharding codec of a sharded Zarr v3 array read by Zarr's own pipeline, else ``None``."""
     if not isinstance(array, zarr.Array) or array.shards is None:
         return None
-    from zarr.codecs.sharding import ShardingCodec
-    from zarr.core.codec_pipeline import BatchedCodecPipeline
+    from zarr.codecs import ShardingCodec
 
     codecs: tuple[Any, ...] = tuple(getattr(array.metadata, "codecs", ()))
     if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
         return None
-    if not isinstance(array._async_array.codec_pipeline, BatchedCodecPipeline):
+    if not is_zarr_pipeline(codec_pipeline(array)):
         return None
-    if not isinstance(codecs[0].codec_pipeline, BatchedCodecPipeline):
+    if not is_zarr_pipeline(codecs[0].codec_pipeline):
         return None
     return codecs[0]
 
@@ -93,20 +102,16 @@ class _Shards:
     def __init__(self, array: Any) -> None:
         codec = sharding_codec(array)
         assert codec is not None
-        from zarr.codecs.sharding import ShardingCodecIndexLocation
+        from zarr.codecs import ShardingCodecIndexLocation
 
-        inner = array._async_array
         self.array = array
         self.codec = codec
-        self.store = inner.store_path.store
-        shard_spec = inner.metadata.get_chunk_spec(
-            (0,) * len(array.shape), inner.config, default_buffer_prototype()
-        )
-        self.chunk_spec = codec._get_chunk_spec(shard_spec)
+        self.store = array.store_path.store
+        self.chunk_spec = shard_chunk_spec(codec, chunk_spec(array))
         self.per_shard = chunks_per_shard(array)
         self.chunk_shape = tuple(codec.chunk_shape)
         self.shape = tuple(array.shape)
-        self.index_size = codec._shard_index_size(self.per_shard)
+        self.index_size = shard_index_size(codec, self.per_shard)
         self.index_at_start = codec.index_location == ShardingCodecIndexLocation.start
         # a read policy's chunk cache (the store is its PolicyStore): inner chunks kept
         policy = getattr(self.store, "policy", None)
@@ -158,7 +163,7 @@ class _Shards:
         ``whole``: the shard in one request; else its index, then the chunks'
         byte ranges, adjacent ranges merged, fetched concurrently.
         """
-        prototype = default_buffer_prototype()
+        prototype = buffer_prototype()
         size = self.index_size
         if whole:
             data = await self.store.get(key, prototype)
@@ -189,7 +194,7 @@ class _Shards:
         self, raw_index: Buffer, coords: Sequence[Coords]
     ) -> dict[Coords, tuple[int, int]]:
         """The byte range of each stored chunk of ``coords``, from the shard's index."""
-        index = await self.codec._decode_shard_index(raw_index, self.per_shard)
+        index = await decode_shard_index(self.codec, raw_index, self.per_shard)
         spans = {}
         for c in coords:
             span = index.get_chunk_slice(c)
@@ -199,7 +204,7 @@ class _Shards:
 
     async def decode(self, chunks: Sequence[Decode], out: np.ndarray) -> None:
         """Decode inner chunks into ``out`` with the shard's inner codec pipeline."""
-        target = default_buffer_prototype().nd_buffer.from_numpy_array(out)
+        target = buffer_prototype().nd_buffer.from_numpy_array(out)
         batch = [
             (_Bytes(data), self.chunk_spec, chunk_selection, out_selection, True)
             for data, chunk_selection, out_selection in chunks

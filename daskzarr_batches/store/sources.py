@@ -35,6 +35,7 @@ from ..errors import (
     ArgumentTypeError,
     ArgumentValueError,
 )
+from .zarr_adapter import unwrapped_store
 
 __all__ = ["DaskSource", "SliceSource", "Source", "SourceLike", "as_source"]
 
@@ -122,9 +123,7 @@ class SliceSource(Source):
         if isinstance(self.array, np.ndarray):
             return True
         store = getattr(self.array, "store", None)
-        while isinstance(store, zarr.storage.WrapperStore):  # a latency or logging wrapper
-            store = store._store
-        return isinstance(store, zarr.storage.MemoryStore)
+        return isinstance(unwrapped_store(store), zarr.storage.MemoryStore)
 
 
 @dataclass(frozen=True)

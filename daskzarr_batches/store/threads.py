@@ -272,13 +272,11 @@ def zarr_loop() -> asyncio.AbstractEventLoop:
     replaces it for good (Zarr's then never starts a thread).
     """
     global _installed
-    import zarr.core.sync as zsync
+    from .zarr_adapter import install_loop_executor, zarr_loop_now
 
-    loop = zsync._get_loop()
+    loop = zarr_loop_now()
     if _installed is loop:
         return loop
-    if zsync._executor is None and zsync.config.get("threading.max_workers", None) is not None:
-        zsync._get_executor()  # Zarr's, installed now so that it cannot replace ours later
-    loop.set_default_executor(io_executor())
+    install_loop_executor(loop, io_executor())
     _installed = loop
     return loop

@@ -34,7 +34,7 @@ from ..plan.quality import QualityCounter, ShuffleQuality
 from ..plan.summary import read_amplification
 from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
-from ..store.policy import ReadPolicy, ReadReport
+from ..store.policy import ReadPolicy, ReadReport, is_program_error, program_error
 from ..store.sources import Source
 from ..store.subsets import SubsetSource
 
@@ -421,6 +421,9 @@ class Stream(abc.ABC, Generic[T]):
                 f"{what()} was not ready after timeout={self._timeout} s{self._runner.timeout_note}"
             ) from exc
         except Exception as exc:
+            if is_program_error(exc):  # a bug or an incompatible dependency: as what it is
+                error = program_error(exc, what())
+                raise error from error.__cause__
             raise WindowError(f"{what()} failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self.stats.wait_seconds += time.perf_counter() - started

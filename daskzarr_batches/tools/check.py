@@ -19,6 +19,7 @@ import zarr
 from tqdm import tqdm
 
 from ..store.layout import object_grid, object_key, object_shape
+from ..store.policy import is_program_error, program_error
 
 if TYPE_CHECKING:
     from .info import ArrayReport
@@ -66,6 +67,9 @@ def check_arrays(
         try:
             array[region]
         except Exception as exc:
+            if is_program_error(exc):  # not the store's fault: never reported as a bad chunk
+                error = program_error(exc, f"{region} of array {array.path!r}")
+                raise error from error.__cause__
             return _one_line(f"{type(exc).__name__}: {exc}")
         return None
 

@@ -5,7 +5,7 @@ API (``open_array`` and the error classes, to explain a store that cannot be
 opened) and the store layout (``store.layout``: metadata document names, the
 key and grid of every stored object).  Everything else is Zarr's own API: the
 store's listing (``list_dir``/``list_prefix``/``getsize`` through
-``zarr.core.sync.sync``), each array's metadata (``shards``, ``filters``,
+the zarr adapter's ``sync``), each array's metadata (``shards``, ``filters``,
 ``serializer``, ``compressors``) and plain slicing to read a chunk.
 
 Counting is by stored object: a chunk of an unsharded array, a shard of a
@@ -46,6 +46,7 @@ from ..store.layout import (
     chunks_per_shard,
     object_keys,
 )
+from ..store.zarr_adapter import buffer_prototype, sync
 from .check import check_arrays, progress_bar
 
 __all__ = [
@@ -298,7 +299,6 @@ def find_arrays(
     InvalidMetadataError
         A metadata document is broken (named).
     """
-    from zarr.core.sync import sync
 
     def explain(path: str, exc: Exception) -> DaskZarrBatchesError:
         # open_array diagnoses broken documents; anything else is "not found".
@@ -353,9 +353,7 @@ def find_arrays(
 
 async def _node_kind(store: zarr.abc.store.Store, path: str) -> str | None:
     """``"array"``, ``"group"``, ``"broken"`` (a document Zarr cannot read) or None."""
-    from zarr.core.buffer import default_buffer_prototype
-
-    document = await store.get(f"{path}/{V3_METADATA}", prototype=default_buffer_prototype())
+    document = await store.get(f"{path}/{V3_METADATA}", prototype=buffer_prototype())
     if document is not None:
         try:
             node_type = json.loads(document.to_bytes())["node_type"]
@@ -374,8 +372,6 @@ def describe_array(array: zarr.Array, path: str, store: zarr.abc.store.Store) ->
 
     Lists the store's keys under the array once, and asks each object's size.
     """
-    from zarr.core.sync import sync
-
     shape = tuple(int(n) for n in array.shape)
     chunks = tuple(int(n) for n in array.chunks)
     shards = None if array.shards is None else tuple(int(n) for n in array.shards)
