@@ -207,3 +207,6 @@ def test_cluster_compute_and_to_zarr(client: Any, tmp_path: Any) -> None:
     out = str(tmp_path / "shuffled.zarr")
     epoch.to_zarr(out, compute=False).compute(scheduler=client)
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], want)
+    # a collection's window joins its members' reads by placing their rows (any worker)
+    pair = dzb.shuffled_batch_stream(dzb.concat([array, array]), 25, seed=1, shuffle_buffer_size=90)
+    np.testing.assert_array_equal(client.compute(pair.to_dask()).result(), _delivered(pair))

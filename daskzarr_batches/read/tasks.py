@@ -286,17 +286,24 @@ def run_on_loop(coro: Any, scope: CancelScope | None) -> Any:
 
 
 def window_block(
-    result: Sequence[tuple[np.ndarray, ReadReport]], output: int, size: int, missing: str
+    result: Sequence[tuple[np.ndarray, ReadReport]],
+    output: int,
+    order: np.ndarray | None,
+    size: int,
+    missing: str,
 ) -> np.ndarray:
     """One output of a window's result as a dask array's block (``stream.to_dask()``).
 
-    ``result`` is what a ``plan_order`` window graph computes, one ``(rows,
-    ReadReport)`` per output, each output's rows in the window's delivery
-    order; ``size`` is the block's planned length, which a dask array knows
-    before it is computed.  Missing chunks warn here (``missing="warn"``: a
-    :class:`MissingChunksWarning` per block that met one) since no stream
-    consumes the report; a block short of its planned rows (samples left out
-    as undecodable) raises :class:`ChunkReadError`.
+    ``result`` is what a window graph computes, one ``(rows, ReadReport)`` per
+    output, each output's rows in ascending sample order, put in the window's
+    delivery order here by ``order`` (``Window.gather_index()``, as the stream
+    cuts its batches), or already in it (``order`` is ``None``: a
+    ``plan_order`` graph or a sequential window).  ``size`` is the block's
+    planned length, which a dask array knows before it is computed.  Missing
+    chunks warn here (``missing="warn"``: a :class:`MissingChunksWarning` per
+    block that met one) since no stream consumes the report; a block short of
+    its planned rows (samples left out as undecodable) raises
+    :class:`ChunkReadError`.
     """
     rows, report = result[output]
     if len(rows) != size or report.skipped:
@@ -314,7 +321,10 @@ def window_block(
             ),
             stacklevel=2,
         )
-    return rows
+    if order is None:
+        return rows
+    # np.take needs aligned rows (a result received from a worker may not be)
+    return np.take(np.require(rows, requirements=["A"]), order, axis=0)
 
 
 def read_block_result(block: Any) -> tuple[np.ndarray, ReadReport]:

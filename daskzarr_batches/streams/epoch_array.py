@@ -2,8 +2,12 @@
 
 The windows a stream would read become the blocks of a dask array along axis
 0, each block the output of the window's own graph (``read.graphs.
-window_graph``) with its rows in delivery order (``plan_order``: every
-chunk's rows written straight to their place, as on a cluster).  The reads
+window_graph``), as the stream reads it locally: rows in ascending sample
+order (a plain zstd array's chunks decoded straight into them), put in
+delivery order by the block's task.  A collection's window is the graph a
+cluster reads instead (``plan_order``: each member's rows placed by the join),
+since locally its member reads fill one shared output, which only threads of
+one process can share, and a dask array may be computed anywhere.  The reads
 of all the stream's outputs share one layer, so a paired stream's arrays
 computed together read each window once.  Building the arrays reads nothing.
 """
@@ -21,6 +25,7 @@ from dask.highlevelgraph import HighLevelGraph
 from ..plan.windows import Window
 from ..read.graphs import window_graph
 from ..read.tasks import Key, window_block
+from ..store.collections import ConcatSource
 from ..store.policy import ReadPolicy
 from ..store.sources import Source
 from .patch import Coords
@@ -54,13 +59,17 @@ def epoch_arrays(
         are none), whole along every other axis.
     """
     token = uuid.uuid4().hex[:12]
+    plan_order = any(_joins_members(source) for source in sources)
     reads_name = f"dzb-epoch-reads-{token}"
     reads: dict[Key, Any] = {}
-    windows_read: list[tuple[Key, int]] = []
+    windows_read: list[tuple[Key, np.ndarray | None, int]] = []
     for window in windows:
-        dsk, key = window_graph(sources, window, f"epoch-{token}", policy, None, True, decode_bytes)
+        dsk, key = window_graph(
+            sources, window, f"epoch-{token}", policy, None, plan_order, decode_bytes
+        )
         reads.update(dsk)
-        windows_read.append((key, window.size))
+        order = None if plan_order else window.gather_index()
+        windows_read.append((key, order, window.size))
     arrays = []
     for output, source in enumerate(sources):
         name = f"dzb-epoch-{token}-{output}"
@@ -68,17 +77,25 @@ def epoch_arrays(
         rest = tuple((n,) for n in source.shape[1:])
         meta = np.empty((0,) * len(source.shape), source.dtype)
         blocks: dict[Key, Any] = {
-            (name, i, *tail): (window_block, key, output, size, policy.missing)
-            for i, (key, size) in enumerate(windows_read)
+            (name, i, *tail): (window_block, key, output, order, size, policy.missing)
+            for i, (key, order, size) in enumerate(windows_read)
         }
         if not windows_read:  # an empty epoch: one empty block
             blocks[(name, 0, *tail)] = np.empty((0, *source.shape[1:]), source.dtype)
-        sizes = tuple(size for _, size in windows_read) or (0,)
+        sizes = tuple(size for _, _, size in windows_read) or (0,)
         graph = HighLevelGraph(
             {reads_name: reads, name: blocks}, {reads_name: set(), name: {reads_name}}
         )
         arrays.append(da.Array(graph, name, (sizes, *rest), meta=meta))
     return tuple(arrays)
+
+
+def _joins_members(source: Source) -> bool:
+    """Whether ``source`` reads through a collection (its members' reads joined)."""
+    if isinstance(source, ConcatSource):
+        return True
+    base = getattr(source, "base", None)  # a chunk subset's or a patch source's
+    return isinstance(base, Source) and _joins_members(base)
 
 
 def pack_arrays(template: Any, flat: Sequence[da.Array]) -> Any:
