@@ -160,6 +160,22 @@ def test_reads_nothing_before_compute_and_each_chunk_once_per_window() -> None:
             assert set(computed.values()) == {1}
 
 
+def test_cache_is_honoured() -> None:
+    """A stream's cache serves a second compute of its epoch array: no store read."""
+    counts: collections.Counter[str] = collections.Counter()
+    store = CountingStore(zarr.storage.MemoryStore(), counts)
+    to_zarr(make_data((200, 3)), (20, 3), store=store)
+    array = open_wrapped(store)
+    stream = dzb.shuffled_batch_stream(
+        array, 16, seed=2, shuffle_buffer_size=60, cache=dzb.ChunkCache("16MiB")
+    )
+    first = stream.to_dask().compute()
+    assert set(counts.values()) == {1} and len(counts) == 10
+    counts.clear()
+    np.testing.assert_array_equal(stream.to_dask().compute(), first)
+    assert not counts
+
+
 def test_tasks_grow_with_chunks_not_samples() -> None:
     """Ten times the samples in the same chunk grid: the same number of tasks."""
     tasks = []
