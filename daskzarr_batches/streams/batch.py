@@ -474,8 +474,12 @@ class BatchStream(Stream[Any]):
 
         Notes
         -----
-        Without a cancellation scope the reads cannot be stopped once
-        running, as on a cluster.  A numpy source travels inside each
+        The arrays compute on dask's scheduler of the moment (a default
+        ``distributed`` client, or ``scheduler=``), not necessarily the
+        stream's ``client=``, and as many windows at once as it has threads:
+        an exact shuffle's ``memory_budget`` sizes each window for
+        ``prefetch + 1`` at once.  Without a cancellation scope the reads
+        cannot be stopped once running, as on a cluster.  A numpy source travels inside each
         window's task (the stream scatters it to a cluster once): prefer a
         Zarr array for large in-memory data.  ``missing="warn"`` warns per
         block that met a missing chunk (from the task), ``"error"`` raises
