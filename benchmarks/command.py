@@ -84,6 +84,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "issue 18: mix() of two stores (400,000 and 200,000 rows) vs the same stores "
               "streamed alone, each batch stream kind, medians; writes --out/mixture.md",
               ("rounds", "out", "data")),
+    Benchmark("todask", "benchmarks.suite.todask", "run",
+              "issue 31: the exact shuffle's epoch as stream.to_dask() vs "
+              "da.from_zarr(x)[perm] for the same permutation, tasks and medians; targets; "
+              "writes --out/todask.md, todask.json",
+              ("rows", "rounds", "out", "data")),
     Benchmark("quality", "benchmarks.suite.quality", "run",
               "issue 18: planned shuffle quality vs buffer size with the auto choice "
               "(docs/quality_vs_buffer.png), and the first buffered batch beside x[a:b] "

@@ -135,3 +135,15 @@ def test_the_mixture_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
     assert len(evaluated) == len(mx.KINDS)
     text = suite_run.mixture_report(results, evaluated, "c", "now", (0.0,), (0.0,), 1)
     assert f"| {mx.SEQUENTIAL} |" in text and "| mixture of 2 sources: exact shuffle" in text
+
+
+@pytest.mark.timeout(60)
+def test_the_todask_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
+    """Issue 31's epoch array against dask's fancy index: 4 chunks, one round."""
+    from benchmarks.suite import todask
+
+    results = todask.measure(tmp_path, rows=4000, repeats=1)
+    assert results["tasks"][todask.FANCY] > results["tasks"][todask.TO_DASK]
+    assert results["windows"][todask.TO_DASK_QUARTER] == 4
+    text = todask.report(results, todask.evaluate(results), "c", "now", (0.0, 0.0))
+    assert f"| {todask.FANCY} |" in text and "graph >= 50x smaller" in text

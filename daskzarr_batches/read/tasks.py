@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import itertools
 import mmap
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,6 +49,7 @@ from ..errors import (
     ChunkReadError,
     CorruptChunkError,
     MissingChunkError,
+    MissingChunksWarning,
     ReadCancelledError,
     StoreGoneError,
 )
@@ -288,6 +290,48 @@ def _block_piece(block: tuple[int, ...], where: tuple[slice, ...]) -> ChunkPiece
 def run_on_loop(coro: Any, scope: CancelScope | None) -> Any:
     """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
     return sync(coro) if scope is None else scope.run(coro)
+
+
+def window_block(
+    result: Sequence[tuple[np.ndarray, ReadReport]],
+    output: int,
+    order: np.ndarray | None,
+    size: int,
+    missing: str,
+) -> np.ndarray:
+    """One output of a window's result as a dask array's block (``stream.to_dask()``).
+
+    ``result`` is what a window graph computes, one ``(rows, ReadReport)`` per
+    output, each output's rows in ascending sample order, put in the window's
+    delivery order here by ``order`` (``Window.gather_index()``, as the stream
+    cuts its batches), or already in it (``order`` is ``None``: a
+    ``plan_order`` graph or a sequential window).  ``size`` is the block's
+    planned length, which a dask array knows before it is computed.  Missing
+    chunks warn here (``missing="warn"``: a :class:`MissingChunksWarning` per
+    block that met one) since no stream consumes the report; a block short of
+    its planned rows (samples left out as undecodable) raises
+    :class:`ChunkReadError`.
+    """
+    rows, report = result[output]
+    if len(rows) != size or report.skipped:
+        raise ChunkReadError(
+            f"a window of the epoch array holds {len(rows)} of its {size} planned samples: "
+            f"chunks {[chunk for chunk, _, _ in report.skipped]} were left out"
+        )
+    if report.missing_keys and missing == "warn":
+        warnings.warn(
+            MissingChunksWarning(
+                f"{len(report.missing_keys)} stored object(s) were missing from the store and "
+                f"read as the fill value (first: {report.missing_keys[0]!r}); pass "
+                "missing='fill' if the array leaves empty chunks unwritten on purpose, or "
+                "missing='error' to raise"
+            ),
+            stacklevel=2,
+        )
+    if order is None:
+        return rows
+    # np.take needs aligned rows (a result received from a worker may not be)
+    return np.take(np.require(rows, requirements=["A"]), order, axis=0)
 
 
 def read_block_result(block: Any) -> tuple[np.ndarray, ReadReport]:

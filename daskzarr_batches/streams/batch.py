@@ -48,6 +48,7 @@ from ..store.policy import (
 from ..store.sources import Source
 from ..store.subsets import SubsetSource
 from .base import DeliveredIds, SkippedChunk, Stream, StreamStats, T, _aligned, stored_arrays
+from .epoch_array import epoch_arrays, pack_arrays
 from .patch import patch_summary
 from .spec import (
     StreamSpec,
@@ -432,6 +433,82 @@ class BatchStream(Stream[Any]):
             per = np.bincount(first.member_of(_ids(samples)), minlength=len(counts))
         for m, n in enumerate(per.tolist()):
             counts[m] += n
+
+    def to_dask(self) -> Any:
+        """The stream's epoch as lazy dask arrays, in the order the stream delivers it.
+
+        Each window the stream would read is one block along axis 0, computed
+        by the window's own graph: every stored chunk the window touches is
+        decoded once, so computing the arrays reads what iterating the stream
+        reads (the same read amplification), through the stream's read
+        policy and cache.  Nothing is read until the arrays are computed;
+        they compute on whatever scheduler dask uses (a ``distributed``
+        client's workers), like any dask array, and ``to_zarr`` writes the
+        epoch's order (shuffled) to a store.  The graph holds a few tasks per
+        window and per array or collection member it touches, never one per
+        sample.
+
+        The stream itself is left as it is (not started, not counted in
+        ``stats``).  Sequential windows are not ramped here: the blocks are
+        the plan's full windows (the fast start only matters to a first
+        batch).
+
+        Returns
+        -------
+        dask.array.Array, tuple of dask.array.Array, or dict
+            Shaped as the stream's batches: one array; a tuple for a paired
+            stream (features, labels; a collection's ``(member, position)``
+            last with ``return_sources=True``); a patch stream's tuple or
+            dict (origins with their xarray coordinates).  The arrays of one
+            stream share their reads: compute them together
+            (``dask.compute(x, y)``) to read each window once.  Their length
+            is the epoch's samples as delivered (the batches concatenated,
+            ``drop_remainder`` applied).
+
+        Raises
+        ------
+        ArgumentValueError
+            The stream was made with ``on_error="skip"`` (a dask array's block
+            sizes are known before it is read; use ``on_error="raise"``), or
+            is a :class:`Loader`'s rank share kept to a quota.
+
+        Notes
+        -----
+        The arrays compute on dask's scheduler of the moment (a default
+        ``distributed`` client, or ``scheduler=``), not necessarily the
+        stream's ``client=``, and as many windows at once as it has threads:
+        an exact shuffle's ``memory_budget`` sizes each window for
+        ``prefetch + 1`` at once.  Without a cancellation scope the reads
+        cannot be stopped once running, as on a cluster.  A numpy source travels inside each
+        window's task (the stream scatters it to a cluster once): prefer a
+        Zarr array for large in-memory data.  ``missing="warn"`` warns per
+        block that met a missing chunk (from the task), ``"error"`` raises
+        from ``compute()``.
+        """
+        spec = self.spec
+        if spec.on_error == "skip":
+            raise ArgumentValueError(
+                "to_dask() needs on_error='raise': a dask array knows its block sizes before "
+                "it is read, and on_error='skip' would leave samples out of them"
+            )
+        if self._quota is not None or self._fill:
+            raise ArgumentValueError(
+                "to_dask() covers a stream's own positions, not a Loader's quota of samples"
+            )
+        plan = self.plan
+        if plan.shuffle == "none" and plan.mix is None and plan.ramp:
+            plan = dataclasses.replace(plan, ramp=False)  # the same order, in full windows
+        windows: Iterable[Window] = ()
+        if self._start < self._total:
+            windows = _windows_of(plan, positions_between(self.positions, self._start, self._total))
+        flat = epoch_arrays(spec.sources, windows, self.policy, spec.decode_bytes)
+        planned = max(self._total - self._start, 0)
+        delivered = len(self) * spec.batch_size if self._drop else planned
+        if delivered < planned:  # a stream whose own drop_remainder differs from its plan's
+            flat = tuple(array[:delivered] for array in flat)
+        if spec.layout is not None:
+            return pack_arrays(spec.layout.template, flat)
+        return flat if spec.paired else flat[0]
 
     def summary(self) -> PlanSummary:
         """The epoch's plan in numbers, per window and in total; reads nothing.

@@ -1,0 +1,228 @@
+"""``stream.to_dask()``: a stream's epoch as lazy dask arrays, one block per window.
+
+It equals iterating the stream in every mode (sequential, buffered, exact; paired,
+patches, collections, mixtures), reads nothing before it is computed, each stored chunk
+once per window, holds tasks in proportion to chunks (never samples), computes on a
+cluster, and ``to_zarr`` of it writes the shuffled order.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+import zarr.storage
+from hypothesis import given
+from hypothesis import strategies as st
+from stores import CountingStore, NamedCountingStore, open_wrapped
+from strategies import array_cases, batch_sizes, make_data, property_settings, seeds, to_zarr
+
+import daskzarr_batches as dzb
+
+MODES = ("none", "buffer", "exact")
+
+
+def _stream(array: Any, mode: str, batch: int, seed: int, labels: Any = None, **kw: Any) -> Any:
+    """A stream of ``array`` (paired with ``labels``) in ``mode``."""
+    arrays = (array,) if labels is None else (array, labels)
+    if mode == "none":
+        make = dzb.batch_stream if labels is None else dzb.paired_batch_stream
+        return make(*arrays, batch, **kw)
+    make = dzb.shuffled_batch_stream if labels is None else dzb.paired_shuffled_batch_stream
+    if mode == "buffer":
+        n = getattr(arrays[0], "shape", (24,))[0]
+        kw.setdefault("shuffle_buffer_size", max(1, n // 3))
+    return make(*arrays, batch, seed=seed, **kw)
+
+
+def _delivered(stream: Any) -> Any:
+    """The stream's batches concatenated (a tuple for paired streams)."""
+    batches = list(stream)
+    if not batches:
+        return None
+    if isinstance(batches[0], tuple):
+        return tuple(np.concatenate(parts) for parts in zip(*batches, strict=True))
+    return np.concatenate(batches)
+
+
+def _equal(epoch: Any, delivered: Any, shape: tuple[int, ...]) -> None:
+    if delivered is None:
+        assert epoch.shape == (0, *shape[1:])
+        return
+    np.testing.assert_array_equal(epoch, delivered)
+    assert epoch.dtype == delivered.dtype
+
+
+@property_settings(40)
+@given(
+    case=array_cases(kinds=("numpy", "zarr3", "dask", "zarr2", "zarrs")),
+    mode=st.sampled_from(MODES),
+    data=st.data(),
+    seed=seeds,
+    drop=st.booleans(),
+)
+def test_to_dask_equals_iterating(case: Any, mode: str, data: Any, seed: int, drop: bool) -> None:
+    """The epoch array is the stream's batches concatenated, in every mode and layout."""
+    batch = data.draw(batch_sizes(case.n))
+    budget = data.draw(st.sampled_from([2**10, 2**13, 2**20]))  # exact windows: 1 or many
+    kw: dict[str, Any] = {"drop_remainder": drop}
+    if mode == "exact":
+        kw["memory_budget"] = budget
+    stream = _stream(case.array, mode, batch, seed, **kw)
+    epoch = stream.to_dask()
+    assert isinstance(epoch, da.Array)
+    computed = epoch.compute()
+    _equal(computed, _delivered(stream), case.data.shape)
+    assert epoch.numblocks[1:] == (1,) * (case.data.ndim - 1)
+
+
+@property_settings(15)
+@given(
+    n=st.integers(1, 60),
+    chunk=st.integers(1, 13),
+    label_chunk=st.integers(1, 13),
+    mode=st.sampled_from(MODES),
+    batch=st.integers(1, 17),
+    seed=seeds,
+)
+def test_paired_to_dask_is_aligned(
+    n: int, chunk: int, label_chunk: int, mode: str, batch: int, seed: int
+) -> None:
+    """Paired streams give a tuple of arrays, aligned, each equal to its side of the pairs."""
+    x = to_zarr(make_data((n, 3)), (chunk, 3))
+    y = to_zarr(np.arange(n, dtype=np.int64) * 3, (label_chunk,))
+    stream = _stream(x, mode, batch, seed, labels=y)
+    features, labels = stream.to_dask()
+    got = dask.compute(features, labels)
+    want = _delivered(stream)
+    for part, expected in zip(got, want, strict=True):
+        np.testing.assert_array_equal(part, expected)
+    np.testing.assert_array_equal(got[0][:, 0], got[1])  # rows stay pairs
+
+
+def test_collections_and_sources() -> None:
+    """A collection (with return_sources) and a mixture, each as iterated."""
+    members = [to_zarr(make_data((k, 2)) + 1000 * i, (5, 2)) for i, k in enumerate((17, 9, 23))]
+    for mode in MODES:
+        stream = _stream(dzb.concat(members), mode, 6, 3, return_sources=True)
+        rows, sources = dask.compute(*stream.to_dask())
+        want_rows, want_sources = _delivered(stream)
+        np.testing.assert_array_equal(rows, want_rows)
+        np.testing.assert_array_equal(sources, want_sources)
+    mixture = dzb.mix(members, [2.0, 1.0, 1.0], seed=5)
+    for mode in MODES:
+        stream = _stream(mixture, mode, 7, 11)
+        np.testing.assert_array_equal(stream.to_dask().compute(), _delivered(stream))
+
+
+def test_patches() -> None:
+    """A patch stream's layout: pairs of inputs and targets, and the origins."""
+    field = to_zarr(make_data((4, 12, 10), "float32"), (2, 5, 4))
+    for shuffle in (False, True):
+        stream = dzb.patch_stream(
+            field, {0: 1, 1: 4, 2: 4}, 5, shuffle=shuffle, seed=2, target_offset={0: 1},
+            return_origins=True,
+        )  # fmt: skip
+        epoch = stream.to_dask()
+        batches = list(stream)
+        assert isinstance(epoch, tuple) and len(epoch) == len(batches[0])
+        for part, parts in zip(dask.compute(*epoch), zip(*batches, strict=True), strict=True):
+            np.testing.assert_array_equal(part, np.concatenate(parts))
+
+
+def test_reads_nothing_before_compute_and_each_chunk_once_per_window() -> None:
+    """Building the array reads no chunk; computing it reads what iterating reads."""
+    data = make_data((400, 4))
+    counts: collections.Counter[str] = collections.Counter()
+    store = CountingStore(zarr.storage.MemoryStore(), counts)
+    to_zarr(data, (40, 4), store=store)
+    array = open_wrapped(store)
+    for mode in MODES:
+        kw = {} if mode == "none" else {"memory_budget": 40_000}
+        stream = _stream(array, mode, 32, 1, **kw)
+        counts.clear()
+        epoch = stream.to_dask()
+        _ = epoch[::7]  # slicing builds a graph, reads nothing
+        assert sum(counts.values()) == 0
+        epoch.compute()
+        computed = dict(counts)
+        counts.clear()
+        list(stream)
+        assert computed == dict(counts)  # the same chunks, as often as the stream
+        windows = sum(1 for _ in stream.plan.windows())
+        assert max(computed.values()) <= windows
+        if mode != "exact":
+            assert set(computed.values()) == {1}
+
+
+def test_cache_is_honoured() -> None:
+    """A stream's cache serves a second compute of its epoch array: no store read."""
+    counts: collections.Counter[str] = collections.Counter()
+    store = CountingStore(zarr.storage.MemoryStore(), counts)
+    to_zarr(make_data((200, 3)), (20, 3), store=store)
+    array = open_wrapped(store)
+    stream = dzb.shuffled_batch_stream(
+        array, 16, seed=2, shuffle_buffer_size=60, cache=dzb.ChunkCache("16MiB")
+    )
+    first = stream.to_dask().compute()
+    assert set(counts.values()) == {1} and len(counts) == 10
+    counts.clear()
+    np.testing.assert_array_equal(stream.to_dask().compute(), first)
+    assert not counts
+
+
+def test_tasks_grow_with_chunks_not_samples() -> None:
+    """Ten times the samples in the same chunk grid: the same number of tasks."""
+    tasks = []
+    for rows in (1_000, 10_000):
+        array = to_zarr(make_data((rows, 2)), (rows // 10, 2))
+        stream = dzb.shuffled_batch_stream(array, 64, seed=0, memory_budget=2**30)
+        epoch = stream.to_dask()
+        tasks.append(len(dict(epoch.__dask_graph__())))
+        assert epoch.numblocks == (1, 1)  # one window holds the whole epoch
+    assert tasks[0] == tasks[1] <= 4
+    fancy = da.from_zarr(array)[np.random.default_rng(0).permutation(10_000)]
+    assert len(dict(fancy.__dask_graph__())) > 10 * tasks[1]
+
+
+def test_refuses_skip() -> None:
+    array = to_zarr(make_data((10, 2)), (5, 2))
+    with pytest.raises(dzb.ArgumentValueError, match="on_error"):
+        dzb.batch_stream(array, 4, on_error="skip").to_dask()
+
+
+def test_missing_chunk_warns_at_compute() -> None:
+    store = zarr.storage.MemoryStore()
+    array = to_zarr(make_data((20, 2)), (5, 2), store=store)
+    zarr.core.sync.sync(store.delete("c/1/0"))
+    epoch = dzb.batch_stream(array, 4).to_dask()  # building warns of nothing
+    with pytest.warns(dzb.MissingChunksWarning, match="c/1/0"):
+        got = epoch.compute(scheduler="sync")
+    assert (got[5:10] == 0).all()
+    with pytest.raises(dzb.MissingChunkError):
+        dzb.batch_stream(array, 4, missing="error").to_dask().compute(scheduler="sync")
+
+
+def test_cluster_compute_and_to_zarr(client: Any, tmp_path: Any) -> None:
+    """On a LocalCluster's workers, and written with to_zarr: the stream's shuffled order."""
+    path = str(tmp_path / "x.zarr")
+    to_zarr(make_data((300, 3)), (30, 3), store=zarr.storage.LocalStore(path))
+    counting = NamedCountingStore(zarr.storage.LocalStore(path), "to-dask-cluster")
+    array = zarr.open_array(counting, mode="r")
+    stream = dzb.shuffled_batch_stream(array, 25, seed=4, memory_budget=8_000)
+    epoch = stream.to_dask()
+    assert epoch.numblocks[0] > 1
+    on_cluster = client.compute(epoch).result()
+    want = _delivered(stream)
+    np.testing.assert_array_equal(on_cluster, want)
+    out = str(tmp_path / "shuffled.zarr")
+    epoch.to_zarr(out, compute=False).compute(scheduler=client)
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], want)
+    # a collection's window joins its members' reads by placing their rows (any worker)
+    pair = dzb.shuffled_batch_stream(dzb.concat([array, array]), 25, seed=1, shuffle_buffer_size=90)
+    np.testing.assert_array_equal(client.compute(pair.to_dask()).result(), _delivered(pair))
