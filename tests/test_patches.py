@@ -26,6 +26,7 @@ from daskzarr_batches import (
     ArgumentValueError,
     Loader,
     chunk_split,
+    open_array,
     patch_stream,
 )
 from daskzarr_batches.errors import (
@@ -425,6 +426,37 @@ def test_dict_of_variables_and_xarray_names() -> None:
     x, y = next(pairs)
     assert set(x) == set(y) == {"t2m", "u"}
     np.testing.assert_array_equal(y["t2m"][:, 0], t2m[[2, 4]])  # origins 0, 2 (stride 2)
+
+
+def test_zarr_dimension_names_name_the_dims(tmp_path: Any) -> None:
+    """A Zarr array's own names (v3 ``dimension_names``, v2 ``_ARRAY_DIMENSIONS``) are dims."""
+    x = np.arange(6 * 4 * 5, dtype="f4").reshape(6, 4, 5)
+    names = ("time", "lat", "lon")
+    v3 = zarr.create_array(
+        store=str(tmp_path / "v3.zarr"), shape=x.shape, chunks=(2, 2, 5), dtype="f4",
+        dimension_names=names,
+    )  # fmt: skip
+    v3[:] = x
+    v2 = zarr.create_array(
+        store={}, shape=x.shape, chunks=(2, 2, 5), dtype="f4", zarr_format=2,
+        attributes={"_ARRAY_DIMENSIONS": list(names)},
+    )  # fmt: skip
+    v2[:] = x
+    kwargs: dict[str, Any] = {"target_offset": {"time": 1}, "return_origins": True}
+    want = collect(patch_stream(x, {0: 1, 1: 2}, 4, target_offset={0: 1}, return_origins=True))
+    for data in (v3, v2, open_array(str(tmp_path / "v3.zarr"))):
+        got = collect(patch_stream(data, {"time": 1, "lat": 2}, 4, **kwargs))
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)  # origins stay an array: no coordinates
+        loader = Loader(data, 4, input_dims={"time": 1, "lat": 2}, **kwargs)
+        for a, b in zip(collect(loader), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ArgumentValueError, match=r"its dims are \('time', 'lat', 'lon'\)"):
+        patch_stream(v3, {"level": 1}, 4)
+    train, valid = chunk_split(v3, [0.5, 0.5], dim="time", seed=0)
+    assert train.axis == 0 and len(train) + len(valid) == 6
+    steps = {int(t) for *_, o in patch_stream(valid, {"time": 1}, 4, **kwargs) for t in o[:, 0]}
+    assert steps <= {t for a, b in valid.ranges for t in range(a, b)}
 
 
 @pytest.mark.parametrize(
