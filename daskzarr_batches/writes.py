@@ -65,10 +65,10 @@ from .store.backends import resolve_backend, url_store
 from .store.cache import ChunkCache
 from .store.layout import storage_keys
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
-from .store.sources import Source, as_source
+from .store.sources import Source, _check_dtype, as_source
 from .store.zarr_adapter import buffer_prototype, sync
 from .streams.base import stored_arrays
-from .streams.spec import ReadOptions, as_array, byte_size
+from .streams.spec import ReadOptions, as_array, byte_size, non_negative_int
 
 __all__ = ["WriteStats", "map_to_zarr", "shuffle_order", "write_shuffled"]
 
@@ -257,6 +257,40 @@ def _object_sizes(outs: Sequence[zarr.Array], ranges: Sequence[tuple[int, int]])
 # Output arrays
 
 
+def _output_dtype(value: Any) -> np.dtype[Any]:
+    """``dtype=`` as a numpy dtype of fixed-size numbers, or raise naming it."""
+    try:
+        dtype = np.dtype(value)
+    except (TypeError, ValueError) as exc:
+        raise ArgumentTypeError(f"dtype={value!r} is not a numpy dtype: {exc}") from exc
+    _check_dtype(f"the output (dtype={value!r})", dtype)
+    return dtype
+
+
+def _sample_shape(value: Any) -> tuple[int, ...]:
+    """``sample_shape=`` as a tuple of non-negative ints, or raise naming it."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ArgumentTypeError(
+            f"sample_shape must be a tuple of ints (the shape of one output sample), got {value!r}"
+        )
+    if not all(isinstance(n, int | np.integer) and not isinstance(n, bool) for n in value):
+        raise ArgumentTypeError(f"sample_shape must be a tuple of ints, got {value!r}")
+    if any(n < 0 for n in value):
+        raise ArgumentValueError(f"sample_shape={tuple(value)!r} has a negative size")
+    return tuple(int(n) for n in value)
+
+
+def _check_shards(shards: tuple[int, ...], chunks: tuple[int, ...], given: Any) -> None:
+    """Every shard holds whole chunks: each shard size a multiple of the chunk size."""
+    for axis, (shard, chunk) in enumerate(zip(shards, chunks, strict=True)):
+        if shard % chunk:
+            raise ArgumentValueError(
+                f"shards={given!r} ({shards}) is not a multiple of the chunks {chunks} along "
+                f"axis {axis} ({shard} is not a multiple of {chunk}); a shard holds whole "
+                "chunks: pass shards that are multiples of chunks"
+            )
+
+
 def _normal_grid(name: str, value: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     if value is None:
         return None
@@ -274,7 +308,26 @@ def _normal_grid(name: str, value: Any, shape: tuple[int, ...]) -> tuple[int, ..
 
 
 def output_store(out: Any, storage_options: dict[str, Any] | None, backend: str) -> Any:
-    """``out`` as zarr writes to it: a URL opened writable on its backend, else as given."""
+    """``out`` as zarr writes to it: a URL opened writable on its backend, else as given.
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``out`` is not a path, URL or Zarr store (an int, say).
+    ArgumentValueError
+        ``out`` is an empty path (Zarr would write into the current
+        directory), an existing file, or a URL no installed backend writes
+        (an unknown protocol, one without a bucket or host).
+    """
+    if isinstance(out, os.PathLike):
+        out = os.fspath(out)
+    if isinstance(out, bytes) or not isinstance(
+        out, str | zarr.abc.store.Store | zarr.storage.StorePath | Mapping
+    ):
+        raise ArgumentTypeError(
+            "out must be a path, URL or Zarr store (e.g. 'out.zarr', 's3://bucket/out.zarr', "
+            f"zarr.storage.MemoryStore()), got {type(out).__name__} {out!r}"
+        )
     protocol = out.split("://", 1)[0].lower() if isinstance(out, str) and "://" in out else None
     if protocol in (None, "file"):
         if storage_options:
@@ -282,10 +335,37 @@ def output_store(out: Any, storage_options: dict[str, Any] | None, backend: str)
                 f"storage_options={storage_options!r} apply to an output URL (s3://, gs://, "
                 f"...), not to {out!r}"
             )
+        if isinstance(out, str):
+            _check_out_path(out, out.split("://", 1)[1] if protocol else out)
         return out
     chosen = resolve_backend(backend, protocol)
-    assert chosen is not None
-    return url_store(out, storage_options, chosen, read_only=False)
+    assert chosen is not None and isinstance(out, str)
+    try:
+        return url_store(out, storage_options, chosen, read_only=False)
+    except (ArgumentTypeError, ArgumentValueError):
+        raise
+    except ImportError as exc:  # fsspec has no filesystem installed for the protocol
+        raise ArgumentValueError(
+            f"out={out!r}: {protocol}:// URLs need a package that is not installed ({exc})"
+        ) from exc
+    except (ValueError, TypeError) as exc:  # fsspec: "Protocol not known", a bad URL
+        raise ArgumentValueError(
+            f"out={out!r} is not a URL an output can be written to: {exc}"
+        ) from exc
+
+
+def _check_out_path(out: str, path: str) -> None:
+    """A local output path: not empty (the current directory) and not an existing file."""
+    if not path.strip():
+        raise ArgumentValueError(
+            f"out={out!r} is an empty path, which would write the output into the current "
+            "directory; name the output's directory, e.g. out='normalised.zarr'"
+        )
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ArgumentValueError(
+            f"out={out!r} is an existing file, not a directory; a Zarr output is a "
+            "directory: remove the file or choose another path"
+        )
 
 
 def _open_output(
@@ -739,6 +819,8 @@ def map_to_zarr(
     read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
     inputs = _inputs(data)
     rows = inputs.rows
+    dtype = None if dtype is None else _output_dtype(dtype)
+    sample_shape = None if sample_shape is None else _sample_shape(sample_shape)
     out = output_store(out, storage_options, backend)
     existing = None if overwrite else _existing(out, None)
     if existing is not None:  # a resume: its dtype and sample shape, func not called
@@ -746,20 +828,31 @@ def map_to_zarr(
         sample_shape = existing.shape[1:] if sample_shape is None else sample_shape
     if dtype is None or sample_shape is None:
         probe = _read_rows(inputs, min(rows, 2), read)
-        result = np.asarray(func(inputs.pack(probe)))
+        try:
+            result = np.asarray(func(inputs.pack(probe)))
+        except Exception as exc:
+            raise WindowError(
+                f"map_to_zarr({_qualname(func)}): func raised {type(exc).__name__}: {exc} on "
+                f"samples 0:{min(rows, 2)}, the call that finds the output's dtype and sample "
+                "shape (pass dtype= and sample_shape= to skip it)"
+            ) from exc
         stats.func_calls += 1
         if result.ndim == 0 or result.shape[0] != min(rows, 2):
             raise ArgumentValueError(
                 f"func returned shape {result.shape} for samples 0:{min(rows, 2)}: it must return "
                 "the same number of rows as it is given"
             )
-        dtype = result.dtype if dtype is None else dtype
+        if dtype is None:
+            _check_dtype(f"func's result for samples 0:{min(rows, 2)}", result.dtype)
+            dtype = result.dtype
         sample_shape = result.shape[1:] if sample_shape is None else sample_shape
     shape = (rows, *(int(n) for n in sample_shape))
     first = inputs.sources[0]
     grid = _normal_grid("chunks", chunks, shape) or (_chunk_rows(first), *shape[1:])
     grid = tuple(max(1, g) for g in grid)
     shard = _normal_grid("shards", shards, shape)
+    if shard is not None:
+        _check_shards(shard, grid, shards)
     fingerprint = {"job": job_id or _qualname(func), "kind": "map_to_zarr",
                    "inputs": inputs.identity()}  # fmt: skip
     array = _open_output(out, None, shape, np.dtype(dtype), grid, shard, compressors,
@@ -860,12 +953,17 @@ def write_shuffled(
     read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
     inputs = _inputs(data)
     rows = inputs.rows
-    if not isinstance(seed, int | np.integer) or isinstance(seed, bool):
-        raise ArgumentTypeError(f"seed must be an int, got {seed!r}")
+    seed = non_negative_int("seed", seed)
     budget = byte_size("memory_budget", memory_budget)
     first = inputs.sources[0]
     step = _rows_arg("chunks", chunks) or _chunk_rows(first)
     shard_rows = _rows_arg("shards", shards)
+    if shard_rows is not None and shard_rows % step:
+        raise ArgumentValueError(
+            f"shards={shards!r} is not a multiple of the {step} rows of an output chunk "
+            f"(chunks={chunks!r}{', the input chunk rows' if chunks is None else ''}); a shard "
+            "holds whole chunks: pass shards that are a multiple of chunks"
+        )
     fingerprint = {"job": job_id or "write_shuffled", "kind": "write_shuffled",
                    "seed": int(seed), "inputs": inputs.identity()}  # fmt: skip
     out = output_store(out, storage_options, backend)
@@ -911,8 +1009,16 @@ def write_shuffled(
 
 
 def shuffle_order(rows: int, seed: int) -> np.ndarray:
-    """The permutation ``write_shuffled(..., seed=seed)`` writes: output row i is sample [i]."""
-    return permutation(np.random.default_rng(np.random.SeedSequence(int(seed))), int(rows))
+    """The permutation ``write_shuffled(..., seed=seed)`` writes: output row i is sample [i].
+
+    Raises
+    ------
+    ArgumentTypeError, ArgumentValueError
+        ``rows`` or ``seed`` is not a non-negative integer.
+    """
+    rows = non_negative_int("rows", rows)
+    seed = non_negative_int("seed", seed)
+    return permutation(np.random.default_rng(np.random.SeedSequence(seed)), rows)
 
 
 def _rows_arg(name: str, value: Any) -> int | None:

@@ -362,3 +362,107 @@ def test_invalid_metadata_of_the_root_group(tmp_path: Any, zarr_format: int) -> 
     with pytest.raises(dzb.InvalidMetadataError) as info:
         dzb.open_array(root, "x")
     check_invalid_metadata(info, root, key)
+
+
+# --------------------------------------------------------------------------
+# Writes: every argument of map_to_zarr, write_shuffled and shuffle_order checked (issue 26)
+
+
+@pytest.mark.parametrize(
+    ("rows", "seed", "error", "match"),
+    [
+        (-1, 0, dzb.ArgumentValueError, "rows must be >= 0, got -1"),
+        (2.5, 0, dzb.ArgumentTypeError, "rows must be a non-negative integer, got 2.5"),
+        (True, 0, dzb.ArgumentTypeError, "rows must be a non-negative integer, got True"),
+        (4, -1, dzb.ArgumentValueError, "seed must be >= 0, got -1"),
+        (4, float("nan"), dzb.ArgumentTypeError, "seed must be a non-negative integer, got nan"),
+        (4, 1.0, dzb.ArgumentTypeError, "seed must be a non-negative integer, got 1.0"),
+    ],
+)
+def test_shuffle_order_refuses_what_is_no_count_or_seed(
+    rows: Any, seed: Any, error: type, match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        dzb.shuffle_order(rows, seed)
+
+
+@pytest.mark.parametrize(
+    ("seed", "error"), [(-1, dzb.ArgumentValueError), (float("nan"), dzb.ArgumentTypeError)]
+)
+def test_write_shuffled_refuses_a_bad_seed_before_writing(
+    tmp_path: Any, seed: Any, error: type
+) -> None:
+    out = tmp_path / "out.zarr"
+    with pytest.raises(error, match=f"seed must be .*got {seed!r}"):
+        dzb.write_shuffled(GOOD, str(out), seed=seed)
+    assert not out.exists()
+
+
+def write(out: Any, **kwargs: Any) -> Any:
+    return dzb.map_to_zarr(lambda rows: rows + 1, GOOD, out, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"chunks": 2, "shards": 3}, dzb.ArgumentValueError, r"shards=3 \(\(3, 2\)\) is not a"),
+        ({"chunks": (2, 2), "shards": (4, 1)}, dzb.ArgumentValueError, "along axis 1"),
+        ({"dtype": "bogus"}, dzb.ArgumentTypeError, "dtype='bogus' is not a numpy dtype"),
+        ({"dtype": object}, dzb.ArgumentTypeError, "dtype=<class 'object'>"),
+        ({"sample_shape": (-2,)}, dzb.ArgumentValueError, r"sample_shape=\(-2,\) has a negative"),
+        ({"sample_shape": 3}, dzb.ArgumentTypeError, "sample_shape must be a tuple of ints"),
+        ({"sample_shape": (2.0,)}, dzb.ArgumentTypeError, "sample_shape must be a tuple of ints"),
+    ],
+)
+def test_map_to_zarr_refuses_a_bad_output_layout(
+    tmp_path: Any, kwargs: dict[str, Any], error: type, match: str
+) -> None:
+    out = tmp_path / "out.zarr"
+    with pytest.raises(error, match=match):
+        write(str(out), **kwargs)
+    assert not out.exists()
+
+
+def test_write_shuffled_refuses_shards_of_partial_chunks(tmp_path: Any) -> None:
+    with pytest.raises(dzb.ArgumentValueError, match="shards=3 is not a multiple of the 2 rows"):
+        dzb.write_shuffled(GOOD, str(tmp_path / "out.zarr"), chunks=2, shards=3)
+
+
+def test_map_to_zarr_names_func_failing_or_returning_objects(tmp_path: Any) -> None:
+    with pytest.raises(dzb.WindowError, match="func raised ZeroDivisionError") as info:
+        dzb.map_to_zarr(lambda rows: 1 / 0, GOOD, str(tmp_path / "a.zarr"))
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert "dtype= and sample_shape=" in str(info.value)
+    objects = lambda rows: np.array([object()] * len(rows))  # noqa: E731
+    with pytest.raises(dzb.ArgumentTypeError, match=r"func's result .* has dtype object"):
+        dzb.map_to_zarr(objects, GOOD, str(tmp_path / "b.zarr"))
+    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
+
+
+def test_map_to_zarr_and_write_shuffled_refuse_an_out_they_cannot_write(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a directory\n")
+    cases: list[tuple[Any, type, str]] = [
+        ("", dzb.ArgumentValueError, "out='' is an empty path"),
+        ("file://", dzb.ArgumentValueError, "out='file://' is an empty path"),
+        (7, dzb.ArgumentTypeError, "out must be a path, URL or Zarr store.*int 7"),
+        (str(a_file), dzb.ArgumentValueError, "is an existing file, not a directory"),
+        (a_file, dzb.ArgumentValueError, "is an existing file, not a directory"),
+        ("nosuchscheme://bucket/x.zarr", dzb.ArgumentValueError, "nosuchscheme://bucket"),
+        ("s3://", dzb.ArgumentValueError, "names no bucket"),
+    ]
+    for out, error, match in cases:
+        with pytest.raises(error, match=match):
+            write(out)
+        with pytest.raises(error, match=match):
+            dzb.write_shuffled(GOOD, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # nothing written
+
+
+@pytest.mark.parametrize("url", ["s3://", "gs://", "s3:///"])
+def test_open_array_of_a_url_without_a_bucket(url: str) -> None:
+    with pytest.raises(dzb.ArgumentValueError, match=f"{url!r} names no bucket"):
+        dzb.open_array(url)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from typing import Any
 
 import dask.array as da
@@ -25,6 +26,7 @@ from daskzarr_batches import (
     ArgumentValueError,
     Loader,
     chunk_split,
+    open_array,
     patch_stream,
 )
 from daskzarr_batches.errors import (
@@ -45,8 +47,15 @@ def expected(
     overlap: dict[int, int] | None = None,
     offset: dict[int, int] | None = None,
     lead: dict[int, int] | None = None,
+    split: tuple[int, Any] | None = None,
 ) -> tuple[list[tuple[int, ...]], list[np.ndarray], list[np.ndarray]]:
-    """Origins (C order), input patches and targets, from the definition."""
+    """Origins (C order), input patches and targets, from the definition.
+
+    Along each patched axis the origins are the grid 0, stride, 2 * stride, ...
+    (xbatcher's tiles) less those where the input or the target does not fit;
+    ``split=(axis, ranges)``: along ``axis`` the grid starts again at each
+    usable range and every cut stays inside that range.
+    """
     overlap, offset, lead = overlap or {}, offset or {}, lead or {}
     ranges = []
     for axis in range(x.ndim):
@@ -55,9 +64,16 @@ def expected(
             continue
         size, k = sizes[axis], offset.get(axis, 0)
         m = lead.get(axis, size)
-        low, high = min(0, k), max(size, k + m)
         stride = size - overlap.get(axis, 0)
-        ranges.append(list(range(-low, x.shape[axis] - high + 1, stride)))
+        usable = split[1] if split is not None and split[0] == axis else [(0, x.shape[axis])]
+        ranges.append(
+            [
+                o
+                for lo, hi in usable
+                for o in range(lo, hi, stride)
+                if lo <= o and o + size <= hi and lo <= o + k and o + k + m <= hi
+            ]
+        )
     origins, inputs, targets = [], [], []
     for origin in itertools.product(*ranges):
         cut = tuple(slice(o, o + sizes.get(a, x.shape[a])) for a, o in enumerate(origin))
@@ -166,6 +182,17 @@ def test_every_patch_exactly_once_equal_to_numpy(case: dict[str, Any]) -> None:
         assert len(stream) == -(-len(origins) // case["batch"])
         got = collect(stream)
         assert stream.stats.samples_yielded == len(origins)
+    check_patches(case, got, origins, inputs, targets)
+
+
+def check_patches(
+    case: dict[str, Any],
+    got: tuple[np.ndarray, ...],
+    origins: list[tuple[int, ...]],
+    inputs: list[np.ndarray],
+    targets: list[np.ndarray],
+) -> None:
+    """A stream's patches (origins last) are the reference's, each exactly once."""
     *patches, where = got
     index = {origin: i for i, origin in enumerate(origins)}
     seen = [index[tuple(o)] for o in where.tolist()]
@@ -175,6 +202,143 @@ def test_every_patch_exactly_once_equal_to_numpy(case: dict[str, Any]) -> None:
     np.testing.assert_array_equal(patches[0], np.stack([inputs[i] for i in seen]))
     if case["offset"]:
         np.testing.assert_array_equal(patches[1], np.stack([targets[i] for i in seen]))
+
+
+@st.composite
+def split_patch_cases(draw: Any) -> dict[str, Any]:
+    """A split of a 2-D array along axis 0 and patches (with a target either way) over it."""
+    n, width = draw(st.integers(4, 24)), draw(st.integers(1, 4))
+    chunks = (draw(st.integers(1, 6)), draw(st.integers(1, width)))
+    sizes = {0: draw(st.integers(1, 4))}
+    if draw(st.booleans()):
+        sizes[1] = draw(st.integers(1, width))
+    overlap = {a: draw(st.integers(0, sizes[a] - 1)) for a in sizes if draw(st.booleans())}
+    axis = draw(st.sampled_from(sorted(sizes)))
+    offset = {axis: draw(st.sampled_from([-3, -2, -1, 1, 2, 3]))}
+    lead = {axis: draw(st.integers(1, 3))} if draw(st.booleans()) else {}
+    return {
+        "shape": (n, width),
+        "chunks": chunks,
+        "gap": draw(st.integers(0, 2)),
+        "fractions": draw(st.sampled_from([(0.5, 0.5), (0.3, 0.7), (0.2, 0.3, 0.5)])),
+        "split_seed": draw(st.integers(0, 2**16)),
+        "sizes": sizes,
+        "overlap": overlap,
+        "offset": offset,
+        "lead": lead,
+        "kind": draw(st.sampled_from(["zarr", "zarr", "sharded", "dask"])),
+        "mode": draw(st.sampled_from(["none", "none", "buffer", "exact"])),
+        "batch": draw(st.integers(1, 5)),
+        "seed": draw(st.integers(0, 2**16)),
+        "buffer": draw(st.integers(1, 30)),
+        "budget": draw(st.integers(200, 20_000)),
+        # small windows: a sequential window hands chunks on to the next (ChunkShare)
+        "window": draw(st.sampled_from([16, 64, 256, 1024])),
+    }
+
+
+@property_settings(40)
+@given(split_patch_cases())
+def test_patches_and_targets_of_every_subset_equal_numpy(case: dict[str, Any]) -> None:
+    """Over a chunk_split, inputs and targets (before or after) equal numpy slicing.
+
+    The reference is the grid restarted at each usable range, less the
+    origins whose input or target leaves it (:func:`expected`).  Sequential
+    windows hand chunks on (``ChunkShare``): a target behind the input reads
+    a chunk the window before decoded, which a gap crops.
+    """
+    x = np.arange(math.prod(case["shape"]), dtype="f4").reshape(case["shape"])
+    data = as_kind(x, case["kind"], case["chunks"])
+    try:
+        subsets = chunk_split(data, case["fractions"], seed=case["split_seed"], gap=case["gap"])
+    except ArgumentValueError:  # fewer chunks than subsets, or a gap that leaves one nothing
+        return
+    for subset in subsets:
+        origins, inputs, targets = expected(
+            x, case["sizes"], case["overlap"], case["offset"], case["lead"], (0, subset.ranges)
+        )
+        if not origins:
+            with pytest.raises(ArgumentValueError, match="no patch fits"):
+                open_stream(case, subset)
+            continue
+        with open_stream(case, subset, window_bytes=case["window"]) as stream:
+            got = collect(stream)
+        check_patches(case, got, origins, inputs, targets)
+
+
+@property_settings(25)
+@given(
+    st.integers(16, 40), st.integers(4, 8), st.integers(1, 2), st.integers(1, 2),
+    st.sampled_from([None, -1, -2, -3]), st.integers(0, 2**16),
+)  # fmt: skip
+def test_targets_behind_in_sequential_windows_over_gaps(
+    n: int, chunk: int, gap: int, size: int, lead: int | None, seed: int
+) -> None:
+    """Where the issue's wrong targets were: a target behind the input next to a gap.
+
+    A sequential window decodes the first chunk of a usable range, which the
+    gap crops, and hands it on; the window after cuts the targets of its
+    first origins from it.  ``None``: the offset ``-(gap + 1)``, where a
+    waiter that cut the handed-on part at the chunk's start got one row too
+    few, which numpy broadcast into a wrong target (other offsets raised and
+    were read again).
+    """
+    lead = -(gap + 1) if lead is None else lead
+    x = np.arange(n, dtype="f4")[:, None]
+    z = as_kind(x, "zarr", (chunk, 1))
+    try:
+        subsets = chunk_split(z, [0.5, 0.5], seed=seed, gap=gap)
+    except ArgumentValueError:  # the gap leaves a subset nothing
+        return
+    case = {"sizes": {0: size}, "overlap": {}, "offset": {0: lead}, "lead": {}, "mode": "none"}
+    for subset in subsets:
+        origins, inputs, targets = expected(x, {0: size}, None, {0: lead}, None, (0, subset.ranges))
+        if origins:
+            stream = patch_stream(
+                subset, {0: size}, 4, target_offset={0: lead}, return_origins=True
+            )
+            with stream:
+                check_patches(case, collect(stream), origins, inputs, targets)
+
+
+def test_a_target_behind_over_a_gap_is_the_right_step() -> None:
+    """The issue's case: rows 11..19 of 20 (chunks of 5, gap 1), targets 2 steps back."""
+    x = np.arange(20, dtype="f4")[:, None]
+    z = as_kind(x, "zarr", (5, 1))
+    subset = next(
+        s
+        for seed in range(100)
+        for s in chunk_split(z, [0.5, 0.5], seed=seed, gap=1)
+        if s.ranges == ((11, 20),)
+    )
+    stream = patch_stream(subset, {0: 1}, 4, target_offset={0: -2}, return_origins=True)
+    inputs, targets, origins = collect(stream)
+    assert origins[:, 0].tolist() == list(range(13, 20))
+    assert inputs[:, 0, 0].tolist() == list(range(13, 20))
+    assert targets[:, 0, 0].tolist() == list(range(11, 18))  # origin 15: 13, not 14
+
+
+def test_a_target_behind_drops_origins_and_keeps_the_grid() -> None:
+    """``{0: 2}`` with offset -1 on 10 steps: origins 2, 4, 6, 8 (xbatcher's tiles less 0)."""
+    x = np.arange(10, dtype="f4")[:, None]
+    for kind in ("numpy", "zarr"):
+        stream = patch_stream(
+            as_kind(x, kind, (3, 1)), {0: 2}, 10, target_offset={0: -1}, return_origins=True
+        )
+        inputs, targets, origins = collect(stream)
+        assert origins[:, 0].tolist() == [2, 4, 6, 8]
+        assert inputs[:, :, 0].tolist() == [[2, 3], [4, 5], [6, 7], [8, 9]]
+        assert targets[:, :, 0].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    # with a split the grid restarts at each usable range: rows 3..9 here
+    z = as_kind(x, "zarr", (3, 1))
+    subset = next(
+        s
+        for seed in range(100)
+        for s in chunk_split(z, [0.25, 0.75], seed=seed)
+        if s.ranges == ((3, 10),)
+    )
+    stream = patch_stream(subset, {0: 2}, 10, target_offset={0: -1}, return_origins=True)
+    assert collect(stream)[2][:, 0].tolist() == [5, 7]
 
 
 def test_shuffle_repeats_per_seed_and_epoch() -> None:
@@ -262,6 +426,37 @@ def test_dict_of_variables_and_xarray_names() -> None:
     x, y = next(pairs)
     assert set(x) == set(y) == {"t2m", "u"}
     np.testing.assert_array_equal(y["t2m"][:, 0], t2m[[2, 4]])  # origins 0, 2 (stride 2)
+
+
+def test_zarr_dimension_names_name_the_dims(tmp_path: Any) -> None:
+    """A Zarr array's own names (v3 ``dimension_names``, v2 ``_ARRAY_DIMENSIONS``) are dims."""
+    x = np.arange(6 * 4 * 5, dtype="f4").reshape(6, 4, 5)
+    names = ("time", "lat", "lon")
+    v3 = zarr.create_array(
+        store=str(tmp_path / "v3.zarr"), shape=x.shape, chunks=(2, 2, 5), dtype="f4",
+        dimension_names=names,
+    )  # fmt: skip
+    v3[:] = x
+    v2 = zarr.create_array(
+        store={}, shape=x.shape, chunks=(2, 2, 5), dtype="f4", zarr_format=2,
+        attributes={"_ARRAY_DIMENSIONS": list(names)},
+    )  # fmt: skip
+    v2[:] = x
+    kwargs: dict[str, Any] = {"target_offset": {"time": 1}, "return_origins": True}
+    want = collect(patch_stream(x, {0: 1, 1: 2}, 4, target_offset={0: 1}, return_origins=True))
+    for data in (v3, v2, open_array(str(tmp_path / "v3.zarr"))):
+        got = collect(patch_stream(data, {"time": 1, "lat": 2}, 4, **kwargs))
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)  # origins stay an array: no coordinates
+        loader = Loader(data, 4, input_dims={"time": 1, "lat": 2}, **kwargs)
+        for a, b in zip(collect(loader), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ArgumentValueError, match=r"its dims are \('time', 'lat', 'lon'\)"):
+        patch_stream(v3, {"level": 1}, 4)
+    train, valid = chunk_split(v3, [0.5, 0.5], dim="time", seed=0)
+    assert train.axis == 0 and len(train) + len(valid) == 6
+    steps = {int(t) for *_, o in patch_stream(valid, {"time": 1}, 4, **kwargs) for t in o[:, 0]}
+    assert steps <= {t for a, b in valid.ranges for t in range(a, b)}
 
 
 @pytest.mark.parametrize(

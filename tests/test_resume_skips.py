@@ -248,6 +248,19 @@ def test_a_garbled_state_is_refused_naming_the_field(change: dict[str, Any], mat
     )  # a refused state changes nothing
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_state_of_an_absurd_world_size_is_refused_at_once(on_error: str) -> None:
+    """A corrupt checkpoint's world_size=10**9 used to run for minutes (one share per rank)."""
+    data = np.arange(100, dtype="i8")
+    old = dzb.Loader(data, 10, shuffle=True, seed=1, on_error=on_error)
+    state = old.state_dict()
+    fresh = dzb.Loader(data, 10, shuffle=True, seed=1, on_error=on_error, world_size=2)
+    with pytest.raises(dzb.ArgumentValueError, match=r"state\['world_size'\]=1000000000"):
+        fresh.load_state_dict({**state, "world_size": 10**9})
+    fresh.load_state_dict(state)  # the state as written resumes (1 rank as 2)
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats() | st.text(max_size=3),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),

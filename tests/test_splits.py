@@ -146,6 +146,31 @@ def test_xarray_dims_by_name() -> None:
     np.testing.assert_array_equal(got, data[positions(valid.ranges)])
 
 
+def test_zarr_dimension_names_by_name(tmp_path: Any) -> None:
+    """A Zarr array's own dim names (v3 dimension_names, v2 _ARRAY_DIMENSIONS) name ``dim``."""
+    data = make_data((30, 4, 6), "f4")
+    names = ("time", "lat", "lon")
+    path = str(tmp_path / "v3.zarr")
+    v3 = zarr.create_array(path, shape=data.shape, chunks=(5, 4, 2), dtype="f4",
+                           dimension_names=names)  # fmt: skip
+    v3[:] = data
+    v2 = zarr.create_array({}, shape=data.shape, chunks=(5, 4, 2), dtype="f4", zarr_format=2,
+                           attributes={"_ARRAY_DIMENSIONS": list(names)})  # fmt: skip
+    v2[:] = data
+    by_axis = [s.ranges for s in dzb.chunk_split(v3, [0.5, 0.5], dim=2, seed=1)]
+    for array in (v3, v2, dzb.open_array(path), path):
+        by_name = dzb.chunk_split(array, [0.5, 0.5], dim="lon", seed=1)
+        assert [s.ranges for s in by_name] == by_axis and by_name[0].axis == 2
+    _, valid = dzb.chunk_split(v3, [0.6, 0.4], dim="time", seed=2, gap=1)
+    got = np.concatenate(list(dzb.batch_stream(valid, 4)))
+    np.testing.assert_array_equal(got, data[positions(valid.ranges)])
+    with pytest.raises(dzb.ArgumentValueError, match="dim='level' is not a dimension"):
+        dzb.chunk_split(v3, [0.5, 0.5], dim="level")
+    unnamed = zarr.create_array({}, shape=(4, 2), chunks=(2, 2), dtype="f4")
+    with pytest.raises(dzb.ArgumentTypeError, match="dim='time' is a name"):
+        dzb.chunk_split(unnamed, [0.5, 0.5], dim="time")
+
+
 # --------------------------------------------------------------------------
 # Streams over subsets
 

@@ -435,6 +435,13 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
             )
         # Elastic: what no old rank used up, shared among the new ranks.
         before = first["resumed"] or [(0, self._n())]
+        if old_world > max(_size(before), len(states)):  # the work below is per old rank
+            raise ArgumentValueError(
+                f"state['world_size']={old_world} is more than the {_size(before)} samples "
+                f"the old ranks shared (and than the {len(states)} state(s) given): no rank "
+                "of it could hold a sample of its own, so the state is not of a real run "
+                "(a corrupt checkpoint?); load the states of every old rank, or start afresh"
+            )
         by_rank = {one["rank"]: one for one in states}
         consumed: Ranges = []
         shares = [share(before, rank, old_world, self.even_batches) for rank in range(old_world)]

@@ -82,7 +82,12 @@ def patch_origins(
     cuts: Sequence[tuple[int, int]],
     ranges: Sequence[tuple[int, int]] | None = None,
 ) -> IndexArray:
-    """Origins along one axis: every ``stride`` positions where every cut fits.
+    """Origins along one axis: the grid of every ``stride`` positions, where every cut fits.
+
+    The grid is the one without a target, ``start, start + stride, ...``
+    from the start of each range (0 for the whole axis); an origin whose
+    cuts do not all fit is dropped, so a target behind the input (a negative
+    shift) drops the first origins but does not move the others.
 
     Parameters
     ----------
@@ -109,12 +114,17 @@ def patch_origins(
     [0, 3, 6]
     >>> patch_origins(10, 1, [(0, 2), (2, 1)]).tolist()  # 2 steps in, the next out
     [0, 1, 2, 3, 4, 5, 6, 7]
+    >>> patch_origins(10, 2, [(0, 2), (-1, 2)]).tolist()  # 0 dropped: its target is at -1
+    [2, 4, 6, 8]
     """
-    low = min(shift for shift, _ in cuts)
+    low = min(0, *(shift for shift, _ in cuts))
     high = max(shift + size for shift, size in cuts)
     found = []
     for lo, hi in [(0, length)] if ranges is None else ranges:
-        first, last = max(lo, 0) - low, min(hi, length) - high
+        start = max(lo, 0)
+        # the first grid origin whose cuts start inside the range (low <= 0)
+        first = start + -(low // stride) * stride
+        last = min(hi, length) - high
         if last >= first:
             found.append(np.arange(first, last + 1, stride, dtype=np.int64))
     return np.concatenate(found) if found else np.empty(0, dtype=np.int64)

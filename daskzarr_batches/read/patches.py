@@ -546,9 +546,11 @@ def _decode_concurrently(
     another window has claimed are decoded once for all the windows that
     claim them: into its box when this window is the only one that can need
     it all (its span is the part of the chunk inside ``coverage``, the region
-    any patch of the stream reaches), handed on as a copy, else whole, so a
-    window after can take the rest; ``decoded`` collects the chunks this call
-    decoded.
+    any patch of the stream reaches), handed on as a copy, else that part of
+    it decoded on its own, so a window after can take the rest; either way
+    what is handed on is the chunk's part inside ``coverage`` (a split's gap
+    or an array's end the stream never reaches is not in it).  ``decoded``
+    collects the chunks this call decoded.
     """
     decoded = set() if decoded is None else decoded
     largest = max((np.prod([s.stop - s.start for s in span]) for span in spans.values()), default=1)
@@ -586,6 +588,9 @@ def _decode_concurrently(
                     slice(max(e.start, c.start), min(e.stop, c.stop))
                     for e, c in zip(extent, coverage, strict=True)
                 )
+                # What is handed on is always ``needed`` (the part of the chunk any
+                # patch reaches), however the first claim decoded it: a waiter cuts
+                # its span relative to ``needed``'s start, never the chunk's.
                 mine: list[np.ndarray] = []
                 if alone and span == needed:  # decoded into its box, a copy handed on
 
@@ -597,8 +602,8 @@ def _decode_concurrently(
                     if mine:
                         return
                 else:
-                    data = await share.decode(block, lambda: whole(block, extent))
-                start = [s.start for s in extent]
+                    data = await share.decode(block, lambda: whole(block, needed))
+                start = [s.start for s in needed]
                 local = tuple(
                     slice(s.start - a, s.stop - a) for s, a in zip(span, start, strict=True)
                 )

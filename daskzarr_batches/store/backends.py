@@ -112,6 +112,17 @@ def backend_of(store: Any) -> str | None:
     return None
 
 
+def check_url(url: str) -> None:
+    """An object-store or http URL names its bucket (container, host), or raise naming it."""
+    protocol, rest = url.split("://", 1)
+    family = OBSTORE_PROTOCOLS.get(protocol.lower())
+    if family is not None and not rest.strip("/"):
+        what = {"http": "host", "azure": "container"}.get(family, "bucket")
+        raise ArgumentValueError(
+            f"the URL {url!r} names no {what}: give one, as in {protocol}://{what}/data.zarr"
+        )
+
+
 def url_store(
     url: str,
     storage_options: dict[str, Any] | None,
@@ -119,7 +130,16 @@ def url_store(
     read_only: bool = True,
 ) -> zarr.abc.store.Store:
     """A Zarr store for ``url`` on ``backend`` (see :func:`resolve_backend`); read-only unless
-    ``read_only=False`` (an output)."""
+    ``read_only=False`` (an output).
+
+    Raises
+    ------
+    ArgumentValueError
+        ``url`` names no bucket or host (``"s3://"``), or obstore cannot
+        build a store of it (the message names the URL; obstore's error
+        chained).
+    """
+    check_url(url)
     if backend == "fsspec":
         return zarr.storage.FsspecStore.from_url(
             url, storage_options=storage_options or None, read_only=read_only
@@ -134,7 +154,10 @@ def url_store(
     try:
         upstream = from_url(url, **kwargs)
     except Exception as exc:
-        raise _config_error(exc, protocol, config, client, retry) from exc
+        error = _config_error(exc, protocol, config, client, retry)
+        if error is exc:  # nothing is fetched here: a URL obstore cannot make a store of
+            error = ArgumentValueError(f"cannot open {url!r}: {error_text(exc)}")
+        raise error from exc
     return zarr.storage.ObjectStore(upstream, read_only=read_only)
 
 

@@ -23,7 +23,7 @@ from ..errors import (
     ArrayNotFoundError,
     InvalidMetadataError,
 )
-from .backends import Backend, backend_of, error_text, resolve_backend, url_store
+from .backends import Backend, backend_of, check_url, error_text, resolve_backend, url_store
 from .layout import (
     METADATA_DOCUMENTS,
     V2_ARRAY_METADATA,
@@ -127,6 +127,8 @@ def _open_zarr(
 ) -> zarr.Array:
     _check_path(path)
     chosen = resolve_backend(backend, _url_protocol(source))
+    if chosen is not None:
+        check_url(source)
     if isinstance(source, zarr.Array):
         if path not in (None, ""):
             raise ArgumentValueError(

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from .zarr_adapter import unwrapped_store
 
-__all__ = ["DaskSource", "SliceSource", "Source", "SourceLike", "as_source"]
+__all__ = ["DaskSource", "SliceSource", "Source", "SourceLike", "as_source", "dim_names"]
 
 Chunks = tuple[tuple[int, ...], ...]
 
@@ -186,6 +186,34 @@ def is_xarray(obj: Any, kind: str) -> bool:
     xarray = sys.modules.get("xarray")
     cls = getattr(xarray, kind, None) if xarray is not None else None
     return isinstance(cls, type) and isinstance(obj, cls)
+
+
+def dim_names(array: Any) -> tuple[str | None, ...] | None:
+    """The names of ``array``'s dims, or ``None`` if it names none.
+
+    An ``xarray.DataArray``'s dims; a Zarr array's own names: a v3 array's
+    ``dimension_names``, a v2 array's ``_ARRAY_DIMENSIONS`` attribute
+    (xarray's convention), also behind a dask array made by
+    :func:`open_array` or ``da.from_zarr``.  A dim Zarr leaves unnamed is
+    ``None``.
+    """
+    if is_xarray(array, "DataArray"):
+        return tuple(str(dim) for dim in array.dims)
+    if isinstance(array, da.Array):
+        array = _zarr_behind(array)
+    if not isinstance(array, zarr.Array):
+        return None
+    names = getattr(array.metadata, "dimension_names", None)  # v3 (public metadata)
+    if names is None and array.metadata.zarr_format == 2:
+        names = array.attrs.get("_ARRAY_DIMENSIONS")
+    if (
+        not isinstance(names, list | tuple)
+        or len(names) != array.ndim
+        or not all(name is None or isinstance(name, str) for name in names)
+        or all(name is None for name in names)
+    ):
+        return None
+    return tuple(names)
 
 
 def _xarray_data(array: Any) -> Any:

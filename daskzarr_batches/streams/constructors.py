@@ -522,8 +522,9 @@ def patch_stream(
         tuple or dict of patch arrays.  A :func:`chunk_split` subset keeps
         every patch (and target) inside its usable positions.
     input_dims : dict
-        Patch size per dim: a dim name (xarray) or an axis number.  Dims not
-        named are taken whole.
+        Patch size per dim: a dim name (xarray's dims, a Zarr array's
+        ``dimension_names``) or an axis number.  Dims not named are taken
+        whole.
     batch_size : int
         Patches per batch; a batch is an array of shape
         ``(batch_size, *patch_shape)`` the caller owns.

@@ -28,7 +28,7 @@ from ..plan.windows import chunk_offsets
 from ..read.patches import patch_ids
 from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
-from ..store.sources import Source, as_source, is_xarray
+from ..store.sources import Source, as_source, dim_names, is_xarray
 from ..store.subsets import SubsetSource
 from .spec import as_array, non_negative_int, positive_int
 
@@ -86,12 +86,13 @@ class PatchArguments:
 
 @dataclass
 class _Array:
-    """One array of the caller's data: its name, source and dim names (xarray)."""
+    """One array of the caller's data: its name, source and dim names (xarray's or Zarr's)."""
 
     name: str
     source: Source
-    dims: tuple[str, ...] | None
+    dims: tuple[str | None, ...] | None
     coords: dict[str, np.ndarray]
+    xarray: bool = False  # an xarray.DataArray: origins come with its coordinates
 
 
 def patch_arguments(
@@ -227,7 +228,7 @@ def patch_arguments(
             for dim, axis in zip(dims, where, strict=True)
             if str(dim) in first.coords
         )
-        leaf: Any = Coords(index, coords) if first.dims is not None else index
+        leaf: Any = Coords(index, coords) if first.xarray else index
         layout = (*layout, leaf) if offset else (layout, leaf)
     return PatchArguments(tuple(sources), tuple(source.name for source in sources), Layout(layout))
 
@@ -276,13 +277,15 @@ def _arrays(data: Any, role: str) -> tuple[list[_Array], Any]:
 
 
 def _array(name: str, value: Any) -> _Array:
-    dims = coords = None
-    if is_xarray(value, "DataArray"):
-        dims = tuple(str(dim) for dim in value.dims)
+    coords = None
+    labelled = is_xarray(value, "DataArray")
+    if labelled:
         coords = {
             str(dim): np.asarray(value[dim].values) for dim in value.dims if dim in value.coords
         }
-    source = as_source(as_array(value), name)
+    value = as_array(value)
+    dims = dim_names(value)  # xarray's dims, or a Zarr array's own dimension names
+    source = as_source(value, name)
     stored = source.base if isinstance(source, SubsetSource) else source
     if isinstance(stored, ConcatSource):
         raise ArgumentTypeError(
@@ -291,7 +294,7 @@ def _array(name: str, value: Any) -> _Array:
             "refused here. Stream each member with its own patch_stream, or concatenate "
             "the members along the patched dims into one array first"
         )
-    return _Array(name, source, dims, coords or {})
+    return _Array(name, source, dims, coords or {}, labelled)
 
 
 def _dim_map(name: str, given: Any, array: _Array, check: Any) -> dict[Any, int]:
@@ -306,11 +309,16 @@ def _dim_map(name: str, given: Any, array: _Array, check: Any) -> dict[Any, int]
 
 
 def _axis(array: _Array, dim: Any, name: str) -> int:
-    """The axis of ``dim`` (an axis number, or a name of an xarray dim) in ``array``."""
+    """The axis of ``dim`` (an axis number, or a dim name: xarray's or Zarr's) in ``array``."""
     ndim = len(array.source.shape)
     if isinstance(dim, str):
         if array.dims is None or dim not in array.dims:
-            known = "it has no named dims" if array.dims is None else f"its dims are {array.dims}"
+            known = (
+                "it has no named dims (an xarray.DataArray's dims and a Zarr array's "
+                "dimension_names name them; else pass an axis number)"
+                if array.dims is None
+                else f"its dims are {array.dims}"
+            )
             raise ArgumentValueError(
                 f"{name} names dim {dim!r}, not a dim of {array.name}: {known}"
             )

@@ -25,7 +25,7 @@ from ..plan.splits import (
 )
 from ..plan.windows import chunk_offsets
 from ..store.collections import Collection
-from ..store.sources import SourceLike, as_source, is_xarray
+from ..store.sources import SourceLike, as_source, dim_names, is_xarray
 from ..store.subsets import ChunkSubset
 from .spec import as_array, non_negative_int
 
@@ -60,7 +60,8 @@ def chunk_split(
         chunks unused.
     dim : int or str, default 0
         The dimension to split along: an axis (negative counts from the
-        end), or a dimension name for ``xarray.DataArray`` data.
+        end), or a dimension name: of ``xarray.DataArray`` data, or of a
+        Zarr array (v3 ``dimension_names``, v2 ``_ARRAY_DIMENSIONS``).
     seed : int, default 0
         Seeds which chunks go to which subset (non-negative); the same seed
         gives the same split.
@@ -215,14 +216,16 @@ def _axis(dim: Any, named: list[tuple[str, Any]], shapes: list[tuple[int, ...]])
     for (role, array), shape in zip(named, shapes, strict=True):
         ndim = len(shape)
         if isinstance(dim, str):
-            if not is_xarray(array, "DataArray"):
+            names = dim_names(array)
+            if names is None:
                 raise ArgumentTypeError(
                     f"dim={dim!r} is a name, but {role} ({type(array).__name__}) has no "
-                    "named dimensions (only an xarray.DataArray has); pass an axis number"
+                    "named dimensions (an xarray.DataArray's dims and a Zarr array's "
+                    "dimension_names name them); pass an axis number"
                 )
-            if dim not in array.dims:
-                raise ArgumentValueError(f"dim={dim!r} is not a dimension of {role}: {array.dims}")
-            axes.append(array.dims.index(dim))
+            if dim not in names:
+                raise ArgumentValueError(f"dim={dim!r} is not a dimension of {role}: {names}")
+            axes.append(names.index(dim))
         elif isinstance(dim, numbers.Integral) and not isinstance(dim, bool):
             if not -ndim <= int(dim) < ndim:
                 raise ArgumentValueError(
