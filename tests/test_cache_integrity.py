@@ -83,6 +83,9 @@ def test_every_header_byte_and_sampled_data_bytes_damaged_are_dropped(tmp_path: 
             path.write_bytes(raw)
             counts = cache_module.CacheCounts()
             assert cache.get(key, counts) is None and counts.damaged == 1
+    path.write_bytes(b"DZBCACHE1\n" + good[len(cache_module.MAGIC) :])  # an earlier version's
+    counts = cache_module.CacheCounts()
+    assert cache.get(key, counts) is None and counts.damaged == 0 and not path.exists()
     path.write_bytes(good)
     again = cache.get(key)
     assert again is not None and again.dtype == expected.dtype

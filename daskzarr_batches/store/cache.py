@@ -71,6 +71,7 @@ __all__ = [
 
 #: First bytes of a cache file, and its format's version (2: the CRC-32 covers the header).
 MAGIC = b"DZBCACHE2\n"
+_FORMAT_1 = b"DZBCACHE1\n"  # the format before (a CRC of the data alone): read as absent
 _HEADER = struct.Struct("<I")  # the JSON header's length
 _CRC = struct.Struct("<I")  # the last 4 bytes: CRC-32 of everything before them
 #: The header's fields, exactly (a file with more, fewer or other ones is damaged).
@@ -93,7 +94,8 @@ def _new_process() -> None:
     _PROCESS = f"{os.getpid()}-{uuid.uuid4().hex}"
 
 
-os.register_at_fork(after_in_child=_new_process)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_process)
 #: Every cache made in this process, by id: a cache sent to a worker finds its twin there.
 #: Caches made by their users are held weakly (one dropped releases its cluster futures);
 #: twins made by unpickling (a worker's) live as long as the process.
@@ -379,6 +381,10 @@ class ChunkCache:
                 data = _read_file(file, key)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except _OldFormat:  # written by an earlier version: dropped, not damaged
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return None
         except Exception:  # damaged (any way at all): dropped and read again from the store
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
@@ -470,6 +476,10 @@ def _bytes(data: np.ndarray) -> memoryview:
     return data.reshape(-1).view(np.uint8).data
 
 
+class _OldFormat(Exception):
+    """A cache file of the previous format (not damaged: made by an earlier version)."""
+
+
 def _header(key: str, data: np.ndarray) -> bytes:
     """The JSON header of a cache file holding ``data`` (C order) under ``key``."""
     fields = {"key": key, "dtype": data.dtype.str, "shape": list(data.shape), "order": "C",
@@ -489,6 +499,8 @@ def _read_file(file: Any, key: str) -> np.ndarray:
     """
     size = os.fstat(file.fileno()).st_size
     start = file.read(len(MAGIC) + _HEADER.size)
+    if start[: len(MAGIC)] == _FORMAT_1:
+        raise _OldFormat
     if len(start) != len(MAGIC) + _HEADER.size or start[: len(MAGIC)] != MAGIC:
         raise ValueError("not a cache file")
     (length,) = _HEADER.unpack(start[len(MAGIC) :])
@@ -661,18 +673,20 @@ def array_token(array: zarr.Array) -> str:
 #: Objects numbered in this process (in-memory stores): id -> (weak reference, number).
 _NUMBERED: dict[int, tuple[weakref.ref[Any], int]] = {}
 _NUMBERS = itertools.count()
+#: Reentrant: an object's death (its weak reference's callback) may come while it is held.
+_NUMBERED_LOCK = threading.RLock()
 
 
 def _object_number(thing: Any) -> int:
     """A number naming ``thing`` while it lives, never given to another object (an ``id`` is)."""
-    with _REGISTRY_LOCK:
+    with _NUMBERED_LOCK:
         found = _NUMBERED.get(id(thing))
         if found is not None and found[0]() is thing:
             return found[1]
         number, key = next(_NUMBERS), id(thing)
 
         def forget(ref: weakref.ref[Any]) -> None:
-            with _REGISTRY_LOCK:
+            with _NUMBERED_LOCK:
                 if _NUMBERED.get(key, (None,))[0] is ref:
                     del _NUMBERED[key]
 
