@@ -96,6 +96,7 @@ def _new_process() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(after_in_child=_new_process)
+
 #: Every cache made in this process, by id: a cache sent to a worker finds its twin there.
 #: Caches made by their users are held weakly (one dropped releases its cluster futures);
 #: twins made by unpickling (a worker's) live as long as the process.
@@ -164,7 +165,7 @@ class ChunkCache:
     decoded (the codecs' output), keyed so that an array rewritten (with
     other metadata, or in place with the same) is never served from it: each
     stream looks up the version of every object under the array's prefix
-    (an ``os.stat`` per file on a local store, one listing on an object
+    (an ``os.stat`` per stored chunk on a local store, one listing on an object
     store).  **An array in a** ``MemoryStore`` **rewritten in place with the
     same metadata is not detected**, nor one in a store of your own ``Store``
     class (it gets its metadata's version alone): call :meth:`clear` after
