@@ -10,13 +10,17 @@ so every read path that goes through Zarr's pipeline (batch windows, chunk
 streams, patches) is served alike.
 
 Keys are made of the store's identity, the array's path, a hash of its
-metadata (shape, chunks, dtype, codecs, fill value) and the chunk's store
-key: a changed array is never served from the cache.  Files are written to a
-temporary name and renamed into place (a reader never sees a partial file)
-and carry their key, shape, dtype, size and a CRC-32 of their bytes, checked
-on every read: a damaged file is dropped, counted and read again from the
-store.  A disk that fills stops the cache's writes with one warning; a chunk
-larger than a budget is not cached there.
+metadata (shape, chunks, dtype, codecs, fill value), the versions of its
+stored objects (looked up once per stream: :func:`array_token`) and the
+chunk's store key: a changed array, rewritten in place too, is never served
+from the cache (a ``MemoryStore``'s in-place rewrite excepted: see
+docs/cache.md).  Files are written to a temporary name of the writing
+process and renamed into place (a reader never sees a partial file) and
+carry their key, shape, dtype, order, size and a CRC-32 of header and bytes,
+checked on every read: a damaged file is dropped, counted and read again
+from the store.  A disk that fills (or a read-only directory) stops the
+cache's writes with one warning; a chunk larger than a budget is not cached
+there.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import itertools
 import json
+import math
 import os
 import struct
 import threading
@@ -43,7 +49,7 @@ import zarr
 import zarr.storage
 
 from ..errors import ArgumentTypeError, ArgumentValueError
-from .layout import chunks_per_shard, metadata_key, object_key, shard_of
+from .layout import chunks_per_shard, metadata_key, object_key, object_keys, shard_of
 from .zarr_adapter import (
     BatchedCodecPipeline,
     concurrent_map,
@@ -66,11 +72,34 @@ __all__ = [
     "rows_name",
 ]
 
-#: First bytes of a cache file, and its format's version.
-MAGIC = b"DZBCACHE1\n"
+#: First bytes of a cache file, and its format's version (2: the CRC-32 covers the header).
+MAGIC = b"DZBCACHE2\n"
+_FORMAT_1 = b"DZBCACHE1\n"  # the format before (a CRC of the data alone): read as absent
 _HEADER = struct.Struct("<I")  # the JSON header's length
-#: This process's identity in keys of in-memory stores (not shared between processes).
+_CRC = struct.Struct("<I")  # the last 4 bytes: CRC-32 of everything before them
+#: The header's fields, exactly (a file with more, fewer or other ones is damaged).
+_FIELDS = frozenset({"key", "dtype", "shape", "order", "nbytes"})
+#: Longest header a reader accepts (a damaged length field is not read on).
+_MAX_HEADER = 1 << 16
+#: Write errors of the cache's directory as a whole (others are of one entry: that file alone).
+_DIRECTORY_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOENT", "ENOTDIR", "EIO")
+    if hasattr(errno, name)
+)
+#: This process's identity in keys of in-memory stores (not shared between processes);
+#: a forked child makes its own (_new_process), as it would after an import.
 _PROCESS = f"{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def _new_process() -> None:
+    global _PROCESS
+    _PROCESS = f"{os.getpid()}-{uuid.uuid4().hex}"
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_process)
+
 #: Every cache made in this process, by id: a cache sent to a worker finds its twin there.
 #: Caches made by their users are held weakly (one dropped releases its cluster futures);
 #: twins made by unpickling (a worker's) live as long as the process.
@@ -136,10 +165,19 @@ class ChunkCache:
     released first; the tasks cutting windows, blocks or patches depend on
     them and run where they live.  :meth:`clear`, or dropping the cache,
     releases them.  It holds chunks as
-    decoded (the codecs' output), keyed so that an array rewritten with other
-    metadata is never served from it; an array rewritten in place with the
-    same metadata is detected by the key only if its store or path differs,
-    so clear the directory (``cache.clear()``) after such a rewrite.
+    decoded (the codecs' output), keyed so that an array rewritten (with
+    other metadata, or in place with the same) is never served from it: each
+    stream looks up the version of every object under the array's prefix
+    (an ``os.stat`` per stored chunk on a local store, one listing on an object
+    store).  **An array in a** ``MemoryStore`` **rewritten in place with the
+    same metadata is not detected**, nor one in a store of your own ``Store``
+    class (it gets its metadata's version alone): call :meth:`clear` after
+    such a write.
+
+    Raises
+    ------
+    ArgumentValueError
+        ``directory`` is a file, or cannot be created (the error names it).
     """
 
     def __init__(
@@ -154,9 +192,7 @@ class ChunkCache:
             raise ArgumentTypeError(f"directory must be a path or None, got {directory!r}")
         if disk is not None and directory is None:
             raise ArgumentValueError(f"disk={disk!r} needs a directory to spill to")
-        self.directory = None if directory is None else Path(directory)
-        if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = None if directory is None else _made(Path(directory))
         self.id = uuid.uuid4().hex
         self._init_state()
         with _REGISTRY_LOCK:
@@ -167,8 +203,10 @@ class ChunkCache:
         self._entries: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._held = 0
         self._writable = True
-        self._write_error: str | None = None
-        self._warned = False
+        # why writes failed, by kind ("directory": all of them, "entry": one file), and
+        # the kinds already warned about (once each per cache and process)
+        self._write_errors: dict[str, str] = {}
+        self._warned: set[str] = set()
         self._disk_used = self._scan() if self.directory is not None else 0
         # cluster futures of decoded chunks: key -> (client id, future, bytes), LRU order
         self._cluster: collections.OrderedDict[str, tuple[str, Any, int]] = (
@@ -235,10 +273,11 @@ class ChunkCache:
         once per cache in a process; the reads never warn from their threads.
         """
         with self._lock:
-            if self._write_error is None or self._warned:
-                return None
-            self._warned = True
-            return self._write_error
+            for kind, problem in self._write_errors.items():
+                if kind not in self._warned:
+                    self._warned.add(kind)
+                    return problem
+            return None
 
     def clear(self) -> None:
         """Forget every chunk, in memory, on the cluster and in the directory."""
@@ -344,48 +383,74 @@ class ChunkCache:
         try:
             with open(path, "rb") as file:
                 data = _read_file(file, key)
-            os.utime(path)  # recently used: the last to be evicted
-            return data
         except (FileNotFoundError, NotADirectoryError):
             return None
-        except (OSError, ValueError, KeyError, struct.error, json.JSONDecodeError):
-            with contextlib.suppress(OSError):  # damaged: dropped and read again from the store
+        except _OldFormat:  # written by an earlier version: dropped, not damaged
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return None
+        except Exception:  # damaged (any way at all): dropped and read again from the store
+            with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
             if counts is not None:
                 counts.damaged += 1
             return None
+        try:
+            os.utime(path)  # recently used: the last to be evicted
+        except FileNotFoundError:
+            pass  # removed by another process since: the chunk read is still right
+        except OSError as error:  # a read-only directory: served, not written
+            self._write_failed(error, None)
+        return data
 
     def _store(self, key: str, data: np.ndarray) -> None:
         if not self._writable:
             return
-        header = json.dumps(
-            {"key": key, "dtype": data.dtype.str, "shape": list(data.shape),
-             "nbytes": data.nbytes, "crc32": zlib.crc32(_bytes(data))}
-        ).encode()  # fmt: skip
-        size = len(MAGIC) + _HEADER.size + len(header) + data.nbytes
+        header = _header(key, data)
+        start = MAGIC + _HEADER.pack(len(header)) + header
+        size = len(start) + data.nbytes + _CRC.size
         if self.disk is not None and size > self.disk:
             return  # larger than the budget: not kept on disk
         path = self._path(key)
-        temporary = path.with_name(f".{key}.{_PROCESS}.{threading.get_ident()}.tmp")
+        # the pid read now, not at import: forked processes never share a temporary name
+        temporary = path.with_name(f".{key}.{os.getpid()}-{_PROCESS}.{threading.get_ident()}.tmp")
         try:
             with open(temporary, "wb") as file:
-                file.write(MAGIC)
-                file.write(_HEADER.pack(len(header)))
-                file.write(header)
+                file.write(start)
                 file.write(_bytes(data))
+                file.write(_CRC.pack(zlib.crc32(_bytes(data), zlib.crc32(start))))
             os.replace(temporary, path)  # atomic: a reader sees the old file or the new one
         except OSError as error:
             with contextlib.suppress(OSError):
                 temporary.unlink(missing_ok=True)
-            self._writable = False  # the stream that meets it warns (take_write_error)
-            self._write_error = (
-                f"cannot write to the chunk cache's directory {str(self.directory)!r} "
-                f"({type(error).__name__}: {error}); reads go on without writing to it"
-            )
+            self._write_failed(error, path)
             return
         self._disk_used += size
         if self.disk is not None and self._disk_used > self.disk:
             self._evict_files()
+
+    def _write_failed(self, error: OSError, path: Path | None) -> None:
+        """Note a failed write (the stream that meets it warns: :meth:`take_write_error`).
+
+        An error of the directory (full, read-only, gone) stops the writes; one
+        of a single entry (``path``: a directory where its file belongs) fails
+        that chunk alone, and the others are still written.
+        """
+        kind = "entry" if path is not None and error.errno not in _DIRECTORY_ERRNOS else "directory"
+        if kind == "entry":
+            problem = (
+                f"cannot write the chunk cache's file {str(path)!r} "
+                f"({type(error).__name__}: {error}); that chunk is read from the store, "
+                "the others are still cached"
+            )
+        else:
+            self._writable = False
+            problem = (
+                f"cannot write to the chunk cache's directory {str(self.directory)!r} "
+                f"({type(error).__name__}: {error}); reads go on without writing to it"
+            )
+        with self._lock:
+            self._write_errors.setdefault(kind, problem)
 
     def _evict_files(self) -> None:
         """Remove the least recently used files until the directory fits its budget."""
@@ -415,24 +480,81 @@ def _bytes(data: np.ndarray) -> memoryview:
     return data.reshape(-1).view(np.uint8).data
 
 
+class _OldFormat(Exception):
+    """A cache file of the previous format (not damaged: made by an earlier version)."""
+
+
+def _header(key: str, data: np.ndarray) -> bytes:
+    """The JSON header of a cache file holding ``data`` (C order) under ``key``."""
+    fields = {"key": key, "dtype": data.dtype.str, "shape": list(data.shape), "order": "C",
+              "nbytes": data.nbytes}  # fmt: skip
+    return json.dumps(fields).encode()
+
+
 def _read_file(file: Any, key: str) -> np.ndarray:
-    """A cache file's chunk, checked (raises ``ValueError`` if it is damaged)."""
-    if file.read(len(MAGIC)) != MAGIC:
+    """A cache file's chunk, checked (raises ``ValueError`` if it is damaged).
+
+    The file is ``MAGIC``, the header's length, the JSON header, the chunk's
+    bytes and a CRC-32 of all of them.  Its size is checked against the
+    header before anything is allocated, the CRC before the header is
+    trusted, and the header against what this reader writes: exactly its
+    fields, this ``key``, a plain numeric dtype spelled as NumPy spells it
+    (byte order included), C order, a shape of ``nbytes``.
+    """
+    size = os.fstat(file.fileno()).st_size
+    start = file.read(len(MAGIC) + _HEADER.size)
+    if start[: len(MAGIC)] == _FORMAT_1:
+        raise _OldFormat
+    if len(start) != len(MAGIC) + _HEADER.size or start[: len(MAGIC)] != MAGIC:
         raise ValueError("not a cache file")
-    (length,) = _HEADER.unpack(file.read(_HEADER.size))
-    header = json.loads(file.read(length))
+    (length,) = _HEADER.unpack(start[len(MAGIC) :])
+    if length > _MAX_HEADER or len(start) + length + _CRC.size > size:
+        raise ValueError("header length")
+    raw = file.read(length)
+    nbytes = size - len(start) - length - _CRC.size
+    data = np.empty(nbytes, dtype=np.uint8)
+    if len(raw) != length or file.readinto(data.data) != nbytes:
+        raise ValueError("truncated")
+    trailer = file.read(_CRC.size + 1)
+    if len(trailer) != _CRC.size:
+        raise ValueError("truncated or too long")
+    if zlib.crc32(data.data, zlib.crc32(raw, zlib.crc32(start))) != _CRC.unpack(trailer)[0]:
+        raise ValueError("checksum")
+    header = json.loads(raw)
+    if not isinstance(header, dict) or set(header) != _FIELDS:
+        raise ValueError("header fields")
+    dtype, shape = np.dtype(header["dtype"]), header["shape"]
     if header["key"] != key:
         raise ValueError("another key")
-    data = np.empty(tuple(header["shape"]), dtype=np.dtype(header["dtype"]))
-    if data.nbytes != header["nbytes"]:
+    if dtype.str != header["dtype"] or dtype.kind not in "biufcmM" or header["order"] != "C":
+        raise ValueError("dtype or order")
+    if not isinstance(shape, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+    ):
+        raise ValueError("shape")
+    if header["nbytes"] != nbytes or math.prod(shape) * dtype.itemsize != nbytes:
         raise ValueError("size")
-    view = _bytes(data)
-    if file.readinto(view) != data.nbytes or file.read(1):
-        raise ValueError("truncated or too long")
-    if zlib.crc32(view) != header["crc32"]:
-        raise ValueError("checksum")
-    data.setflags(write=False)
-    return data
+    chunk = data.view(dtype).reshape(shape)
+    chunk.setflags(write=False)
+    return chunk
+
+
+def _made(directory: Path) -> Path:
+    """``directory``, created if needed (else an error naming it)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as error:
+        raise ArgumentValueError(
+            f"the chunk cache's directory {str(directory)!r} is a file, not a directory"
+        ) from error
+    except OSError as error:
+        raise ArgumentValueError(
+            f"cannot create the chunk cache's directory {str(directory)!r} "
+            f"({type(error).__name__}: {error})"
+        ) from error
+    if not directory.is_dir():  # a broken link, say
+        raise ArgumentValueError(f"the chunk cache's directory {str(directory)!r} is no directory")
+    return directory
 
 
 def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | None) -> ChunkCache:
@@ -443,9 +565,7 @@ def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | Non
         return found
     cache = ChunkCache.__new__(ChunkCache)
     cache.memory, cache.disk, cache.id = memory, disk, cache_id
-    cache.directory = None if directory is None else Path(directory)
-    if cache.directory is not None:
-        cache.directory.mkdir(parents=True, exist_ok=True)
+    cache.directory = None if directory is None else _made(Path(directory))
     cache._init_state()
     with _REGISTRY_LOCK:
         return _TWINS.setdefault(cache_id, cache)
@@ -527,23 +647,120 @@ def chunk_name(array: zarr.Array, block: tuple[int, ...], whole_shards: bool = F
 
 
 def array_token(array: zarr.Array) -> str:
-    """What identifies an array's chunks in a cache: its store, path, metadata and version.
+    """What identifies an array's chunks in a cache: its store, path, metadata and versions.
 
-    The version is when the array's metadata document was last written (a
-    local file's modification time, an object's ETag or last-modified date),
-    so an array written again (``create_array(..., overwrite=True)``) gets
-    new keys even with the same metadata.  In-memory stores exist in one
-    process only: their token names the process (and the store object).
-    Computed once per stream, on the client (a request to a remote store).
+    The versions are those of the array's metadata document and of every
+    object stored under the array's prefix (a local file's size,
+    modification time and inode; an object's ETag, last-modified date and
+    size: one listing of the prefix, :func:`_stored_versions`), so an array
+    written again, in place with the same metadata too, gets new keys and
+    is read again from its store.  In-memory stores exist in one process
+    only: their token names the process and the store object (a number
+    never reused, not its ``id``).  Computed once per stream (so once per
+    epoch), on the client.
     """
     store = unwrapped_store(array.store_path.store)
     where = str(store)
     if isinstance(store, zarr.storage.MemoryStore):
-        where += f"@{_PROCESS}"
+        where += f"@{_PROCESS}#{_object_number(store)}"
     metadata = json.dumps(array.metadata.to_dict(), sort_keys=True, default=str)
     version = _version(store, metadata_key(array) or "")
-    text = f"{type(store).__name__}\0{where}\0{array.store_path.path}\0{metadata}\0{version}"
+    stored = _stored_versions(store, array)
+    text = (
+        f"{type(store).__name__}\0{where}\0{array.store_path.path}\0{metadata}\0{version}\0{stored}"
+    )
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+#: Objects numbered in this process (in-memory stores): id -> (weak reference, number).
+_NUMBERED: dict[int, tuple[weakref.ref[Any], int]] = {}
+_NUMBERS = itertools.count()
+#: Reentrant: an object's death (its weak reference's callback) may come while it is held.
+_NUMBERED_LOCK = threading.RLock()
+
+
+def _object_number(thing: Any) -> int:
+    """A number naming ``thing`` while it lives, never given to another object (an ``id`` is)."""
+    with _NUMBERED_LOCK:
+        found = _NUMBERED.get(id(thing))
+        if found is not None and found[0]() is thing:
+            return found[1]
+        number, key = next(_NUMBERS), id(thing)
+
+        def forget(ref: weakref.ref[Any]) -> None:
+            with _NUMBERED_LOCK:
+                if _NUMBERED.get(key, (None,))[0] is ref:
+                    del _NUMBERED[key]
+
+        _NUMBERED[key] = (weakref.ref(thing, forget), number)
+        return number
+
+
+def _stored_versions(store: Any, array: zarr.Array) -> str:
+    """A digest of the version of every object stored for ``array`` (chunks or shards).
+
+    A local store: an ``os.stat`` of each object of the grid (size,
+    modification time in ns, inode; zarr writes an object to a new file and
+    renames it); an object store (obstore or fsspec): one listing of the
+    array's prefix, each object's ETag, last-modified date and size.  ``""``
+    where the store cannot tell (in-memory stores, other stores: see
+    docs/cache.md).
+    """
+    try:
+        return _listed_versions(store, array)
+    except Exception:  # unknown: a token of its own, so nothing kept is served (never stale)
+        return f"unknown-{uuid.uuid4().hex}"
+
+
+def _listed_versions(store: Any, array: zarr.Array) -> str:
+    path = array.store_path.path.strip("/")
+    prefix = f"{path}/" if path else ""
+    rows: list[str] = []
+    if isinstance(store, zarr.storage.LocalStore):
+        base = os.path.join(str(store.root), prefix)
+        for key in object_keys(array):
+            try:
+                stat = os.stat(base + key)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # absent: the fill value (and not cached)
+            rows.append(f"{key}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}")
+    elif isinstance(store, zarr.storage.FsspecStore):
+        where = f"{store.path.rstrip('/')}/{prefix}"
+        fs = _blocking_fs(store.fs)
+        fs.invalidate_cache(where)  # a listing of now, not one fsspec kept
+        for name, info in fs.find(where, detail=True).items():
+            rows.append(
+                f"{name}\0{info.get('size')}\0{info.get('ETag')}\0"
+                f"{info.get('LastModified') or info.get('mtime')}"
+            )
+    elif type(store).__name__ == "ObjectStore":
+        import obstore
+
+        for batch in obstore.list(store.store, prefix=prefix or None):
+            for meta in batch:
+                rows.append(
+                    f"{meta['path']}\0{meta['size']}\0{meta.get('e_tag')}\0"
+                    f"{meta.get('last_modified')}"
+                )
+    else:
+        return ""
+    rows.sort()
+    return hashlib.blake2b("\n".join(rows).encode(), digest_size=16).hexdigest()
+
+
+def _blocking_fs(fs: Any) -> Any:
+    """An fsspec file system like ``fs`` whose blocking methods work from any thread.
+
+    Zarr's ``FsspecStore`` holds an asynchronous one (its blocking methods
+    raise "Loop is not running"); fsspec caches instances by their
+    arguments, so this is made once per set of options.
+    """
+    if not getattr(fs, "asynchronous", False):
+        return fs
+    inner = getattr(fs, "sync_fs", None)  # a blocking file system wrapped for Zarr
+    if inner is not None:
+        return inner
+    return type(fs)(**{**fs.storage_options, "asynchronous": False})
 
 
 def _version(store: Any, key: str) -> str:
@@ -555,7 +772,9 @@ def _version(store: Any, key: str) -> str:
         if isinstance(store, zarr.storage.ZipStore):
             return str(os.stat(str(store.path)).st_mtime_ns)
         if isinstance(store, zarr.storage.FsspecStore):
-            info = store.fs.info(f"{store.path.rstrip('/')}/{key}")
+            fs, where = _blocking_fs(store.fs), f"{store.path.rstrip('/')}/{key}"
+            fs.invalidate_cache(where)
+            info = fs.info(where)
             return str(info.get("ETag") or info.get("LastModified") or info.get("mtime") or "")
         if type(store).__name__ == "ObjectStore":
             import obstore
