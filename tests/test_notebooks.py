@@ -50,7 +50,12 @@ def test_there_are_notebooks() -> None:
     assert NOTEBOOKS, f"no notebooks found in {ROOT / 'notebooks'}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def _needs(path: Path) -> list[pytest.MarkDecorator]:
+    """A notebook that imports torch is not collected where torch is not installed."""
+    return [pytest.mark.torch] if "import torch" in path.read_text(encoding="utf-8") else []
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=_needs(p), id=p.name) for p in NOTEBOOKS])
 def test_notebook_executes(path: Path) -> None:
     try:
         notebook = execute(path)

@@ -548,8 +548,10 @@ def test_loader_ranks_cover_with_equal_steps_and_resume_exactly(
         assert len(seen) == len(origins) // world * world
 
 
+@pytest.mark.torch
 def test_torch_adapter_yields_patch_pairs_as_tensors() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     from daskzarr_batches.torch import ZarrIterableDataset
 
     x = np.arange(6 * 8 * 8, dtype="f4").reshape(6, 8, 8)

@@ -116,10 +116,10 @@ def test_the_missing_chunk_warning_points_at_the_loop_through_a_loader(tmp_path:
     assert loader.stats is not None and loader.stats.chunks_missing == 1
 
 
+@pytest.mark.torch
 def test_the_missing_chunk_warning_points_at_the_loop_through_the_torch_adapter(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("torch")
     from daskzarr_batches.torch import ZarrIterableDataset
 
     x = write(tmp_path)

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import zarr
 
-torch = pytest.importorskip("torch")
-
-import daskzarr_batches as dzb  # noqa: E402
-from daskzarr_batches.torch import ZarrIterableDataset  # noqa: E402
+import daskzarr_batches as dzb
+from daskzarr_batches.torch import ZarrIterableDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 20_480  # a multiple of 2 ranks x BATCH: no padding, each sample once per epoch

@@ -49,6 +49,7 @@ from .zarr_adapter import (
     decode_shard_index,
     is_zarr_pipeline,
     shard_chunk_spec,
+    shard_index_at_start,
     shard_index_size,
 )
 
@@ -102,8 +103,6 @@ class _Shards:
     def __init__(self, array: Any) -> None:
         codec = sharding_codec(array)
         assert codec is not None
-        from zarr.codecs import ShardingCodecIndexLocation
-
         self.array = array
         self.codec = codec
         self.store = array.store_path.store
@@ -112,7 +111,7 @@ class _Shards:
         self.chunk_shape = tuple(codec.chunk_shape)
         self.shape = tuple(array.shape)
         self.index_size = shard_index_size(codec, self.per_shard)
-        self.index_at_start = codec.index_location == ShardingCodecIndexLocation.start
+        self.index_at_start = shard_index_at_start(codec)
         # a read policy's chunk cache (the store is its PolicyStore): inner chunks kept
         policy = getattr(self.store, "policy", None)
         self.cache = None if policy is None else policy.cache

@@ -67,6 +67,7 @@ __all__ = [
     "parse_array_metadata",
     "read_results",
     "shard_chunk_spec",
+    "shard_index_at_start",
     "shard_index_size",
     "sync",
     "unwrapped_store",
@@ -272,6 +273,15 @@ def nd_buffer(rows: np.ndarray) -> Any:
 def shard_index_size(codec: Any, per_shard: tuple[int, ...]) -> int:
     """The size in bytes of a shard's index under sharding ``codec``."""
     return int(codec._shard_index_size(per_shard))
+
+
+def shard_index_at_start(codec: Any) -> bool:
+    """Whether a sharding codec's index sits at the start of each shard (else at its end).
+
+    An enum until zarr 3.3; from 3.4 a string (the enum's members are deprecated).
+    """
+    where = codec.index_location
+    return str(getattr(where, "value", where)) == "start"
 
 
 def shard_chunk_spec(codec: Any, shard_spec: Any) -> Any:
