@@ -84,9 +84,9 @@ class ResumeMismatchError(ArgumentValueError):
     """An output exists but was written by another job: a resume would mix two results.
 
     Raised by :func:`map_to_zarr` and :func:`write_shuffled` when the
-    fingerprint in the output's attributes (job, input, seed) or its shape,
-    dtype or grid differ from this call's; the message names the field.
-    ``overwrite=True`` starts over.
+    fingerprint in the output's attributes (job, ``func``, input and its
+    contents, seed) or its shape, dtype or grid differ from this call's; the
+    message names what changed.  ``overwrite=True`` starts over.
     """
 
 
