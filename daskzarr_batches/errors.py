@@ -158,10 +158,11 @@ class CorruptChunkError(ChunkReadError):
 class MissingChunksWarning(UserWarning):
     """Chunks were missing from the store and read as the fill value.
 
-    Emitted once per stream (``missing="warn"``, the default), by the
+    Emitted once per stream (with ``missing="warn"``; the default ``"fill"``
+    only counts them, as an absent chunk is the fill value in Zarr), by the
     ``next()`` that hands out the first batch (or chunk) holding a missing
-    chunk, and attributed to the caller's line.  Arrays that leave empty
-    chunks unwritten on purpose pass ``missing="fill"``.
+    chunk, and attributed to the caller's line: for arrays whose every chunk
+    should be stored.
 
     Attributes
     ----------

@@ -108,6 +108,11 @@ class WriteStats:
         Decoded bytes written.
     func_calls : int
         Calls of ``func`` (``map_to_zarr``; the probe call included).
+    input_chunks_missing : int
+        Stored objects of the input absent from its store, read as the fill
+        value (what the Zarr spec says an absent chunk holds; Zarr leaves a
+        chunk of only the fill value unwritten by default), each key once:
+        counted, and warned of only with ``missing="warn"``.
     cache_hits, cache_misses : int
         Input chunk reads served by ``cache=`` (neither fetched nor decoded),
         and looked up there but read from the store (0 without a cache).
@@ -120,6 +125,7 @@ class WriteStats:
     chunks_written: int = 0
     bytes_written: int = 0
     func_calls: int = 0
+    input_chunks_missing: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
 
@@ -608,6 +614,7 @@ def _run(
     manifest = _Manifest(job.outs[0])
     manifest.sizes = manifest.read()
     bar = tqdm(total=len(tasks), desc=what, unit="task", disable=not progress)
+    absent: set[str] = set()  # input keys found absent (a shuffle's windows share chunks)
     pending = list(reversed(tasks))
     flying: dict[Any, _Task] = {}
     try:
@@ -639,7 +646,7 @@ def _run(
                     ) from error
                 finally:
                     runner.release(future)
-                _account(report, task, job, stats, chunks_per_row, read, what)
+                _account(report, task, job, stats, chunks_per_row, read, what, absent)
                 if report.get("sizes"):
                     manifest.add(report["sizes"])
                 bar.update(1)
@@ -667,12 +674,16 @@ def _account(
     chunks_per_row: list[int],
     read: ReadOptions,
     what: str,
+    absent: set[str],
 ) -> None:
     stats.cache_hits += report.get("hits", 0)
     stats.cache_misses += report.get("misses", 0)
     problem = None if read.cache is None else read.cache.take_write_error()
     if problem is not None:
         warn_caller(CacheWarning(problem))
+    new = set(report["missing"]) - absent
+    absent |= new
+    stats.input_chunks_missing += len(new)
     if report["missing"] and read.missing == "warn":
         keys = report["missing"]
         warn_caller(
@@ -743,7 +754,7 @@ def map_to_zarr(
     job_id: str | None = None,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
@@ -904,7 +915,7 @@ def write_shuffled(
     job_id: str | None = None,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,

@@ -142,6 +142,23 @@ def test_fingerprint_mismatch_refused(tmp_path: Path) -> None:
     assert y.shape == (21, 4)
 
 
+def test_map_to_zarr_over_chunks_zarr_left_unwritten_does_not_warn(tmp_path: Path) -> None:
+    """Zarr's default write_empty_chunks=False leaves a chunk of zeros unwritten: the fill
+    value, counted; one warning per chunk before the default became missing="fill"."""
+    x = zarr.create_array(str(tmp_path / "zeros.zarr"), shape=(20, 2), chunks=(5, 2),
+                          dtype="f4", config={"write_empty_chunks": False})  # fmt: skip
+    x[:] = 0
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(lambda rows: rows + 1, x, tmp_path / "y.zarr", stats=stats)
+    np.testing.assert_array_equal(y[...], np.ones((20, 2), dtype="f4"))
+    assert stats.input_chunks_missing == 4 and stats.units_written == 4
+    stats = dzb.WriteStats()
+    dzb.write_shuffled(x, tmp_path / "s.zarr", seed=0, stats=stats)
+    assert stats.input_chunks_missing == 4
+    with pytest.warns(dzb.MissingChunksWarning, match="absent from the store"):
+        dzb.map_to_zarr(lambda rows: rows + 1, x, tmp_path / "w.zarr", missing="warn")
+
+
 _SCALE = 3.0
 
 
