@@ -182,6 +182,10 @@ def _with_default(rows: np.ndarray, by: float = 1.0) -> np.ndarray:
     return rows + by
 
 
+def _kinds(rows: np.ndarray) -> np.ndarray:
+    return rows * 2 if rows.dtype.kind in {"f", "i", "u", "c"} else rows  # a frozenset constant
+
+
 def test_a_changed_func_is_refused_never_reused(tmp_path: Path, monkeypatch: Any) -> None:
     """Code, constants, closures, defaults, partial arguments, an object's state, globals."""
     import functools
@@ -218,6 +222,31 @@ def test_a_changed_func_is_refused_never_reused(tmp_path: Path, monkeypatch: Any
     stats = dzb.WriteStats()
     dzb.map_to_zarr(_adder(1.0), x, tmp_path / "j.zarr", job_id="add-v1", stats=stats)
     assert stats.units_written == 0
+
+
+def test_func_fingerprints_agree_across_processes() -> None:
+    """A resume runs in a new process (another string hash seed): the same fingerprint."""
+    import functools
+
+    from daskzarr_batches.fingerprints import func_fingerprint
+
+    funcs = "[_kinds, _scaled, _adder(1.0), _Shift(2.0), functools.partial(_with_default, by=3.0)]"
+    script = (f"import functools, sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
+              f"from test_writes import _kinds, _scaled, _adder, "
+              f"_Shift, _with_default; from daskzarr_batches.fingerprints import "
+              f"func_fingerprint; print([func_fingerprint(f) for f in {funcs}])")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "12345"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=True, timeout=120)  # fmt: skip
+    from test_writes import _adder as adder
+    from test_writes import _kinds as kinds
+    from test_writes import _scaled as scaled
+    from test_writes import _Shift as shift
+    from test_writes import _with_default as with_default
+
+    here = [func_fingerprint(f) for f in [kinds, scaled, adder(1.0), shift(2.0),
+            functools.partial(with_default, by=3.0)]]  # fmt: skip
+    assert done.stdout.strip() == repr(here)
 
 
 def test_a_func_that_cannot_be_fingerprinted_resumes_only_with_a_job_id(tmp_path: Path) -> None:
