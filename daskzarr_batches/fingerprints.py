@@ -23,6 +23,7 @@ the decoded data; on a wrapper store the keys only).
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 import json
@@ -136,8 +137,10 @@ def _constant(value: Any) -> Any:
 
 
 def _names(code: types.CodeType) -> Iterator[str]:
-    """The global names a code object and its nested ones use."""
-    yield from code.co_names
+    """The global names a code object and its nested ones load (not attribute names)."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            yield str(instruction.argval)
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             yield from _names(constant)
