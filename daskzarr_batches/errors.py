@@ -84,9 +84,9 @@ class ResumeMismatchError(ArgumentValueError):
     """An output exists but was written by another job: a resume would mix two results.
 
     Raised by :func:`map_to_zarr` and :func:`write_shuffled` when the
-    fingerprint in the output's attributes (job, input, seed) or its shape,
-    dtype or grid differ from this call's; the message names the field.
-    ``overwrite=True`` starts over.
+    fingerprint in the output's attributes (job, ``func``, input and its
+    contents, seed) or its shape, dtype or grid differ from this call's; the
+    message names what changed.  ``overwrite=True`` starts over.
     """
 
 
@@ -158,10 +158,11 @@ class CorruptChunkError(ChunkReadError):
 class MissingChunksWarning(UserWarning):
     """Chunks were missing from the store and read as the fill value.
 
-    Emitted once per stream (``missing="warn"``, the default), by the
+    Emitted once per stream (with ``missing="warn"``; the default ``"fill"``
+    only counts them, as an absent chunk is the fill value in Zarr), by the
     ``next()`` that hands out the first batch (or chunk) holding a missing
-    chunk, and attributed to the caller's line.  Arrays that leave empty
-    chunks unwritten on purpose pass ``missing="fill"``.
+    chunk, and attributed to the caller's line: for arrays whose every chunk
+    should be stored.
 
     Attributes
     ----------

@@ -19,11 +19,15 @@ good, the caller keeps a manifest of the sizes of the objects of every unit a
 task reported written (:class:`_Manifest`); a unit whose objects have the
 recorded sizes is complete without decoding.  A resumed run computes only the incomplete units;
 every unit is a pure function of the input and the fingerprint, so the result
-is bit-identical to an uninterrupted run.  The fingerprint (the job: ``job_id``
-or ``func``'s qualified name, the seed of a shuffle; each input's name, which
-for a Zarr array is its store and path, shape and dtype) is stored in the
-output's attributes under ``"daskzarr_batches"``; a resume across a different
-one is refused with :class:`ResumeMismatchError` naming the field.
+is bit-identical to an uninterrupted run.  The stored objects of a unit that is
+not complete are deleted before it is written: Zarr writes a shard by
+read-modify-write, and a torn one would fail the write.  The fingerprint (the
+job: ``job_id`` or ``func``'s qualified name, the seed of a shuffle; each
+input's name, which for a Zarr array is its store and path, shape, dtype and a
+fingerprint of its contents; without a ``job_id``, a fingerprint of ``func``:
+:mod:`~daskzarr_batches.fingerprints`) is stored in the output's attributes
+under ``"daskzarr_batches"``; a resume across a different one is refused with
+:class:`ResumeMismatchError` naming what changed.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from .errors import (
     warn_caller,
 )
 from .execute.runners import make_runner
+from .fingerprints import Unfingerprintable, func_fingerprint, input_fingerprint
 from .plan.budget import exact_budget
 from .plan.epoch import permutation
 from .plan.windows import Window, chunk_offsets, pieces_for
@@ -67,7 +72,7 @@ from .store.layout import storage_keys
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .store.sources import Source, _check_dtype, as_source
 from .store.zarr_adapter import buffer_prototype, sync
-from .streams.base import stored_arrays
+from .streams.base import stored_arrays, stored_sources
 from .streams.spec import ReadOptions, as_array, byte_size, non_negative_int
 
 __all__ = ["WriteStats", "map_to_zarr", "shuffle_order", "write_shuffled"]
@@ -104,6 +109,11 @@ class WriteStats:
         Decoded bytes written.
     func_calls : int
         Calls of ``func`` (``map_to_zarr``; the probe call included).
+    input_chunks_missing : int
+        Stored objects of the input absent from its store, read as the fill
+        value (what the Zarr spec says an absent chunk holds; Zarr leaves a
+        chunk of only the fill value unwritten by default), each key once:
+        counted, and warned of only with ``missing="warn"``.
     cache_hits, cache_misses : int
         Input chunk reads served by ``cache=`` (neither fetched nor decoded),
         and looked up there but read from the store (0 without a cache).
@@ -116,6 +126,7 @@ class WriteStats:
     chunks_written: int = 0
     bytes_written: int = 0
     func_calls: int = 0
+    input_chunks_missing: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
 
@@ -145,6 +156,13 @@ class _Inputs:
         return [
             {"name": name, "array": s.name, "shape": list(s.shape), "dtype": s.dtype.str}
             for name, s in zip(self.names, self.sources, strict=True)
+        ]
+
+    def contents(self) -> list[str]:
+        """A fingerprint of each input's contents (:func:`input_fingerprint`)."""
+        return [
+            input_fingerprint([getattr(t, "array", None) for t in stored_sources(s)], _listed)
+            for s in self.sources
         ]
 
 
@@ -431,13 +449,45 @@ def _check_fingerprint(
             f"output {where} exists but was not written by this library (no {FINGERPRINT_KEY!r} "
             "fingerprint in its attributes): pass overwrite=True to replace it"
         )
-    for key in sorted(set(stored) | set(fingerprint)):
-        if stored.get(key) != fingerprint.get(key):
+    first = ["job", "kind", "seed", "inputs", "contents", "func"]
+    for key in first + sorted((set(stored) | set(fingerprint)) - set(first)):
+        if key == "func" and isinstance(fingerprint.get(key), dict):
             raise ResumeMismatchError(
-                f"cannot resume output {where}: its {key} was {stored.get(key)!r}, this job's is "
-                f"{fingerprint.get(key)!r}; pass overwrite=True to start over (or the same "
-                "job_id / input to resume)"
+                f"cannot resume output {where}: {fingerprint[key]['unfingerprintable']}, so a "
+                "change to func would go unseen and stale output be reused; pass overwrite=True "
+                "to recompute it (with job_id=, a name you change whenever func changes, a "
+                "later run can resume)"
             )
+        if stored.get(key) == fingerprint.get(key):
+            continue
+        if key == "contents" and isinstance(stored.get(key), list):
+            changed = [name for name, old, new in zip(fingerprint["inputs"], stored[key],
+                       fingerprint[key], strict=False) if old != new]  # fmt: skip
+            names = ", ".join(f"{i['name']!r} ({i['array']})" for i in changed) or "an input"
+            raise ResumeMismatchError(
+                f"cannot resume output {where}: input {names} changed since the output was "
+                "written (another content hash of an in-memory array; for a Zarr array another "
+                "listing of its stored objects: keys, sizes, modification times or ETags), so "
+                "its written part is stale; pass overwrite=True to recompute it, or write to "
+                "a new output"
+            )
+        if key == "func":
+            raise ResumeMismatchError(
+                f"cannot resume output {where}: func changed since the output was written (its "
+                "code, constants, defaults, closure or the globals it uses, or the Python "
+                "version), so its written part is stale; pass overwrite=True to recompute it "
+                "with this func, or write to a new output"
+            )
+        if key == "contents":
+            raise ResumeMismatchError(
+                f"cannot resume output {where}: it was written without a fingerprint of its "
+                "inputs' contents (by an earlier version); pass overwrite=True to recompute it"
+            )
+        raise ResumeMismatchError(
+            f"cannot resume output {where}: its {key} was {stored.get(key)!r}, this job's is "
+            f"{fingerprint.get(key)!r}; pass overwrite=True to start over (or the same "
+            "job_id / input to resume)"
+        )
     found = {
         "shape": tuple(array.shape),
         "dtype": np.dtype(array.dtype),
@@ -465,7 +515,12 @@ def _existing_keys(array: zarr.Array) -> set[str]:
 def _complete_units(
     outs: Sequence[zarr.Array], units: Sequence[tuple[int, int]], threads: int
 ) -> set[int]:
-    """The units every stored object of which exists and decodes to the right shape."""
+    """The units every stored object of which exists and decodes to the right shape.
+
+    The stored objects of every other unit are deleted: a torn shard (or chunk) left by
+    a killed writer would otherwise be read back by Zarr's read-modify-write of the shard
+    and fail the unit's write (a checksum error) on every later resume.
+    """
     present = [_existing_keys(out) for out in outs]
     manifest = _Manifest(outs[0]) if outs else None
     recorded = manifest.read() if manifest is not None else {}
@@ -492,7 +547,13 @@ def _complete_units(
             return False
 
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-        return {n for n, ok in zip(candidates, pool.map(decodes, candidates), strict=True) if ok}
+        done = {n for n, ok in zip(candidates, pool.map(decodes, candidates), strict=True) if ok}
+    for out, keys in zip(outs, present, strict=True):
+        stale = [key for n, unit in enumerate(units) if n not in done
+                 for key in storage_keys(out, *unit) if key in keys]  # fmt: skip
+        if stale:
+            _delete(out.store, stale)
+    return done
 
 
 def _keys_of(outs: Sequence[zarr.Array], unit: tuple[int, int]) -> list[str]:
@@ -541,12 +602,43 @@ class _Manifest:
             self.write()
 
     def delete(self) -> None:
-        sync(self.array.store.delete(self.key))
+        _delete(self.array.store, [self.key])
 
     def write(self) -> None:
         data = json.dumps({"sizes": self.sizes}).encode()
         sync(self.array.store.set(self.key, buffer_prototype().buffer.from_bytes(data)))
         self.saved = time.monotonic()
+
+
+def _func_fingerprint(func: Any, fresh: bool) -> Any:
+    """``func``'s fingerprint, or ``{"unfingerprintable": why}`` (warned of on a fresh output)."""
+    try:
+        return func_fingerprint(func)
+    except Unfingerprintable as error:
+        why = f"func cannot be fingerprinted ({error})"
+        if fresh:
+            warn_caller(UserWarning(
+                f"{why}: an interrupted run of this job cannot be resumed unless job_id= names "
+                "func's version (change it whenever func changes)"
+            ))  # fmt: skip
+        return {"unfingerprintable": why}
+
+
+def _listed(array: zarr.Array, sized: bool) -> list[tuple[str, int]]:
+    """``(key, size)`` of the stored objects of ``array`` (size 0 unless ``sized``)."""
+    keys = sorted(_existing_keys(array))
+    return list(_sizes_of(array, keys).items()) if sized else [(key, 0) for key in keys]
+
+
+def _delete(store: Any, keys: Sequence[str]) -> None:
+    """Delete ``keys`` from ``store`` (an absent key is no error)."""
+
+    async def deleted() -> None:
+        import asyncio
+
+        await asyncio.gather(*(store.delete(key) for key in keys))
+
+    sync(deleted())
 
 
 def _qualname(func: Any) -> str:
@@ -590,6 +682,7 @@ def _run(
     manifest = _Manifest(job.outs[0])
     manifest.sizes = manifest.read()
     bar = tqdm(total=len(tasks), desc=what, unit="task", disable=not progress)
+    absent: set[str] = set()  # input keys found absent (a shuffle's windows share chunks)
     pending = list(reversed(tasks))
     flying: dict[Any, _Task] = {}
     try:
@@ -621,7 +714,7 @@ def _run(
                     ) from error
                 finally:
                     runner.release(future)
-                _account(report, task, job, stats, chunks_per_row, read, what)
+                _account(report, task, job, stats, chunks_per_row, read, what, absent)
                 if report.get("sizes"):
                     manifest.add(report["sizes"])
                 bar.update(1)
@@ -649,12 +742,16 @@ def _account(
     chunks_per_row: list[int],
     read: ReadOptions,
     what: str,
+    absent: set[str],
 ) -> None:
     stats.cache_hits += report.get("hits", 0)
     stats.cache_misses += report.get("misses", 0)
     problem = None if read.cache is None else read.cache.take_write_error()
     if problem is not None:
         warn_caller(CacheWarning(problem))
+    new = set(report["missing"]) - absent
+    absent |= new
+    stats.input_chunks_missing += len(new)
     if report["missing"] and read.missing == "warn":
         keys = report["missing"]
         warn_caller(
@@ -725,7 +822,7 @@ def map_to_zarr(
     job_id: str | None = None,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
@@ -772,7 +869,12 @@ def map_to_zarr(
         only chunks not complete are computed.  ``False``: an existing output is
         an error.
     job_id : str, optional
-        Names the job in the fingerprint (default: ``func``'s qualified name).
+        Names the job in the fingerprint (default: ``func``'s qualified name),
+        and ``func``'s version: with a ``job_id``, ``func``'s own fingerprint
+        (its code, constants, defaults, closure and globals) is not checked on a
+        resume, so change it whenever ``func`` changes.  Without one, a resume
+        with a changed ``func`` is refused (and one whose ``func`` cannot be
+        fingerprinted, holding a lock say, warns and cannot resume).
     client, timeout, missing, on_error, retries, io_concurrency
         As for :func:`map_chunks`; the read policy applies to the input.  With
         ``on_error="skip"`` a chunk that touches an undecodable input chunk is
@@ -799,7 +901,8 @@ def map_to_zarr(
     Raises
     ------
     ResumeMismatchError
-        ``out`` holds an array of another job, input, shape, dtype or grid.
+        ``out`` holds an array of another job, ``func``, input (name, shape,
+        dtype or contents), shape, dtype or grid.
     WindowError
         A task failed; ``func``'s exception (or the wrong shape it returned)
         chained, the message naming the output rows.
@@ -854,7 +957,9 @@ def map_to_zarr(
     if shard is not None:
         _check_shards(shard, grid, shards)
     fingerprint = {"job": job_id or _qualname(func), "kind": "map_to_zarr",
-                   "inputs": inputs.identity()}  # fmt: skip
+                   "inputs": inputs.identity(), "contents": inputs.contents()}  # fmt: skip
+    if job_id is None:  # an explicit job_id names func's version instead
+        fingerprint["func"] = _func_fingerprint(func, existing is None)
     array = _open_output(out, None, shape, np.dtype(dtype), grid, shard, compressors,
                          fingerprint, overwrite, resume)  # fmt: skip
     units = _units(rows, (shard or grid)[0])
@@ -891,7 +996,7 @@ def write_shuffled(
     job_id: str | None = None,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
@@ -965,7 +1070,8 @@ def write_shuffled(
             "holds whole chunks: pass shards that are a multiple of chunks"
         )
     fingerprint = {"job": job_id or "write_shuffled", "kind": "write_shuffled",
-                   "seed": int(seed), "inputs": inputs.identity()}  # fmt: skip
+                   "seed": int(seed), "inputs": inputs.identity(),
+                   "contents": inputs.contents()}  # fmt: skip
     out = output_store(out, storage_options, backend)
     outs = []
     for name, source in zip(inputs.names, inputs.sources, strict=True):

@@ -67,8 +67,8 @@ def client(cluster: Any) -> Iterator[Any]:
 
 
 # Every chunk a test writes is stored, even one equal to the fill value (zarr 3 skips those
-# by default): otherwise the read policy's default missing="warn" would warn about chunks of
-# zeros the tests never meant to leave out.  Tests of missing chunks delete keys themselves.
+# by default), so that the tests' counts of chunks read and absent are the ones they planned.
+# Tests of absent chunks delete keys themselves, or pass write_empty_chunks=False.
 zarr.config.set({"array.write_empty_chunks": True})
 
 

@@ -117,7 +117,7 @@ def test_info_json_has_every_field(tmp_path: Path, capsys: pytest.CaptureFixture
     assert sharded["shards"] == {"shape": [8, 3], "chunks_per_shard": 4}
     assert (sharded["stored_objects"], sharded["expected_objects"]) == (2, 3)
     assert sharded["object"] == "shard"
-    assert sharded["missing"] == ["c/0/0"]
+    assert sharded["absent"] == ["c/0/0"]
     assert reports["v2"]["zarr_format"] == 2
     assert reports["v2"]["codecs"] == ["zstd"]
     assert reports["v3"]["codecs"] == ["bytes", "zstd"]
@@ -130,7 +130,7 @@ def test_info_json_has_every_field(tmp_path: Path, capsys: pytest.CaptureFixture
         assert report["shape"] == list(array.shape)
 
 
-def test_info_check_names_missing_and_corrupt_chunks(
+def test_info_check_names_absent_and_corrupt_chunks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = make_group(tmp_path / "g.zarr")
@@ -140,13 +140,13 @@ def test_info_check_names_missing_and_corrupt_chunks(
     assert main(["info", str(store), "--check"]) == 1
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert "missing  v3  chunk c/1/0" in lines
+    assert "absent   v3  chunk c/1/0" in lines
     assert any(line.startswith("corrupt  v2  chunk 1: ") for line in lines)
     assert any(line.startswith("corrupt  sub/sharded  shard c/2/0: ") for line in lines)
-    assert "check: read 5 chunks and 3 shards of 3 arrays: 1 missing, 2 corrupt" in lines
+    assert "check: read 5 chunks and 3 shards of 3 arrays: 2 corrupt, 1 absent" in lines
     assert main(["info", str(store), "--check", "--json"]) == 1
     reports = {report["path"]: report for report in json.loads(capsys.readouterr().out)}
-    assert reports["v3"]["missing"] == ["c/1/0"] and reports["v3"]["corrupt"] == []
+    assert reports["v3"]["absent"] == ["c/1/0"] and reports["v3"]["corrupt"] == []
     assert [c["key"] for c in reports["v2"]["corrupt"]] == ["1"]
     assert [c["key"] for c in reports["sub/sharded"]["corrupt"]] == ["c/2/0"]
     assert "checksum" in reports["sub/sharded"]["corrupt"][0]["error"]
@@ -159,8 +159,27 @@ def test_info_check_of_a_sound_store_exits_0(
     assert main(["info", str(store), "--check"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == (
-        "check: read 6 chunks and 3 shards of 3 arrays: all decode, none missing"
+        "check: read 6 chunks and 3 shards of 3 arrays: all decode, none absent"
     )
+
+
+def test_info_check_of_chunks_zarr_left_unwritten_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Zarr's default write_empty_chunks=False: absent chunks are the fill value, not errors."""
+    path = tmp_path / "zeros.zarr"
+    zarr.create_array(str(path), shape=(12, 2), chunks=(4, 2), dtype="f4",
+                      config={"write_empty_chunks": False})[:] = 0  # fmt: skip
+    assert not (path / "c").exists()  # nothing stored: all three chunks absent
+    assert main(["info", str(path), "--check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line.startswith("absent")] == [
+        f"absent   /  chunk c/{i}/0" for i in range(3)
+    ]
+    assert lines[-2] == "check: read 0 chunks of 1 array: all decode, 3 absent"
+    assert lines[-1].startswith("note: an absent chunk reads as the fill value")
+    assert main(["info", str(path), "--check", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["absent"] == ["c/0/0", "c/1/0", "c/2/0"]
 
 
 def test_info_on_a_single_array_and_a_zip_store(
@@ -392,7 +411,7 @@ def test_bench_reports_missing_chunks_as_one_line_in_its_own_words(
     for chunk in (1, 2):
         (store / "features" / "c" / str(chunk) / "0").unlink()
     argv = ["bench", str(store), "--array", "features", "--batch-size", "8", "--exact"]
-    assert main([*argv, "--epochs", "2", "--json"]) == 0
+    assert main([*argv, "--epochs", "2", "--json", "--missing", "warn"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["total"]["chunks_missing"] == 4  # 2 per epoch, each counted once
     assert err.count("\n") == 1, err
@@ -400,10 +419,11 @@ def test_bench_reports_missing_chunks_as_one_line_in_its_own_words(
         "daskzarr-batches: warning: 2 chunks were missing from the store in each epoch and "
         "read as the fill value (first: 'features/c/"
     ), err
-    assert "pass --missing fill" in err and "--missing error" in err
+    assert "--missing fill (the default)" in err and "--missing error" in err
     assert "missing='fill'" not in err and "Warning" not in err
-    assert main([*argv, "--missing", "fill"]) == 0
-    assert capsys.readouterr().err == ""
+    assert main([*argv, "--json"]) == 0  # the default: the fill value, counted, silently
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out)["total"]["chunks_missing"] == 2
 
 
 @pytest.mark.parametrize(
@@ -571,7 +591,7 @@ def test_check_by_blocks_names_the_same_chunks(tmp_path: Path, block_bytes: int)
     arrays = _info.find_arrays(store, str(store_path))
     reports = [_info.describe_array(array, path, store) for path, array in arrays]
     _check.check_arrays(arrays, reports, threads=1, block_bytes=block_bytes)
-    assert [(r.path, [key for key, _ in r.corrupt], r.missing) for r in reports] == [
+    assert [(r.path, [key for key, _ in r.corrupt], r.absent) for r in reports] == [
         ("sub/sharded", [], []),
         ("v2", ["2"], []),
         ("v3", ["c/0/0"], ["c/1/0"]),

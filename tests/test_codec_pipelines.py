@@ -262,8 +262,8 @@ def test_policy_holds_with_zarrs(kind: str, shards: Any) -> None:
     policies: list[dict[str, str]] = [
         {},
         {"missing": "error"},
-        {"on_error": "skip"},
-        {"on_error": "skip", "missing": "fill"},
+        {"on_error": "skip"},  # the default missing="fill"
+        {"on_error": "skip", "missing": "warn"},
     ]
     for policy in policies:
         got = {pipeline: policy_epoch(path, pipeline, kind, **policy) for pipeline in PIPELINES}

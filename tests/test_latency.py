@@ -194,7 +194,8 @@ def test_a_sharded_chunk_stream_applies_the_read_policy(tmp_path: Path) -> None:
     with pytest.raises(dzb.CorruptChunkError, match=r"chunk \(4, 0\) \(samples 16:20"):
         consume(dzb.chunk_stream(x))
     with pytest.warns(dzb.SkippedChunksWarning), pytest.warns(dzb.MissingChunksWarning):
-        stream = dzb.chunk_stream(x, with_index=True, on_error="skip", ordered=False)
+        stream = dzb.chunk_stream(x, with_index=True, on_error="skip", ordered=False,
+                                  missing="warn")  # fmt: skip
         got = dict(consume(stream))
     assert sorted(got) == [(i, 0) for i in (0, 1, 2, 3, 8, 9, 10, 11)]
     assert [s.chunk for s in stream.stats.skipped] == [(i, 0) for i in range(4, 8)]

@@ -602,7 +602,7 @@ def test_faults_name_the_chunk_skip_drops_its_patches_and_missing_warns() -> Non
         np.testing.assert_array_equal(patch, x[t : t + 2, a : a + 2, b : b + 2])
     zarr.core.sync.sync(store.delete(key))
     with pytest.warns(MissingChunksWarning, match="c/1/0/1"):
-        stream = patch_stream(array, {0: 2, 1: 2, 2: 2}, 32)
+        stream = patch_stream(array, {0: 2, 1: 2, 2: 2}, 32, missing="warn")
         (batch,) = list(stream)
     assert stream.stats.chunks_missing == 1 and (batch == -1).sum() == 4 * 2 * 2 * 2
     with pytest.raises(MissingChunkError, match="c/1/0/1"):

@@ -72,7 +72,7 @@ def test_a_missing_chunk_warns_once_at_the_first_and_reads_as_fill(
 ) -> None:
     x = write(tmp_path)
     chunk_file(tmp_path, 2).unlink()
-    stream = STREAMS[kind](x)
+    stream = STREAMS[kind](x, missing="warn")  # opt-in: the default "fill" does not warn
     if isinstance(stream, dzb.BatchStream):  # an exact shuffle reads a chunk once per window
         reads = [piece.chunk for window in stream.plan.windows() for piece in window.pieces[0]]
     else:
@@ -108,7 +108,7 @@ def stream_name(stream: Any) -> str:
 def test_the_missing_chunk_warning_points_at_the_loop_through_a_loader(tmp_path: Path) -> None:
     x = write(tmp_path)
     chunk_file(tmp_path, 3).unlink()
-    loader = dzb.Loader({"x": x}, 8)
+    loader = dzb.Loader({"x": x}, 8, missing="warn")
     with pytest.warns(dzb.MissingChunksWarning) as caught:
         for _ in loader:  # the warning's line
             pass
@@ -125,7 +125,7 @@ def test_the_missing_chunk_warning_points_at_the_loop_through_the_torch_adapter(
     x = write(tmp_path)
     chunk_file(tmp_path, 3).unlink()
     with pytest.warns(dzb.MissingChunksWarning) as caught:
-        for _ in ZarrIterableDataset(dzb.Loader({"x": x}, 8)):  # the warning's line
+        for _ in ZarrIterableDataset(dzb.Loader({"x": x}, 8, missing="warn")):  # its line
             pass
     assert len(caught) == 1 and caught[0].filename == __file__
 
@@ -152,7 +152,30 @@ def test_reductions_take_the_policy_too(tmp_path: Path) -> None:
     with pytest.raises(dzb.MissingChunkError):
         dzb.reduce_chunks(np.sum, np.add, x, missing="error")
     with pytest.warns(dzb.MissingChunksWarning):
+        assert dzb.feature_moments(x, missing="warn").count == ROWS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default: the fill value, as Zarr says, silently
         assert dzb.feature_moments(x).count == ROWS
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_chunks_zarr_left_unwritten_are_the_fill_value_counted_not_warned(
+    tmp_path: Path, kind: str
+) -> None:
+    """Zarr's default write_empty_chunks=False stores no chunk that is all fill value."""
+    x = zarr.create_array(tmp_path / "z.zarr", shape=(ROWS, COLS), chunks=(CHUNK, COLS),
+                          dtype="f4", config={"write_empty_chunks": False})  # fmt: skip
+    x[:] = 0
+    x[:CHUNK] = 1  # one chunk stored, five left out
+    assert sorted(p.name for p in (tmp_path / "z.zarr" / "c").iterdir()) == ["0"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream = STREAMS[kind](x)
+        got = rows_of(list(stream))
+    assert len(got) == ROWS and (got == 0).sum() == (ROWS - CHUNK) * COLS
+    assert stream.stats.chunks_missing == ROWS // CHUNK - 1
+    with pytest.warns(dzb.MissingChunksWarning):
+        list(STREAMS[kind](x, missing="warn"))
 
 
 @pytest.mark.parametrize("opened", ["zarr.Array", "open_array", "chunks", "cluster"])

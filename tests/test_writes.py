@@ -142,6 +142,162 @@ def test_fingerprint_mismatch_refused(tmp_path: Path) -> None:
     assert y.shape == (21, 4)
 
 
+def test_map_to_zarr_over_chunks_zarr_left_unwritten_does_not_warn(tmp_path: Path) -> None:
+    """Zarr's default write_empty_chunks=False leaves a chunk of zeros unwritten: the fill
+    value, counted; one warning per chunk before the default became missing="fill"."""
+    x = zarr.create_array(str(tmp_path / "zeros.zarr"), shape=(20, 2), chunks=(5, 2),
+                          dtype="f4", config={"write_empty_chunks": False})  # fmt: skip
+    x[:] = 0
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(lambda rows: rows + 1, x, tmp_path / "y.zarr", stats=stats)
+    np.testing.assert_array_equal(y[...], np.ones((20, 2), dtype="f4"))
+    assert stats.input_chunks_missing == 4 and stats.units_written == 4
+    stats = dzb.WriteStats()
+    dzb.write_shuffled(x, tmp_path / "s.zarr", seed=0, stats=stats)
+    assert stats.input_chunks_missing == 4
+    with pytest.warns(dzb.MissingChunksWarning, match="absent from the store"):
+        dzb.map_to_zarr(lambda rows: rows + 1, x, tmp_path / "w.zarr", missing="warn")
+
+
+_SCALE = 3.0
+
+
+def _scaled(rows: np.ndarray) -> np.ndarray:
+    return rows * _SCALE
+
+
+class _Shift:
+    def __init__(self, by: float) -> None:
+        self.by = by
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return rows + self.by
+
+
+def _adder(by: float) -> Any:
+    return lambda rows: rows + by
+
+
+def _with_default(rows: np.ndarray, by: float = 1.0) -> np.ndarray:
+    return rows + by
+
+
+def _kinds(rows: np.ndarray) -> np.ndarray:
+    return rows * 2 if rows.dtype.kind in {"f", "i", "u", "c"} else rows  # a frozenset constant
+
+
+def test_a_changed_func_is_refused_never_reused(tmp_path: Path, monkeypatch: Any) -> None:
+    """Code, constants, closures, defaults, partial arguments, an object's state, globals."""
+    import functools
+
+    x = np.arange(20.0).reshape(10, 2)
+    changes = [
+        (lambda rows: rows + 1, lambda rows: rows * 100),  # the README's case: code
+        (lambda rows: rows + 1, lambda rows: rows + 2),  # a constant
+        (_adder(1.0), _adder(2.0)),  # a closure
+        (functools.partial(np.add, 1.0), functools.partial(np.add, 2.0)),
+        (_Shift(1.0), _Shift(2.0)),
+    ]
+    for n, (before, after) in enumerate(changes):
+        out = tmp_path / f"y{n}.zarr"
+        dzb.map_to_zarr(before, x, out, chunks=5)
+        stats = dzb.WriteStats()
+        dzb.map_to_zarr(before, x, out, chunks=5, stats=stats)  # the same func resumes
+        assert (stats.units_skipped, stats.func_calls) == (2, 0)
+        with pytest.raises(dzb.ResumeMismatchError, match=r"func changed.*overwrite=True"):
+            dzb.map_to_zarr(after, x, out, chunks=5)
+        y = dzb.map_to_zarr(after, x, out, chunks=5, overwrite=True)
+        np.testing.assert_array_equal(y[...], np.asarray(after(x)))
+    out = tmp_path / "g.zarr"
+    dzb.map_to_zarr(_scaled, x, out)
+    monkeypatch.setattr(sys.modules[__name__], "_SCALE", 4.0)  # a global it uses
+    with pytest.raises(dzb.ResumeMismatchError, match="func changed"):
+        dzb.map_to_zarr(_scaled, x, out)
+    dzb.map_to_zarr(_with_default, x, tmp_path / "d.zarr")
+    monkeypatch.setattr(_with_default, "__defaults__", (2.0,))
+    with pytest.raises(dzb.ResumeMismatchError, match="func changed"):
+        dzb.map_to_zarr(_with_default, x, tmp_path / "d.zarr")
+    # an explicit job_id names func's version (its documented meaning): trusted
+    dzb.map_to_zarr(_adder(1.0), x, tmp_path / "j.zarr", job_id="add-v1")
+    stats = dzb.WriteStats()
+    dzb.map_to_zarr(_adder(1.0), x, tmp_path / "j.zarr", job_id="add-v1", stats=stats)
+    assert stats.units_written == 0
+
+
+def test_func_fingerprints_agree_across_processes() -> None:
+    """A resume runs in a new process (another string hash seed): the same fingerprint."""
+    import functools
+
+    from daskzarr_batches.fingerprints import func_fingerprint
+
+    funcs = "[_kinds, _scaled, _adder(1.0), _Shift(2.0), functools.partial(_with_default, by=3.0)]"
+    script = (f"import functools, sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
+              f"from test_writes import _kinds, _scaled, _adder, "
+              f"_Shift, _with_default; from daskzarr_batches.fingerprints import "
+              f"func_fingerprint; print([func_fingerprint(f) for f in {funcs}])")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "12345"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=True, timeout=120)  # fmt: skip
+    from test_writes import _adder as adder
+    from test_writes import _kinds as kinds
+    from test_writes import _scaled as scaled
+    from test_writes import _Shift as shift
+    from test_writes import _with_default as with_default
+
+    here = [func_fingerprint(f) for f in [kinds, scaled, adder(1.0), shift(2.0),
+            functools.partial(with_default, by=3.0)]]  # fmt: skip
+    assert done.stdout.strip() == repr(here)
+
+
+def test_a_func_that_cannot_be_fingerprinted_resumes_only_with_a_job_id(tmp_path: Path) -> None:
+    import threading
+
+    lock = threading.Lock()
+
+    def locked(rows: np.ndarray) -> np.ndarray:
+        with lock:
+            return rows + 1
+
+    x = np.arange(20.0).reshape(10, 2)
+    with pytest.warns(UserWarning, match=r"cannot be fingerprinted.*lock.*job_id="):
+        dzb.map_to_zarr(locked, x, tmp_path / "y.zarr")
+    with pytest.raises(dzb.ResumeMismatchError, match=r"cannot be fingerprinted.*'lock'"):
+        dzb.map_to_zarr(locked, x, tmp_path / "y.zarr")
+    dzb.map_to_zarr(locked, x, tmp_path / "z.zarr", job_id="locked-v1")
+    stats = dzb.WriteStats()
+    dzb.map_to_zarr(locked, x, tmp_path / "z.zarr", job_id="locked-v1", stats=stats)
+    assert stats.units_written == 0
+
+
+def test_changed_input_contents_are_refused_never_reused(tmp_path: Path) -> None:
+    """A numpy input of the same shape (with or without job_id); a Zarr input rewritten in
+    place (same shape, dtype and metadata); for map_to_zarr and write_shuffled."""
+    x = np.arange(20.0).reshape(10, 2)
+    dzb.map_to_zarr(_widen, x, tmp_path / "y.zarr", chunks=5)
+    dzb.map_to_zarr(_widen, x.copy(), tmp_path / "y.zarr", chunks=5)  # same contents resume
+    dzb.map_to_zarr(_widen, x, tmp_path / "j.zarr", chunks=5, job_id="widen")
+    for out, job_id in ((tmp_path / "y.zarr", None), (tmp_path / "j.zarr", "widen")):
+        with pytest.raises(dzb.ResumeMismatchError, match=r"input 'array'.*changed.*overwrite"):
+            dzb.map_to_zarr(_widen, x + 1, out, chunks=5, job_id=job_id)
+    dzb.write_shuffled(x, tmp_path / "s.zarr", seed=1, chunks=5)
+    with pytest.raises(dzb.ResumeMismatchError, match=r"input 'array'.*changed"):
+        dzb.write_shuffled(x * 2, tmp_path / "s.zarr", seed=1, chunks=5)
+    path = str(tmp_path / "x.zarr")
+    _zarr(x, (5, 2), store=path)
+    dzb.map_to_zarr(_widen, path, tmp_path / "m.zarr")
+    dzb.write_shuffled({"x": path, "y": np.arange(10)}, tmp_path / "w.zarr", seed=1)
+    stats = dzb.WriteStats()
+    dzb.map_to_zarr(_widen, zarr.open_array(path, mode="r"), tmp_path / "m.zarr", stats=stats)
+    assert stats.units_skipped == 2
+    zarr.open_array(path, mode="r+")[:] = 2  # in place: shape, dtype, metadata unchanged
+    with pytest.raises(dzb.ResumeMismatchError, match=r"input 'array'.*changed"):
+        dzb.map_to_zarr(_widen, path, tmp_path / "m.zarr")
+    with pytest.raises(dzb.ResumeMismatchError, match=r"input 'x'.*changed"):
+        dzb.write_shuffled({"x": path, "y": np.arange(10)}, tmp_path / "w.zarr", seed=1)
+    y = dzb.map_to_zarr(_widen, path, tmp_path / "m.zarr", overwrite=True)
+    np.testing.assert_array_equal(y[...], _widen(np.full((10, 2), 2.0)))
+
+
 _JOB = """
 import os, sys, time
 import numpy as np
@@ -154,7 +310,8 @@ def func(rows):
     time.sleep(float(slow))
     return (rows - 100.0) / 7.0
 
-dzb.map_to_zarr(func, x_path, out, job_id="job", io_concurrency=1)
+shards = int(sys.argv[5]) if len(sys.argv) > 5 else None
+dzb.map_to_zarr(func, x_path, out, job_id="job", io_concurrency=1, shards=shards)
 """
 
 
@@ -198,6 +355,57 @@ def test_sigkilled_job_resumes_to_the_same_output(tmp_path: Path) -> None:
     assert set(calls) | written >= set(range(16))
     assert len(set(calls) & written) <= 1  # at most the chunk being written at the kill
     assert stats.units_skipped >= len(written) - 1 and stats.units_written < 16
+
+
+def _tear(path: Path) -> None:
+    """A torn write: the object cut short, as a writer killed mid-write leaves it."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_a_torn_shard_is_written_again(tmp_path: Path) -> None:
+    """Zarr writes a shard by read-modify-write: a torn one failed every resume (checksum)."""
+    x = _zarr(np.arange(200.0, dtype=np.float32).reshape(50, 4), (5, 4))
+    out = tmp_path / "y.zarr"
+    reference = dzb.map_to_zarr(_widen, x, out, shards=10)[...]
+    _tear(out / "c" / "1" / "0")
+    _tear(out / "c" / "4" / "0")  # the edge shard as well
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(_widen, x, out, shards=10, stats=stats)
+    assert (stats.units_written, stats.units_skipped) == (2, 3)
+    np.testing.assert_array_equal(y[...], reference)
+    shuffled = dzb.write_shuffled({"x": x}, tmp_path / "s.zarr", seed=1, chunks=5, shards=10)
+    reference = shuffled["x"][...]
+    _tear(tmp_path / "s.zarr" / "x" / "c" / "2" / "0")
+    stats = dzb.WriteStats()
+    shuffled = dzb.write_shuffled({"x": x}, tmp_path / "s.zarr", seed=1, chunks=5, shards=10,
+                                  stats=stats)  # fmt: skip
+    assert (stats.units_written, stats.units_skipped) == (1, 4)
+    np.testing.assert_array_equal(shuffled["x"][...], reference)
+
+
+def test_sigkilled_sharded_job_with_a_torn_shard_resumes_bit_identical(tmp_path: Path) -> None:
+    data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    x_path = tmp_path / "x.zarr"
+    _zarr(data, (4, 4), store=str(x_path))
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(_JOB))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out, log = tmp_path / "out.zarr", tmp_path / "out.log"
+    job = subprocess.Popen([sys.executable, str(script), str(x_path), str(out), str(log), "0.1",
+                            "8"], env=env)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().split()) < 4):
+        time.sleep(0.02)
+    job.send_signal(signal.SIGKILL)  # mid-run: a shard may be half written
+    job.wait(timeout=30)
+    shards = sorted((out / "c").iterdir(), key=lambda p: int(p.name))
+    assert 0 < len(shards) < 8
+    _tear(shards[0] / "0")  # and one certainly torn
+    y = dzb.map_to_zarr(lambda rows: (rows - 100.0) / 7.0, str(x_path), out, job_id="job",
+                        shards=8)  # fmt: skip
+    reference = dzb.map_to_zarr(lambda rows: (rows - 100.0) / 7.0, str(x_path),
+                                tmp_path / "ref.zarr", shards=8)  # fmt: skip
+    assert y[...].tobytes() == reference[...].tobytes()
 
 
 def test_write_shuffled_is_the_seeded_permutation_pairs_aligned(tmp_path: Path) -> None:

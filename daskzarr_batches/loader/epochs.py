@@ -156,7 +156,7 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         prefetch: int | None = None,
         client: Any = None,
         timeout: float | None = None,
-        missing: MissingMode = "warn",
+        missing: MissingMode = "fill",
         on_error: OnError = "raise",
         retries: int = DEFAULT_RETRIES,
         io_concurrency: int | None = None,

@@ -11,8 +11,8 @@ failed reads) that the task returns beside its data.
 
 Nothing here changes the bytes a read returns: a retried read returns what a
 first successful read would have; a missing chunk is filled with the array's
-fill value exactly as Zarr does (``missing="warn"`` or ``"fill"``), or is an
-error (``"error"``).
+fill value exactly as Zarr does (``missing="fill"``, the default, or ``"warn"``),
+or is an error (``"error"``).
 """
 
 from __future__ import annotations
@@ -138,11 +138,12 @@ class ReadPolicy:
 
     Parameters
     ----------
-    missing : {"warn", "fill", "error"}, default "warn"
-        A chunk the store does not hold: filled with the fill value as Zarr
-        does, with one warning per stream (``"warn"``) or silently
-        (``"fill"``, for arrays that leave empty chunks unwritten on
-        purpose), or :class:`MissingChunkError` (``"error"``).  Not an
+    missing : {"fill", "warn", "error"}, default "fill"
+        A chunk the store does not hold: filled with the fill value as the
+        Zarr spec says (``"fill"``: Zarr leaves chunks of only the fill value
+        unwritten by default; counted in the stream's stats), the same with
+        one warning per stream (``"warn"``), or :class:`MissingChunkError`
+        (``"error"``).  Not an
         array that is gone (its metadata absent too): that is
         :class:`StoreGoneError` whatever ``missing`` says.
     on_error : {"raise", "skip"}, default "raise"
@@ -162,7 +163,7 @@ class ReadPolicy:
         :func:`policy_view` use a :class:`CachingPipeline`.
     """
 
-    missing: MissingMode = "warn"
+    missing: MissingMode = "fill"
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
     requests: RequestLimit | None = field(default=None, compare=False)

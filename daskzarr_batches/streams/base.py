@@ -359,8 +359,8 @@ class Stream(abc.ABC, Generic[T]):
             MissingChunksWarning(
                 f"{count} chunk(s) of array {name} were missing from the store and read as the "
                 f"fill value (first: {key!r}; stream.stats.chunks_missing counts them all); "
-                "pass missing='fill' if the array leaves empty chunks unwritten on purpose, "
-                "or missing='error' to raise",
+                "missing='fill' (the default: an absent chunk is the fill value in Zarr) "
+                "counts them silently, missing='error' raises",
                 array=name,
                 key=key,
                 count=count,

@@ -95,7 +95,7 @@ def chunk_stream(
     with_index: bool = False,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
@@ -167,7 +167,7 @@ def batch_stream(
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
@@ -203,12 +203,14 @@ def batch_stream(
         Seconds to wait for one window before raising
         :class:`WindowTimeoutError`; ``None`` or ``float("inf")`` wait
         forever.
-    missing : {"warn", "fill", "error"}, default "warn"
-        Chunks absent from the store are read as the fill value, as Zarr
-        does, with one :class:`MissingChunksWarning` per stream naming how
-        many and the first key (``"warn"``), silently (``"fill"``: for arrays
-        that leave empty chunks unwritten on purpose), or raise
-        :class:`MissingChunkError` (``"error"``).
+    missing : {"fill", "warn", "error"}, default "fill"
+        Chunks absent from the store are read as the fill value, as the Zarr
+        spec says (Zarr leaves a chunk that is all fill value unwritten by
+        default), counted in ``stream.stats.chunks_missing`` (``"fill"``),
+        the same with one :class:`MissingChunksWarning` per stream naming how
+        many and the first key (``"warn"``: where every chunk should be
+        stored), or raise :class:`MissingChunkError` (``"error"``).  An array
+        gone from its store raises :class:`StoreGoneError` whatever this says.
     on_error : {"raise", "skip"}, default "raise"
         Chunks whose bytes do not decode raise :class:`CorruptChunkError`
         from ``next()``; with ``"skip"`` their samples leave the epoch (from
@@ -283,7 +285,7 @@ def shuffled_batch_stream(
     prefetch: int | None = None,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
@@ -387,7 +389,7 @@ def paired_batch_stream(
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
@@ -437,7 +439,7 @@ def paired_shuffled_batch_stream(
     prefetch: int | None = None,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
@@ -495,7 +497,7 @@ def patch_stream(
     return_origins: bool = False,
     client: Any = None,
     timeout: float | None = None,
-    missing: MissingMode = "warn",
+    missing: MissingMode = "fill",
     on_error: OnError = "raise",
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,

@@ -277,7 +277,7 @@ class ReadOptions:
     timeout : float, optional
         Seconds to wait for one window or chunk; ``None``, ``inf`` or values
         of ``threading.TIMEOUT_MAX`` or more wait forever (stored as ``None``).
-    missing : {"warn", "fill", "error"}, default "warn"
+    missing : {"fill", "warn", "error"}, default "fill"
         Chunks absent from the store (:class:`~daskzarr_batches.store.policy.ReadPolicy`).
     on_error : {"raise", "skip"}, default "raise"
         Chunks that do not decode.
@@ -294,7 +294,7 @@ class ReadOptions:
 
     client: Any = field(default=None, compare=False)
     timeout: float | None = None
-    missing: MissingMode = "warn"
+    missing: MissingMode = "fill"
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
     io_concurrency: int | None = None
@@ -381,9 +381,10 @@ class StreamSpec:
     roles : tuple of str, optional
         How errors name the arrays; default ``("array",)`` for one array and
         ``("features", "labels")`` for two.
-    missing : {"warn", "fill", "error"}, default "warn"
-        Chunks absent from the store: the fill value with one warning per
-        stream, the fill value silently, or :class:`MissingChunkError`.
+    missing : {"fill", "warn", "error"}, default "fill"
+        Chunks absent from the store: the fill value (what the Zarr spec
+        says an absent chunk holds; counted in ``stats.chunks_missing``), the
+        fill value with one warning per stream, or :class:`MissingChunkError`.
     on_error : {"raise", "skip"}, default "raise"
         Chunks that do not decode: :class:`CorruptChunkError`, or their
         samples leave the epoch (from every array), with a warning.
@@ -426,7 +427,7 @@ class StreamSpec:
     client: Any = field(default=None, compare=False)
     timeout: float | None = None
     roles: tuple[str, ...] = ()
-    missing: MissingMode = "warn"
+    missing: MissingMode = "fill"
     on_error: OnError = "raise"
     retries: int = DEFAULT_RETRIES
     io_concurrency: int | None = None

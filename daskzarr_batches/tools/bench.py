@@ -118,7 +118,7 @@ class BenchSettings:
     epochs: int = 1
     client: Any = None
     timeout: float | None = None
-    missing: str = "warn"
+    missing: str = "fill"
     on_error: str = "raise"
     retries: int = 3
     cache: ChunkCache | None = None

@@ -49,16 +49,16 @@ def check_arrays(
     decodes them concurrently and the fixed cost of a call is paid per
     block, not per object.  Only when a block's read
     raises is each of its stored objects read alone, to name the ones that
-    fail.  Missing objects inside a block read as the fill value and raise
+    fail.  Absent objects inside a block read as the fill value and raise
     nothing.  ``threads`` blocks are read at once.
 
     Fills ``report.corrupt`` (sorted by key) and sets ``report.checked``.
     """
     jobs = []
     for (_, array), report in zip(arrays, reports, strict=True):
-        missing = set(report.missing)
+        absent = set(report.absent)
         for region, objects in _object_blocks(array, block_bytes):
-            stored = [(key, coords) for key, coords in objects if key not in missing]
+            stored = [(key, coords) for key, coords in objects if key not in absent]
             if stored:
                 jobs.append((report, array, region, stored))
         report.checked = True

@@ -8,9 +8,9 @@ timed).  Adapters on top of the public API: they import only what
 on stderr when it is a terminal (never with ``--quiet``), and report a
 library error (``DaskZarrBatchesError``) as one line,
 ``daskzarr-batches: error: <message>``, with exit status 2, the status of a
-usage error too.  ``bench`` reports chunks missing from the store
-(``MissingChunksWarning``) as one line too, ``daskzarr-batches: warning:
-...``, in its own words (``--missing fill``).
+usage error too.  ``bench --missing warn`` reports chunks absent from the
+store (``MissingChunksWarning``) as one line too, ``daskzarr-batches: warning:
+...``, in its own words (the default ``--missing fill`` counts them only).
 
 """
 
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     int
         0 on success.  ``demo``: 1 when it could not run (for example the
         scheduler is unreachable).  ``info``: 1 when ``--check`` found a
-        missing or corrupt chunk.  ``bench``: 1 when the scheduler is
+        corrupt chunk (absent chunks are listed, not errors).  ``bench``: 1 when the scheduler is
         unreachable.  ``info`` and ``bench``: 2 for a library error
         (``DaskZarrBatchesError``), printed as one line on stderr.  Invalid
         arguments exit with status 2 through ``argparse``.
@@ -191,8 +191,9 @@ def _add_info_parser(commands: Any) -> None:
             "recursively): path, Zarr format, shape, dtype, chunk shape, shards (shard shape "
             "and chunks per shard), codecs, the chunks (or shards) stored against those the "
             "chunk grid expects, the bytes stored and the decoded bytes. With --check, "
-            "read every stored chunk and report the missing and the undecodable ones; "
-            "the exit status is then 1 if there is any."
+            "read every stored chunk and report the undecodable ones (the exit status is "
+            "then 1 if there is any) and the absent ones (they read as the fill value, as the "
+            "Zarr spec says: no error)."
         ),
     )
     info.add_argument(
@@ -204,8 +205,8 @@ def _add_info_parser(commands: Any) -> None:
     info.add_argument(
         "--check",
         action="store_true",
-        help="read every chunk (every shard of a sharded array); report missing and corrupt "
-        "ones and exit with status 1 if any",
+        help="read every chunk (every shard of a sharded array); list absent ones (the fill "
+        "value) and report corrupt ones, exiting with status 1 if any",
     )
     info.add_argument("--json", action="store_true", help="print a JSON list, one object per array")
     _add_store_options(info)
@@ -312,9 +313,10 @@ def _add_bench_stream_options(stream: Any) -> None:
 def _add_read_policy_options(policy: Any) -> None:
     policy.add_argument(
         "--missing",
-        choices=["warn", "fill", "error"],
-        default="warn",
-        help="chunks absent from the store: fill and warn once (default), fill, or fail",
+        choices=["fill", "warn", "error"],
+        default="fill",
+        help="chunks absent from the store: the fill value, as the Zarr spec says (default: "
+        "counted in chunks_missing), the same with a warning, or fail",
     )
     policy.add_argument(
         "--on-error",
@@ -591,8 +593,8 @@ def _missing_chunks_reported(err: TextIO) -> Iterator[dict[str, Any]]:
                 print(
                     f"{PROG}: warning: {count} chunk{'s were' if count != 1 else ' was'} "
                     f"missing from the store{each} and read as the fill value (first: "
-                    f"{first.key!r} of array {first.array}); pass --missing fill if the array "
-                    "leaves empty chunks unwritten on purpose, or --missing error to fail",
+                    f"{first.key!r} of array {first.array}); --missing fill (the default) "
+                    "reads them silently, --missing error fails",
                     file=err,
                 )
 

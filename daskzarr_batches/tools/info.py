@@ -11,12 +11,14 @@ the zarr adapter's ``sync``), each array's metadata (``shards``, ``filters``,
 Counting is by stored object: a chunk of an unsharded array, a shard of a
 sharded one (Zarr v3 ``sharding_indexed``).  The expected objects are every
 cell of that grid; an object is *stored* when the store lists its key and
-*missing* when it does not.  ``--check`` reads every stored object with
+*absent* when it does not (the fill value, as the Zarr spec says: Zarr leaves
+an object of only the fill value unwritten by default, so absent objects are
+listed, never an error).  ``--check`` reads every stored object with
 ``array[region]``, a block of neighbouring objects per call (a shard is read
 whole, so every inner chunk is decoded and the shard index's checksum
 verified); when a block's read raises, its objects are read one by one and
-each one whose read raises is recorded as *corrupt*.  Missing objects are
-not reported as corrupt: Zarr returns the fill value for them.
+each one whose read raises is recorded as *corrupt*, which makes the exit
+status 1.  Absent objects are not read: Zarr returns the fill value for them.
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ class ArrayReport:
         shards and metadata documents), as ``zarr.Array.nbytes_stored()``.
     nbytes : int
         Decoded bytes of the whole array (``zarr.Array.nbytes``).
-    missing : list of str
-        Keys (relative to the array) of expected objects not stored.
+    absent : list of str
+        Keys (relative to the array) of expected objects not stored (they read
+        as the fill value).
     corrupt : list of tuple of str
         ``(key, error)`` of stored objects whose read raised (``--check``).
     checked : bool
@@ -114,7 +117,7 @@ class ArrayReport:
     stored: int
     stored_bytes: int
     nbytes: int
-    missing: list[str] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     checked: bool = False
 
@@ -145,7 +148,7 @@ class ArrayReport:
             "object": self.unit,
             "stored_bytes": self.stored_bytes,
             "nbytes": self.nbytes,
-            "missing": self.missing,
+            "absent": self.absent,
         }
         if self.checked:
             record["corrupt"] = [{"key": key, "error": error} for key, error in self.corrupt]
@@ -179,7 +182,7 @@ def run_info(
     backend : {"auto", "obstore", "fsspec"}
         What reads a URL store (:func:`open_array`'s ``backend``).
     check : bool
-        Read every stored chunk (or shard) and report missing and corrupt ones.
+        Read every stored chunk (or shard) and report corrupt ones (absent ones are listed).
     as_json : bool
         Print a JSON list with one object per array instead of the table.
     progress : callable, optional
@@ -189,7 +192,7 @@ def run_info(
     Returns
     -------
     int
-        0, or 1 when ``check`` found a missing or corrupt chunk.
+        0, or 1 when ``check`` found a corrupt chunk (an absent one is no error).
 
     Raises
     ------
@@ -229,8 +232,7 @@ def run_info(
             print(format_table(reports), file=out)
         if check:
             print(format_check(reports), file=out)
-    problems = any(report.missing or report.corrupt for report in reports)
-    return 1 if check and problems else 0
+    return 1 if check and any(report.corrupt for report in reports) else 0
 
 
 def open_store(
@@ -386,7 +388,7 @@ def describe_array(array: zarr.Array, path: str, store: zarr.abc.store.Store) ->
         ) from exc
     listed = {key[len(prefix) :] for key in sizes}
     stored = [key for key in expected if key in listed]
-    missing = [key for key in expected if key not in listed]
+    absent = [key for key in expected if key not in listed]
     return ArrayReport(
         path=path,
         zarr_format=int(array.metadata.zarr_format),
@@ -400,7 +402,7 @@ def describe_array(array: zarr.Array, path: str, store: zarr.abc.store.Store) ->
         stored=len(stored),
         stored_bytes=sum(sizes.values()),
         nbytes=int(array.nbytes),
-        missing=missing,
+        absent=absent,
     )
 
 
@@ -505,28 +507,27 @@ def format_table(reports: Sequence[ArrayReport]) -> str:
 
 
 def format_check(reports: Sequence[ArrayReport]) -> str:
-    """What ``--check`` found: one line per missing or corrupt object, then a verdict."""
+    """What ``--check`` found: one line per absent or corrupt object, then a verdict."""
     lines = []
     for report in reports:
-        lines += [f"missing  {report.label}  {report.unit} {key}" for key in report.missing]
+        lines += [f"absent   {report.label}  {report.unit} {key}" for key in report.absent]
         lines += [
             f"corrupt  {report.label}  {report.unit} {key}: {error}"
             for key, error in report.corrupt
         ]
     chunks = sum(report.stored for report in reports if report.shards is None)
     shards = sum(report.stored for report in reports if report.shards is not None)
-    missing = sum(len(report.missing) for report in reports)
+    absent = sum(len(report.absent) for report in reports)
     corrupt = sum(len(report.corrupt) for report in reports)
     read = [_count(chunks, "chunk")] + ([_count(shards, "shard")] if shards else [])
     scope = f"{' and '.join(read)} of {_count(len(reports), 'array')}"
-    if not missing and not corrupt:
-        lines.append(f"check: read {scope}: all decode, none missing")
-    else:
-        lines.append(f"check: read {scope}: {missing} missing, {corrupt} corrupt")
-    if missing:
+    verdict = "all decode" if not corrupt else f"{corrupt} corrupt"
+    lines.append(f"check: read {scope}: {verdict}, {absent or 'none'} absent")
+    if absent:
         lines.append(
-            "note: Zarr skips writing chunks that hold only the fill value unless the array "
-            "was written with write_empty_chunks=True; such chunks read as the fill value"
+            "note: an absent chunk reads as the fill value (the Zarr spec); Zarr does not "
+            "write a chunk that holds only the fill value unless the array was written with "
+            "write_empty_chunks=True"
         )
     return "\n".join(lines)
 
