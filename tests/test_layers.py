@@ -22,7 +22,7 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"plan"},
-    {"store"},
+    {"store", "fingerprints"},
     {"execute"},
     {"read"},
     {"streams"},

@@ -145,6 +145,11 @@ def _open_zarr(
     elif chosen == "obstore":
         source = url_store(source, storage_options, "obstore")
         storage_options = None  # translated into the store
+    elif storage_options and isinstance(source, str) and "://" in source:
+        # fsspec's store made here: zarr >= 3.4 refuses storage_options for memory://
+        # and file:// URLs, which it routes to fsspec all the same
+        source = url_store(source, storage_options, "fsspec")
+        storage_options = None
     if not isinstance(source, str | zarr.abc.store.Store | dict):
         raise ArgumentTypeError(
             "source must be a zarr.Array, zarr.Group, zarr store, path or URL, "
