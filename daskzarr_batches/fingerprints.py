@@ -220,7 +220,7 @@ def _listing(array: zarr.Array, listed: Listing) -> list[tuple[str, int, str]]:
     if isinstance(store, zarr.storage.FsspecStore):
         return [(key, size, "") for key, size in listed(array, True)]
     if isinstance(store, zarr.storage.ZipStore):
-        stat = os.stat(store.path)
+        stat = os.stat(str(store.path))
         return [(str(store.path), stat.st_size, str(stat.st_mtime_ns))]
     if isinstance(store, zarr.storage.MemoryStore):
         return [("data", int(array.nbytes), str(tokenize(np.asarray(array[...]))))]
