@@ -27,7 +27,6 @@ import dis
 import functools
 import hashlib
 import json
-import os
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,6 +37,8 @@ import numpy as np
 import zarr
 import zarr.storage
 from dask.base import tokenize
+
+from .store.versions import object_versions
 
 __all__ = ["Unfingerprintable", "func_fingerprint", "input_fingerprint", "stored_fingerprint"]
 
@@ -183,13 +184,13 @@ Listing = Callable[[zarr.Array, bool], list[tuple[str, int]]]
 def stored_fingerprint(array: zarr.Array, listed: Listing) -> str:
     """A hex digest of the listing of ``array``'s stored objects.
 
-    Keys and sizes, and a version of each object where the store has one: on a
-    local directory its ``st_mtime_ns``, on an obstore ``ObjectStore`` the ETag
-    (else the last-modified time), on a zip store the zip file's; on an fsspec
-    store keys and sizes (one size request per object, concurrently).  In memory the
-    decoded contents are hashed instead.  On any other store (a wrapper store,
-    whose sizes would cost a read of every object) only the keys (``listed``): a
-    rewrite in place is not seen there.
+    Keys, sizes and a version of each object, from the one listing the chunk
+    cache uses too (:func:`daskzarr_batches.store.versions.object_versions`: on a
+    local directory each file's ``st_mtime_ns`` and inode, on an obstore or fsspec
+    store each object's ETag or last-modified time, on a zip store the zip
+    file's).  In memory the decoded contents are hashed instead.  On any other
+    store (a wrapper store, whose sizes would cost a read of every object) only
+    the keys (``listed``): a rewrite in place is not seen there.
     """
     listing = sorted(_listing(array, listed))
     return hashlib.blake2b(json.dumps(listing).encode(), digest_size=16).hexdigest()
@@ -198,30 +199,9 @@ def stored_fingerprint(array: zarr.Array, listed: Listing) -> str:
 def _listing(array: zarr.Array, listed: Listing) -> list[tuple[str, int, str]]:
     """``(key, size, version)`` of every object under ``array``."""
     store = array.store
-    if isinstance(store, zarr.storage.LocalStore):
-        root = os.path.join(str(store.root), array.path)
-        found = []
-        for folder, _, files in os.walk(root):
-            for name in files:
-                path = os.path.join(folder, name)
-                stat = os.stat(path)
-                found.append((os.path.relpath(path, root), stat.st_size, str(stat.st_mtime_ns)))
+    found = object_versions(store, array)
+    if found is not None:
         return found
-    prefix = f"{array.path}/" if array.path else ""
-    if isinstance(store, zarr.storage.ObjectStore):
-        import obstore
-
-        found = []
-        for batch in obstore.list(store.store, prefix=prefix or None):
-            for meta in batch:
-                version = meta.get("e_tag") or str(meta.get("last_modified", ""))
-                found.append((str(meta["path"]), int(meta["size"]), str(version)))
-        return found
-    if isinstance(store, zarr.storage.FsspecStore):
-        return [(key, size, "") for key, size in listed(array, True)]
-    if isinstance(store, zarr.storage.ZipStore):
-        stat = os.stat(str(store.path))
-        return [(str(store.path), stat.st_size, str(stat.st_mtime_ns))]
     if isinstance(store, zarr.storage.MemoryStore):
         return [("data", int(array.nbytes), str(tokenize(np.asarray(array[...]))))]
     return [(key, 0, "") for key, _ in listed(array, False)]

@@ -22,8 +22,8 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 LAYERS: list[set[str]] = [
     {"errors"},
     {"plan"},
-    {"store", "fingerprints"},
-    {"execute"},
+    {"store"},
+    {"execute", "fingerprints"},
     {"read"},
     {"streams"},
     {"loader", "mapreduce", "writes"},

@@ -49,7 +49,8 @@ import zarr
 import zarr.storage
 
 from ..errors import ArgumentTypeError, ArgumentValueError
-from .layout import chunks_per_shard, metadata_key, object_key, object_keys, shard_of
+from .layout import chunks_per_shard, metadata_key, object_key, shard_of
+from .versions import blocking_fs, object_versions
 from .zarr_adapter import (
     BatchedCodecPipeline,
     concurrent_map,
@@ -713,54 +714,11 @@ def _stored_versions(store: Any, array: zarr.Array) -> str:
 
 
 def _listed_versions(store: Any, array: zarr.Array) -> str:
-    path = array.store_path.path.strip("/")
-    prefix = f"{path}/" if path else ""
-    rows: list[str] = []
-    if isinstance(store, zarr.storage.LocalStore):
-        base = os.path.join(str(store.root), prefix)
-        for key in object_keys(array):
-            try:
-                stat = os.stat(base + key)
-            except (FileNotFoundError, NotADirectoryError):
-                continue  # absent: the fill value (and not cached)
-            rows.append(f"{key}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}")
-    elif isinstance(store, zarr.storage.FsspecStore):
-        where = f"{store.path.rstrip('/')}/{prefix}"
-        fs = _blocking_fs(store.fs)
-        fs.invalidate_cache(where)  # a listing of now, not one fsspec kept
-        for name, info in fs.find(where, detail=True).items():
-            rows.append(
-                f"{name}\0{info.get('size')}\0{info.get('ETag')}\0"
-                f"{info.get('LastModified') or info.get('mtime')}"
-            )
-    elif type(store).__name__ == "ObjectStore":
-        import obstore
-
-        for batch in obstore.list(store.store, prefix=prefix or None):
-            for meta in batch:
-                rows.append(
-                    f"{meta['path']}\0{meta['size']}\0{meta.get('e_tag')}\0"
-                    f"{meta.get('last_modified')}"
-                )
-    else:
+    rows = object_versions(store, array)
+    if rows is None:
         return ""
-    rows.sort()
-    return hashlib.blake2b("\n".join(rows).encode(), digest_size=16).hexdigest()
-
-
-def _blocking_fs(fs: Any) -> Any:
-    """An fsspec file system like ``fs`` whose blocking methods work from any thread.
-
-    Zarr's ``FsspecStore`` holds an asynchronous one (its blocking methods
-    raise "Loop is not running"); fsspec caches instances by their
-    arguments, so this is made once per set of options.
-    """
-    if not getattr(fs, "asynchronous", False):
-        return fs
-    inner = getattr(fs, "sync_fs", None)  # a blocking file system wrapped for Zarr
-    if inner is not None:
-        return inner
-    return type(fs)(**{**fs.storage_options, "asynchronous": False})
+    text = "\n".join("\0".join(map(str, row)) for row in rows)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def _version(store: Any, key: str) -> str:
@@ -772,7 +730,7 @@ def _version(store: Any, key: str) -> str:
         if isinstance(store, zarr.storage.ZipStore):
             return str(os.stat(str(store.path)).st_mtime_ns)
         if isinstance(store, zarr.storage.FsspecStore):
-            fs, where = _blocking_fs(store.fs), f"{store.path.rstrip('/')}/{key}"
+            fs, where = blocking_fs(store.fs), f"{store.path.rstrip('/')}/{key}"
             fs.invalidate_cache(where)
             info = fs.info(where)
             return str(info.get("ETag") or info.get("LastModified") or info.get("mtime") or "")
