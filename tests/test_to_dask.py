@@ -200,10 +200,12 @@ def test_missing_chunk_warns_at_compute() -> None:
     store = zarr.storage.MemoryStore()
     array = to_zarr(make_data((20, 2)), (5, 2), store=store)
     zarr.core.sync.sync(store.delete("c/1/0"))
-    epoch = dzb.batch_stream(array, 4).to_dask()  # building warns of nothing
+    epoch = dzb.batch_stream(array, 4, missing="warn").to_dask()  # building warns of nothing
     with pytest.warns(dzb.MissingChunksWarning, match="c/1/0"):
         got = epoch.compute(scheduler="sync")
     assert (got[5:10] == 0).all()
+    quiet = dzb.batch_stream(array, 4).to_dask()  # missing="fill": the fill value, no warning
+    np.testing.assert_array_equal(quiet.compute(scheduler="sync"), got)
     with pytest.raises(dzb.MissingChunkError):
         dzb.batch_stream(array, 4, missing="error").to_dask().compute(scheduler="sync")
 

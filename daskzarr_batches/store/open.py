@@ -145,7 +145,7 @@ def _open_zarr(
     elif chosen == "obstore":
         source = url_store(source, storage_options, "obstore")
         storage_options = None  # translated into the store
-    elif storage_options and isinstance(source, str) and "://" in source:
+    elif storage_options and isinstance(source, str) and source.startswith(_FSSPEC_LOCAL):
         # fsspec's store made here: zarr >= 3.4 refuses storage_options for memory://
         # and file:// URLs, which it routes to fsspec all the same
         source = url_store(source, storage_options, "fsspec")
@@ -270,6 +270,10 @@ def _check_path(path: object) -> None:
                 "the group or store and cannot go up (or name the same node): open the "
                 "parent group or store and give the path from there"
             )
+
+
+#: URL schemes zarr >= 3.4 routes to fsspec but refuses ``storage_options`` for.
+_FSSPEC_LOCAL = ("memory://", "file://")
 
 
 def _zip_store(path: str) -> zarr.storage.ZipStore:
