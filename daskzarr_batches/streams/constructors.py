@@ -319,18 +319,21 @@ def shuffled_batch_stream(
         to the samples it holds: ``bytes // row bytes`` (at least 1), so a
         buffer of big samples (fields of a few hundred KB) stays within a
         known memory.  ``stream.spec.shuffle_buffer_size`` is that count.
-        ``"auto"``: the smallest buffer of whole chunks whose neighbour
-        entropy (estimated from the plan, nothing read) reaches
-        ``shuffle_quality`` of an exact shuffle's, with ``prefetch + 1``
-        buffers within ``memory_budget``; ``ArgumentValueError`` if none
-        does.  ``stream.spec.shuffle_buffer_size`` is the size chosen and
+        ``"auto"``: the smallest buffer of whole chunks whose batch mixing
+        (``ShuffleQuality.mixing``, computed from the plan, nothing read)
+        reaches ``shuffle_quality`` of an exact shuffle's, with ``prefetch +
+        1`` buffers within ``memory_budget``; if none does, the largest
+        within it and a ``ShuffleQualityWarning`` naming what it reaches
+        (``ArgumentValueError`` if not even one chunk fits).
+        ``stream.spec.shuffle_buffer_size`` is the size chosen and
         ``stream.summary()`` shows it with its figure.  The first buffer is
         read as one window, its chunks concurrently, so the first batch
         mixes as many chunks as any other.
     shuffle_quality : float, optional
         The target of ``shuffle_buffer_size="auto"``, a fraction of an exact
-        shuffle's neighbour entropy in ``(0, 1]`` (default 0.95); an error
-        with any other ``shuffle_buffer_size``.
+        shuffle's batch mixing in ``(0, 1]`` (default
+        ``plan.quality.DEFAULT_SHUFFLE_QUALITY``); an error with any other
+        ``shuffle_buffer_size``.
     drop_remainder : bool, default False
         Drop the short last batch.
     epoch : int, default 0
