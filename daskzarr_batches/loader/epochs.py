@@ -37,6 +37,7 @@ from ..plan.batching import (
     share,
     worker_part,
 )
+from ..plan.sampling import ClassSampler
 from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import is_xarray
@@ -116,6 +117,12 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         ``(batch, 2)`` array of each sample's member and position within it;
         a dict batch gets the key ``"sources"``, a tuple or an array batch
         becomes ``(..., sources)``.
+    sampler : ClassSampler, optional
+        Class-balanced or weighted sampling from a label array (with
+        ``shuffle=True`` and no ``shuffle_buffer_size``): each epoch is the
+        sampler's ``num_samples`` draws, seeded by ``(seed, epoch)``, read as
+        the exact shuffle's windows; ranks share them and ``state_dict``
+        resumes them exactly as any other order.
 
     Notes
     -----
@@ -168,6 +175,7 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         target_data: Any = None,
         return_origins: bool = False,
         return_sources: bool = False,
+        sampler: ClassSampler | None = None,
     ) -> None:
         layout = None
         if input_dims is None:
@@ -226,6 +234,7 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
             cache=cache,
             layout=layout,
             return_sources=return_sources,
+            sampler=sampler,
         )
         if self.spec.return_sources and self._names is not None and "sources" in self._names:
             raise ArgumentValueError(

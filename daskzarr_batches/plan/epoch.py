@@ -54,6 +54,7 @@ from .quality import (
     expected_batch_bits,
     pair_bins,
 )
+from .sampling import ClassSampler
 from .shards import ShardLayout, shard_requests, shard_units
 from .summary import PlanSummary, WindowSummary
 from .windows import (
@@ -192,6 +193,10 @@ class EpochPlan:
     members : tuple of int, optional
         A collection's member offsets (``[0, len0, ..., n]``): :meth:`summary`
         then reports the source entropy of the batches (``plan.quality``).
+    sampler : ClassSampler, optional
+        Class-balanced or weighted sampling: the epoch is the sampler's draws
+        from :meth:`rng` (``n_samples`` of them, ids over its labels),
+        cut into windows of ``window_rows`` read like the exact shuffle's.
     """
 
     n_samples: int
@@ -207,6 +212,7 @@ class EpochPlan:
     ramp: bool = True
     mix: MixOrder | None = None
     members: tuple[int, ...] = ()
+    sampler: ClassSampler | None = field(default=None, compare=False)
     units: IndexArray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -279,6 +285,8 @@ class EpochPlan:
     def quality_counter(self) -> QualityCounter:
         """An empty :class:`QualityCounter` for this epoch's ids (and members, batches)."""
         ids = self.n_samples if self.mix is None else sum(self.mix.lengths)  # ids span all sources
+        if self.sampler is not None:
+            ids = self.sampler.n_ids  # draws over the labelled samples
         return QualityCounter(ids, self.members or None, self.batch_size, self.strata(ids))
 
     def strata(self, span: int | None = None) -> IndexArray:
@@ -358,6 +366,8 @@ class EpochPlan:
         orders: Iterator[tuple[range | SampleIds, _UnitShuffle | None]]
         if self.mix is not None:
             orders = ((samples, None) for samples in self._mix_orders())
+        elif self.sampler is not None:
+            orders = ((samples, None) for samples in self._sampler_orders())
         elif self.shuffle == "none":
             orders = ((samples, None) for samples in self._sequential_orders())
         elif self.shuffle == "buffer":
@@ -633,6 +643,14 @@ class EpochPlan:
                 return
             yield order[lo:end]
             lo = end
+
+    def _sampler_orders(self) -> Iterator[SampleIds]:
+        """A :class:`ClassSampler`'s draws of this epoch, in windows of ``window_rows``."""
+        assert self.sampler is not None
+        order = self.sampler.order(self.rng())[: self.n_used]
+        step = max(self.window_rows, 1)
+        for lo in range(0, len(order), step):
+            yield order[lo : lo + step]
 
     def _exact_orders(self) -> Iterator[SampleIds]:
         order = permutation(self.rng(), self.n_samples)[: self.n_used]

@@ -43,6 +43,7 @@ from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.mix import MixOrder
 from ..plan.quality import DEFAULT_SHUFFLE_QUALITY, smallest_buffer
+from ..plan.sampling import ClassSampler
 from ..plan.windows import ShuffleMode, chunk_offsets, sample_units
 from ..store.cache import ChunkCache
 from ..store.collections import ConcatSource, MixSource, SourcesSource, sources_source
@@ -437,6 +438,7 @@ class StreamSpec:
     cache: ChunkCache | None = field(default=None, compare=False)
     return_sources: bool = False
     shuffle_quality: float | None = None
+    sampler: ClassSampler | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -498,6 +500,8 @@ class StreamSpec:
             put("prefetch", 0 if self.shuffle == "exact" else DEFAULT_PREFETCH)
         else:
             put("prefetch", non_negative_int("prefetch", self.prefetch))
+        if self.sampler is not None:
+            _check_sampler(self.sampler, self.shuffle, sources, self.mix)
         if self.shuffle_quality is not None:
             put("shuffle_quality", _quality_target(self.shuffle_quality))
         if self.shuffle == "buffer" and buffer == AUTO:
@@ -632,6 +636,8 @@ class StreamSpec:
         """Samples per epoch: the length of axis 0, shared by every array (a mixture's draws)."""
         if self.mix is not None:
             return self.mix.n_samples
+        if self.sampler is not None:
+            return self.sampler.draws
         return self.sources[0].n_samples
 
     @functools.cached_property
@@ -721,6 +727,7 @@ class StreamSpec:
             ramp=self.ramp,
             mix=self.mix,
             members=_members(self.sources[0]),
+            sampler=self.sampler,
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:
@@ -734,6 +741,25 @@ class StreamSpec:
         if self.shuffle == "buffer" and self.shuffle_quality is not None:
             return dataclasses.replace(self, epoch=epoch, shuffle_buffer_size=AUTO)
         return dataclasses.replace(self, epoch=epoch)
+
+
+def _check_sampler(
+    sampler: object, shuffle: str, sources: tuple[Source, ...], mix: MixOrder | None
+) -> None:
+    """A :class:`ClassSampler` draws the epoch: shuffled, not buffered, one label per sample."""
+    if not isinstance(sampler, ClassSampler):
+        raise ArgumentTypeError(f"sampler must be a ClassSampler, got {sampler!r}")
+    if shuffle != "exact":
+        raise ArgumentValueError(
+            f"sampler={sampler!r} draws its own order: it needs shuffle=True without "
+            f"shuffle_buffer_size (got shuffle={shuffle!r})"
+        )
+    if mix is not None:
+        raise ArgumentValueError("sampler and mixtures (mix) cannot be combined")
+    if sampler.n_ids != sources[0].n_samples:
+        raise LengthMismatchError(
+            f"sampler has {sampler.n_ids} labels for arrays of {sources[0].n_samples} samples"
+        )
 
 
 def _provenance(first: Source, role: str) -> SourcesSource:
