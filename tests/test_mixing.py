@@ -4,6 +4,7 @@ beside an exact shuffle's expectation, on plans and on what streams delivered.""
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -153,3 +154,91 @@ def test_mixing_of_collections_and_patches() -> None:
         assert planned is not None and got is not None and got.mixing is not None
         assert got.mixing == pytest.approx(planned.mixing)
         assert (got.mixing > 0.9) if shuffle else (got.mixing < 0.3)
+
+
+# --------------------------------------------------------------------------
+# label mixing at run time
+
+
+def labelled(labels: np.ndarray, chunk: int) -> tuple[zarr.Array, zarr.Array]:
+    n = len(labels)
+    x = ids_array(n, chunk)
+    y = zarr.create_array(
+        zarr.storage.MemoryStore(), shape=(n,), chunks=(chunk,), dtype="i8", fill_value=-1
+    )
+    y[:] = labels
+    return x, y
+
+
+def direct_label_distance(batches: list[np.ndarray]) -> float:
+    everything = np.concatenate(batches)
+    classes = np.unique(everything)
+    q = np.asarray([(everything == c).mean() for c in classes])
+    tv = [0.5 * np.abs(np.asarray([(b == c).mean() for c in classes]) - q).sum() for b in batches]
+    return float(np.mean(tv))
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(1, 80), min_size=1, max_size=5),
+    chunk=st.integers(4, 64),
+    batch=st.integers(1, 40),
+    buffer=st.one_of(st.none(), st.just(0), st.integers(1, 200)),
+    seed=st.integers(0, 1000),
+)
+def test_label_mixing_equals_a_direct_computation(
+    sizes: list[int], chunk: int, batch: int, buffer: int | None, seed: int
+) -> None:
+    from daskzarr_batches.plan.quality import exact_label_distance
+
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    x, y = labelled(labels, chunk)
+    if buffer == 0:
+        stream = dzb.paired_batch_stream(x, y, batch, label_mixing=True)
+    else:
+        stream = dzb.paired_shuffled_batch_stream(
+            x, y, batch, seed=seed, shuffle_buffer_size=buffer, label_mixing=True
+        )
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        batches = [b for _, b in stream]
+    got = stream.stats.quality
+    assert got is not None and got.label_distance is not None and got.label_mixing is not None
+    distance = direct_label_distance(batches)
+    assert got.label_distance == pytest.approx(distance, abs=1e-9)
+    q = np.bincount(labels) / len(labels)
+    lengths = [len(b) for b in batches]
+    expected = float(np.mean([exact_label_distance(q, k) for k in lengths]))
+    want = min(max((1 - distance) / (1 - expected), 0.0), 1.0) if expected < 1 else 1.0
+    assert got.label_mixing == pytest.approx(want, abs=1e-9)
+    assert 0.0 <= got.label_mixing <= 1.0
+
+
+def test_label_mixing_warns_when_batches_hold_few_classes() -> None:
+    labels = np.repeat(np.arange(10), 100)  # sorted by class
+    x, y = labelled(labels, 100)
+    stream = dzb.paired_batch_stream(x, y, 32, label_mixing=True)
+    with pytest.warns(dzb.ShuffleQualityWarning, match="label mixing") as record:
+        for _ in stream:
+            pass
+    assert record[0].filename == __file__  # the caller's loop
+    quality = stream.stats.quality
+    assert quality is not None and quality.label_mixing is not None
+    assert quality.label_mixing < 0.3 and "label mixing" in str(quality)
+    exact = dzb.paired_shuffled_batch_stream(x, y, 32, seed=0, label_mixing=True)
+    for _ in exact:  # no warning: pytest turns one into an error
+        pass
+    quality = exact.stats.quality
+    assert quality is not None and quality.label_mixing is not None
+    assert quality.label_mixing > 0.95
+    loader = dzb.Loader({"x": x, "y": y}, 32, shuffle=True, seed=0, labels="y")
+    for _ in loader:
+        pass
+    assert loader.stats.quality is not None and loader.stats.quality.label_mixing is not None
+    plain = dzb.paired_shuffled_batch_stream(x, y, 32, seed=0)
+    plain.close()
+    assert plain.summary().quality is not None and plain.summary().quality.label_mixing is None
+    with pytest.raises(dzb.ArgumentValueError, match="names none"):
+        dzb.Loader({"x": x, "y": y}, 32, labels="z")
+    with pytest.raises(dzb.ArgumentValueError, match="discrete"):
+        dzb.Loader({"x": x, "y": y}, 32, labels="x")

@@ -123,6 +123,13 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         sampler's ``num_samples`` draws, seeded by ``(seed, epoch)``, read as
         the exact shuffle's windows; ranks share them and ``state_dict``
         resumes them exactly as any other order.
+    labels : str, optional
+        The key (dict arrays) or role (``"labels"`` for a pair) of the array
+        of discrete labels: each epoch's ``stats.quality`` then reports how
+        far its batches' label distributions are from the epoch's
+        (``label_mixing``, 1.0 as an exact shuffle's; ``label_distance``),
+        and an epoch below ``LABEL_MIXING_WARNING`` (0.85) ends with a
+        ``ShuffleQualityWarning``.
 
     Notes
     -----
@@ -176,6 +183,7 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         return_origins: bool = False,
         return_sources: bool = False,
         sampler: ClassSampler | None = None,
+        labels: str | None = None,
     ) -> None:
         layout = None
         if input_dims is None:
@@ -235,6 +243,7 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
             layout=layout,
             return_sources=return_sources,
             sampler=sampler,
+            labels=labels,
         )
         if self.spec.return_sources and self._names is not None and "sources" in self._names:
             raise ArgumentValueError(

@@ -396,6 +396,7 @@ def paired_batch_stream(
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
     return_sources: bool = False,
+    label_mixing: bool = False,
 ) -> BatchStream:
     """Stream ``(features_batch, labels_batch)`` pairs in order.
 
@@ -404,7 +405,9 @@ def paired_batch_stream(
     :func:`batch_stream`; ``features`` and ``labels`` must have the same
     length (else :class:`LengthMismatchError`).  Chunk subsets must be
     ``subset[0], subset[1]`` of one split of the pair (``batch_stream(subset,
-    ...)`` of that split streams the pair too).
+    ...)`` of that split streams the pair too).  ``label_mixing=True``: the
+    labels are discrete, and ``stats.quality`` reports their mixing (as for
+    :func:`paired_shuffled_batch_stream`).
     """
     return BatchStream(
         StreamSpec(
@@ -422,6 +425,7 @@ def paired_batch_stream(
             io_concurrency=io_concurrency,
             cache=cache,
             return_sources=return_sources,
+            labels="labels" if label_mixing else None,
         )
     )
 
@@ -446,12 +450,18 @@ def paired_shuffled_batch_stream(
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
     return_sources: bool = False,
+    label_mixing: bool = False,
 ) -> BatchStream:
     """Stream shuffled ``(features_batch, labels_batch)`` pairs.
 
     Features and labels are drawn with the same sample indices, so row ``i``
     of both is the same sample.  Parameters are those of
-    :func:`shuffled_batch_stream`.
+    :func:`shuffled_batch_stream`, and ``label_mixing`` (default False):
+    ``labels`` are discrete (one class per sample), so ``stats.quality``
+    reports how far each batch's label distribution is from the epoch's
+    (``label_mixing``, ``label_distance``), and an epoch whose label mixing
+    is below ``LABEL_MIXING_WARNING`` (0.85) ends with a
+    ``ShuffleQualityWarning``.
     """
     return BatchStream(
         StreamSpec(
@@ -473,6 +483,7 @@ def paired_shuffled_batch_stream(
             io_concurrency=io_concurrency,
             cache=cache,
             return_sources=return_sources,
+            labels="labels" if label_mixing else None,
         )
     )
 

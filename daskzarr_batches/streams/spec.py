@@ -409,6 +409,14 @@ class StreamSpec:
     layout : streams.patch.Layout, optional
         How a batch's arrays are packed for the caller (patch streams: pairs,
         dicts, origins); ``None``: an array, or a tuple for several.
+    sampler : ClassSampler, optional
+        Class-balanced or weighted sampling: the epoch is its draws (needs
+        ``shuffle="exact"``); ``n_samples`` is their number.
+    labels : str, optional
+        The role (a dict key) of the array of discrete labels: the stream's
+        ``stats.quality`` then reports ``label_mixing`` and warns
+        (``ShuffleQualityWarning``) at the end of an epoch whose label
+        mixing is below ``LABEL_MIXING_WARNING``.
 
     Raises
     ------
@@ -439,6 +447,7 @@ class StreamSpec:
     return_sources: bool = False
     shuffle_quality: float | None = None
     sampler: ClassSampler | None = field(default=None, compare=False)
+    labels: str | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -502,6 +511,8 @@ class StreamSpec:
             put("prefetch", non_negative_int("prefetch", self.prefetch))
         if self.sampler is not None:
             _check_sampler(self.sampler, self.shuffle, sources, self.mix)
+        if self.labels is not None:
+            _check_labels(self.labels, sources, tuple(roles))
         if self.shuffle_quality is not None:
             put("shuffle_quality", _quality_target(self.shuffle_quality))
         if self.shuffle == "buffer" and buffer == AUTO:
@@ -759,6 +770,20 @@ def _check_sampler(
     if sampler.n_ids != sources[0].n_samples:
         raise LengthMismatchError(
             f"sampler has {sampler.n_ids} labels for arrays of {sources[0].n_samples} samples"
+        )
+
+
+def _check_labels(labels: object, sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
+    """``labels`` names one array of discrete labels: one value per sample."""
+    if not isinstance(labels, str):
+        raise ArgumentTypeError(f"labels must name an array (a str), got {labels!r}")
+    if labels not in roles:
+        raise ArgumentValueError(f"labels={labels!r} names none of the arrays {list(roles)!r}")
+    source = sources[roles.index(labels)]
+    if len(source.shape) != 1 or np.dtype(source.dtype).kind not in "biuUSO":
+        raise ArgumentValueError(
+            f"labels={labels!r} must be a 1-D array of discrete labels (integers, bools, "
+            f"strings), got shape {source.shape} and dtype {source.dtype}"
         )
 
 
