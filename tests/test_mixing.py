@@ -242,3 +242,40 @@ def test_label_mixing_warns_when_batches_hold_few_classes() -> None:
         dzb.Loader({"x": x, "y": y}, 32, labels="z")
     with pytest.raises(dzb.ArgumentValueError, match="discrete"):
         dzb.Loader({"x": x, "y": y}, 32, labels="x")
+
+
+def test_sorted_digits_delivered_figures() -> None:
+    # the done-when on the real data: scikit-learn's digits, training rows
+    # sorted by label, chunks of 128, batch 32 (the training itself is the benchmark)
+    datasets = pytest.importorskip("sklearn.datasets")
+    selection = pytest.importorskip("sklearn.model_selection")
+    x_all, y_all = datasets.load_digits(return_X_y=True)
+    x_train, _, y_train, _ = selection.train_test_split(
+        x_all.astype("f4"), y_all, test_size=0.2, random_state=0, stratify=y_all
+    )
+    order = np.argsort(y_train, kind="stable")
+    x = zarr.create_array(zarr.storage.MemoryStore(), shape=(1437, 64), chunks=(128, 64),
+                          dtype="f4")  # fmt: skip
+    x[:] = x_train[order]
+    _, y = labelled(y_train[order].astype("i8"), 128)
+    figures = {}
+    for name, buffer in (("2 chunks", 256), ("exact", None), ("auto", "auto")):
+        stream = dzb.paired_shuffled_batch_stream(
+            x, y, 32, seed=0, shuffle_buffer_size=buffer, label_mixing=True
+        )
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            for _ in stream:
+                pass
+        quality = stream.stats.quality
+        assert quality is not None and quality.mixing is not None
+        figures[name] = (quality.mixing, quality.label_mixing, stream.spec.shuffle_buffer_size)
+    assert figures["2 chunks"][0] <= 0.5 and figures["exact"][0] >= 0.95
+    assert figures["auto"][0] >= 0.85 and figures["auto"][2] == 10 * 128
+    assert figures["2 chunks"][1] is not None and figures["2 chunks"][1] < 0.5
+    with pytest.warns(dzb.ShuffleQualityWarning, match="write_shuffled"):
+        small = dzb.shuffled_batch_stream(
+            x, 32, seed=0, shuffle_buffer_size="auto", memory_budget=3 * 4 * 128 * 64 * 4
+        )
+    small.close()
+    assert small.spec.shuffle_buffer_size == 4 * 128

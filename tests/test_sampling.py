@@ -101,6 +101,11 @@ def test_loader_resumes_exactly_mid_epoch_and_ranks_share_the_draws() -> None:
         again.load_state_dict(state)
         rest = np.concatenate([b[:, 0] for b in again])
         assert np.array_equal(np.concatenate([*head, rest]), whole)
+        other = dzb.Loader(
+            x, 16, shuffle=True, seed=3, sampler=dzb.ClassSampler(labels, [1, 1, 1, 2])
+        )
+        with pytest.raises(dzb.ArgumentValueError, match="another order"):
+            other.load_state_dict(state)
         ranks = [
             epoch_ids(
                 dzb.Loader(x, 16, shuffle=True, seed=3, sampler=sampler, rank=r, world_size=2), 1

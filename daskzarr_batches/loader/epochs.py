@@ -513,7 +513,10 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
             "seed": spec.seed,
             "n_samples": spec.n_samples,
             "batch_size": spec.batch_size,
-            "shuffle": spec.shuffle,
+            # a sampler's draws are its own order: its identity is part of the shuffle's
+            "shuffle": spec.shuffle
+            if spec.sampler is None
+            else f"{spec.shuffle} by {spec.sampler.identity}",
             "shuffle_buffer_size": size or spec.shuffle_buffer_size,
             "window_rows": size or spec.window_rows,
             "even_batches": self.even_batches,

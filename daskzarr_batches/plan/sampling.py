@@ -10,6 +10,7 @@ from the chunks that hold them; an id drawn twice is read once and copied).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,6 +151,19 @@ class ClassSampler:
                 taken.append(self._members[lo:hi][rng.permutation(hi - lo)[:count]])
         ids = np.concatenate(taken) if taken else np.zeros(0, dtype=np.int64)
         return ids[rng.permutation(len(ids))]
+
+    @property
+    def identity(self) -> str:
+        """What fixes the sampler's draws, in a few characters (a ``Loader`` state's check).
+
+        The kind, replacement, draws, and a digest of the labels' classes per
+        sample and the shares.
+        """
+        digest = hashlib.sha256()
+        digest.update(self._codes.tobytes())
+        digest.update(np.ascontiguousarray(self.shares).tobytes())
+        kind = "with" if self.replacement else "without"
+        return f"ClassSampler({kind} replacement, {self.draws} draws, {digest.hexdigest()[:16]})"
 
     def label_codes(self, ids: npt.ArrayLike) -> IndexArray:
         """The class index (into ``classes``) of each sample id."""
