@@ -10,7 +10,6 @@ from the chunks that hold them; an id drawn twice is read once and copied).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,11 +158,9 @@ class ClassSampler:
         The kind, replacement, draws, and a digest of the labels' classes per
         sample and the shares.
         """
-        digest = hashlib.sha256()
-        digest.update(self._codes.tobytes())
-        digest.update(np.ascontiguousarray(self.shares).tobytes())
         kind = "with" if self.replacement else "without"
-        return f"ClassSampler({kind} replacement, {self.draws} draws, {digest.hexdigest()[:16]})"
+        digest = _digest(self._codes) ^ _digest(np.ascontiguousarray(self.shares).view(np.uint64))
+        return f"ClassSampler({kind} replacement, {self.draws} draws, {digest:016x})"
 
     def label_codes(self, ids: npt.ArrayLike) -> IndexArray:
         """The class index (into ``classes``) of each sample id."""
@@ -205,6 +202,17 @@ def _shares(weights: object, classes: npt.NDArray[Any]) -> npt.NDArray[np.float6
             f"weights must be finite, non-negative and not all 0, got {raw.tolist()!r}"
         )
     return raw / raw.sum()
+
+
+def _digest(values: npt.NDArray[Any]) -> int:
+    """A stable 64-bit digest of integer ``values`` (the same in every process)."""
+    words = np.asarray(values).astype(np.uint64)
+    step = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        weights = (np.arange(1, len(words) + 1, dtype=np.uint64) * step) | np.uint64(1)
+        mixed = (words + np.uint64(0x632BE59BD9B4E019)) * weights
+        folded = mixed ^ (mixed >> np.uint64(29))
+    return int(np.bitwise_xor.reduce(folded, initial=np.uint64(len(words))))
 
 
 def _apportion(total: int, shares: npt.NDArray[np.float64], caps: IndexArray) -> IndexArray:
