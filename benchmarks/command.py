@@ -94,6 +94,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "(docs/quality_vs_buffer.png), and the first buffered batch beside x[a:b] "
               "over its chunks, local and on a 20 ms store; writes --out/quality.md",
               ("rounds", "out", "data")),
+    Benchmark("quality-training", "benchmarks.suite.quality_training", "run",
+              "issue 28: sorted digits (scikit-learn), an MLP trained through every shuffle "
+              "mode (sequential, buffers, auto, exact, write_shuffled + buffer): held-out "
+              "accuracy against batch mixing, label mixing and epoch time "
+              "(docs/quality_training.png); writes --out/quality_training.md",
+              ("epochs", "out")),
     Benchmark("writes", "benchmarks.suite.run", "run_writes",
               "issue 19: map_to_zarr vs x.map_blocks(f).to_zarr(out), locally and on a "
               "LocalCluster, a resume after an interruption at half, write_shuffled vs the "
@@ -179,7 +185,10 @@ def parser() -> argparse.ArgumentParser:
     cases.add_argument("--first-batch", action="store_true", help="compare: time to first batch")
     cases.add_argument("--fields", type=int, help="big-samples: fields per array (768)")
     cases.add_argument("--workers", type=int, help="cluster: worker processes (2)")
-    cases.add_argument("--epochs", type=int, help="torch-workers: epochs per DataLoader (3)")
+    cases.add_argument(
+        "--epochs", type=int,
+        help="torch-workers: epochs per DataLoader (3); quality-training: epochs (8)",
+    )  # fmt: skip
     cases.add_argument("--match", help="torch-workers: only cases whose name contains this")
     cases.add_argument(
         "--no-cluster", action="store_true", help="suite, writes: no LocalCluster cases"

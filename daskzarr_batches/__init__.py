@@ -31,6 +31,7 @@ from .errors import (
     MissingChunkError,
     MissingChunksWarning,
     ResumeMismatchError,
+    ShuffleQualityWarning,
     SkippedChunksWarning,
     StoreGoneError,
     StreamFailedError,
@@ -41,6 +42,7 @@ from .loader import Loader
 from .mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
 from .plan.epoch import EpochPlan
 from .plan.quality import ShuffleQuality
+from .plan.sampling import ClassSampler
 from .plan.summary import PlanSummary, WindowSummary
 from .plan.windows import ChunkPiece, Window
 from .store.cache import ChunkCache
@@ -88,6 +90,7 @@ __all__ = [
     "ChunkReadError",
     "ChunkStream",
     "ChunkSubset",
+    "ClassSampler",
     "Collection",
     "CorruptChunkError",
     "DaskZarrBatchesError",
@@ -103,6 +106,7 @@ __all__ = [
     "PlanSummary",
     "ResumeMismatchError",
     "ShuffleQuality",
+    "ShuffleQualityWarning",
     "SkippedChunk",
     "SkippedChunksWarning",
     "StoreGoneError",

@@ -56,6 +56,7 @@ __all__ = [
     "MissingChunkError",
     "MissingChunksWarning",
     "ResumeMismatchError",
+    "ShuffleQualityWarning",
     "SkippedChunksWarning",
     "StoreGoneError",
     "StreamFailedError",
@@ -192,6 +193,18 @@ class CacheWarning(UserWarning):
     """
 
 
+class ShuffleQualityWarning(UserWarning):
+    """A buffered shuffle cannot reach its batch-mixing target within ``memory_budget``.
+
+    ``shuffle_buffer_size="auto"`` then uses the largest buffer the budget
+    holds; the warning names the figure it reaches (``batch mixing``,
+    ``ShuffleQuality.mixing``) and the ways out: the exact shuffle
+    (``shuffle_buffer_size=None``, with a ``cache`` for repeated epochs),
+    ``write_shuffled`` once and a buffered shuffle of its output, or smaller
+    chunks (a buffer of the same bytes then holds more of them).
+    """
+
+
 class SkippedChunksWarning(UserWarning):
     """Chunks that did not decode were skipped (``on_error="skip"``).
 
@@ -248,9 +261,16 @@ def warn_caller(warning: Warning) -> None:
     ``skip_file_prefixes``).
     """
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+    def inside(frame: Any) -> bool:
+        name = frame.f_code.co_filename
+        if name == "<string>":  # generated code (a dataclass's __init__) the package calls
+            return frame.f_back is not None and inside(frame.f_back)
+        return os.path.abspath(name).startswith(package)
+
     level = 2  # 1 is this function, 2 the frame below
     frame: Any = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+    while frame is not None and inside(frame):
         frame = frame.f_back
         level += 1
     warnings.warn(warning, stacklevel=level)

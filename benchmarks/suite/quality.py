@@ -137,7 +137,8 @@ def curve(x: zarr.Array, chunk_rows: int) -> dict[str, Any]:
         size = plan.windows[0].samples  # the first window is the first buffer, whole units
         auto[str(target)] = {
             "chunks": round(size / chunk_rows),
-            "figure": plan.buffer_figure,  # the epoch's own, which "auto" held to the target
+            # the epoch's own expected batch mixing, which "auto" held to the target
+            "figure": plan.buffer_figure,
             "entropy": plan.quality.entropy if plan.quality else None,
             "seconds": seconds,
         }
@@ -268,7 +269,8 @@ def run(options: argparse.Namespace) -> None:
             for r in result["rows"]
         ),
         "",
-        "| shuffle_quality | auto buffer (chunks) | figure held to | epoch | plan_epoch time |",
+        "| shuffle_quality | auto buffer (chunks) | figure held to (batch mixing) | "
+        "neighbour entropy (epoch) | plan_epoch time |",
         "|---:|---:|---:|---:|---:|",
         *(
             f"| {q} | {c['chunks']} | {c['figure']:.3f} | {c['entropy']:.3f} "

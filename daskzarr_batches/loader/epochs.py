@@ -37,6 +37,7 @@ from ..plan.batching import (
     share,
     worker_part,
 )
+from ..plan.sampling import ClassSampler
 from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import is_xarray
@@ -116,6 +117,19 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         ``(batch, 2)`` array of each sample's member and position within it;
         a dict batch gets the key ``"sources"``, a tuple or an array batch
         becomes ``(..., sources)``.
+    sampler : ClassSampler, optional
+        Class-balanced or weighted sampling from a label array (with
+        ``shuffle=True`` and no ``shuffle_buffer_size``): each epoch is the
+        sampler's ``num_samples`` draws, seeded by ``(seed, epoch)``, read as
+        the exact shuffle's windows; ranks share them and ``state_dict``
+        resumes them exactly as any other order.
+    labels : str, optional
+        The key (dict arrays) or role (``"labels"`` for a pair) of the array
+        of discrete labels: each epoch's ``stats.quality`` then reports how
+        far its batches' label distributions are from the epoch's
+        (``label_mixing``, 1.0 as an exact shuffle's; ``label_distance``),
+        and an epoch below ``LABEL_MIXING_WARNING`` (0.85) ends with a
+        ``ShuffleQualityWarning``.
 
     Notes
     -----
@@ -168,6 +182,8 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         target_data: Any = None,
         return_origins: bool = False,
         return_sources: bool = False,
+        sampler: ClassSampler | None = None,
+        labels: str | None = None,
     ) -> None:
         layout = None
         if input_dims is None:
@@ -226,6 +242,8 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
             cache=cache,
             layout=layout,
             return_sources=return_sources,
+            sampler=sampler,
+            labels=labels,
         )
         if self.spec.return_sources and self._names is not None and "sources" in self._names:
             raise ArgumentValueError(
@@ -495,7 +513,10 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
             "seed": spec.seed,
             "n_samples": spec.n_samples,
             "batch_size": spec.batch_size,
-            "shuffle": spec.shuffle,
+            # a sampler's draws are its own order: its identity is part of the shuffle's
+            "shuffle": spec.shuffle
+            if spec.sampler is None
+            else f"{spec.shuffle} by {spec.sampler.identity}",
             "shuffle_buffer_size": size or spec.shuffle_buffer_size,
             "window_rows": size or spec.window_rows,
             "even_batches": self.even_batches,

@@ -44,7 +44,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .batching import batches_completed, count_batches, samples_used
-from .quality import ENTROPY_BINS, QualityCounter, _bins, _entropy, exact_entropy, pair_bins
+from .quality import (
+    ENTROPY_BINS,
+    QualityCounter,
+    _bins,
+    _entropy,
+    exact_entropy,
+    exact_mixing_bits,
+    expected_batch_bits,
+    pair_bins,
+)
+from .sampling import ClassSampler
 from .shards import ShardLayout, shard_requests, shard_units
 from .summary import PlanSummary, WindowSummary
 from .windows import (
@@ -183,6 +193,10 @@ class EpochPlan:
     members : tuple of int, optional
         A collection's member offsets (``[0, len0, ..., n]``): :meth:`summary`
         then reports the source entropy of the batches (``plan.quality``).
+    sampler : ClassSampler, optional
+        Class-balanced or weighted sampling: the epoch is the sampler's draws
+        from :meth:`rng` (``n_samples`` of them, ids over its labels),
+        cut into windows of ``window_rows`` read like the exact shuffle's.
     """
 
     n_samples: int
@@ -198,6 +212,7 @@ class EpochPlan:
     ramp: bool = True
     mix: MixOrder | None = None
     members: tuple[int, ...] = ()
+    sampler: ClassSampler | None = field(default=None, compare=False)
     units: IndexArray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -270,7 +285,23 @@ class EpochPlan:
     def quality_counter(self) -> QualityCounter:
         """An empty :class:`QualityCounter` for this epoch's ids (and members, batches)."""
         ids = self.n_samples if self.mix is None else sum(self.mix.lengths)  # ids span all sources
-        return QualityCounter(ids, self.members or None, self.batch_size)
+        if self.sampler is not None:
+            ids = self.sampler.n_ids  # draws over the labelled samples
+        return QualityCounter(ids, self.members or None, self.batch_size, self.strata(ids))
+
+    def strata(self, span: int | None = None) -> IndexArray:
+        """The strata of the mixing figure: the epoch's stored chunks, ``[0, ..., span]``.
+
+        Every array's axis-0 chunk boundaries together (a patch plan's units),
+        or, where those do not span the ids (a mixture's draws over its
+        sources), as many equal strata as the first array has chunks.
+        """
+        span = self.n_samples if span is None else span
+        bounds = np.unique(np.concatenate([np.asarray(o, dtype=np.int64) for o in self.offsets]))
+        if len(bounds) >= 2 and bounds[0] == 0 and bounds[-1] == span:
+            return bounds
+        k = max(len(self.offsets[0]) - 1 if self.offsets else 1, 1)
+        return np.unique((np.arange(k + 1, dtype=np.int64) * span) // k)
 
     def _store_reads(self, window: Window) -> tuple[int, int]:
         """Shards a window touches and the store requests it makes (an estimate, no I/O).
@@ -335,6 +366,8 @@ class EpochPlan:
         orders: Iterator[tuple[range | SampleIds, _UnitShuffle | None]]
         if self.mix is not None:
             orders = ((samples, None) for samples in self._mix_orders())
+        elif self.sampler is not None:
+            orders = ((samples, None) for samples in self._sampler_orders())
         elif self.shuffle == "none":
             orders = ((samples, None) for samples in self._sequential_orders())
         elif self.shuffle == "buffer":
@@ -517,6 +550,54 @@ class EpochPlan:
         exact = exact_entropy(n)
         return _entropy(np.maximum(hist, 0.0)) / exact if exact else 1.0
 
+    def expected_mixing(self) -> float | None:
+        """A buffered epoch's batch mixing given its windows, in expectation.
+
+        The epoch's own windows (this ``(seed, epoch)``'s unit permutation,
+        grouped as :meth:`windows` groups it); each batch is taken as
+        ``batch_size`` rows drawn from its window (the window's row shuffle in
+        expectation, a batch straddling two windows counted in the first),
+        whose expected bits over the strata are those of binomial counts of
+        the window's strata shares (:func:`expected_batch_bits`).  The mean
+        over the delivered batches, weighted by the batches each window
+        delivers, over an exact shuffle's (:func:`exact_mixing_bits`), at most
+        1: what ``shuffle_buffer_size="auto"`` holds a candidate buffer to.
+        Costs per unit and distinct strata share, never per row.  ``None``:
+        not a buffered row order.
+        """
+        if self.shuffle != "buffer" or self.mix is not None:
+            return None
+        strata = self.strata()
+        exact = exact_mixing_bits(strata, self.batch_size)
+        if exact <= 0 or self.n_used < 1:
+            return 1.0
+        order = self.rng().permutation(len(self.units) - 1)
+        groups = list(self._unit_groups(order.tolist()))
+        counts = np.asarray([len(group) for group in groups], dtype=np.int64)
+        unit = np.concatenate([np.asarray(group, dtype=np.int64) for group in groups])
+        window = np.repeat(np.arange(len(groups)), counts)
+        lo, hi = self.units[:-1][unit], self.units[1:][unit]
+        # each unit's rows per stratum: a unit may span several strata
+        first = np.searchsorted(strata, lo, side="right") - 1
+        last = np.searchsorted(strata, hi - 1, side="right") - 1
+        span = last - first + 1
+        piece = np.repeat(np.arange(len(unit)), span)
+        stratum = np.repeat(first, span) + (
+            np.arange(len(piece)) - np.repeat(np.cumsum(span) - span, span)
+        )
+        rows_in = np.minimum(hi[piece], strata[stratum + 1]) - np.maximum(
+            lo[piece], strata[stratum]
+        )
+        rows = np.bincount(window, weights=hi - lo, minlength=len(groups))
+        before = np.cumsum(rows) - rows
+        used = np.clip(self.n_used - before, 0, rows)
+        share = rows_in / rows[window[piece]]
+        bits = expected_batch_bits(share, self.batch_size)
+        per_window = np.bincount(window[piece], weights=bits, minlength=len(groups))
+        weight = used / max(self.batch_size, 1)
+        mean = float((per_window * weight).sum() / weight.sum()) if weight.sum() else 0.0
+        return min(mean / exact, 1.0)
+
     def _buffered_orders(self) -> Iterator[tuple[IndexArray, _UnitShuffle]]:
         for starts, stops, shuffle in self._buffered_draws():
             yield _unit_rows(starts, stops)[shuffle], _UnitShuffle.of(starts, stops, shuffle)
@@ -562,6 +643,14 @@ class EpochPlan:
                 return
             yield order[lo:end]
             lo = end
+
+    def _sampler_orders(self) -> Iterator[SampleIds]:
+        """A :class:`ClassSampler`'s draws of this epoch, in windows of ``window_rows``."""
+        assert self.sampler is not None
+        order = self.sampler.order(self.rng())[: self.n_used]
+        step = max(self.window_rows, 1)
+        for lo in range(0, len(order), step):
+            yield order[lo : lo + step]
 
     def _exact_orders(self) -> Iterator[SampleIds]:
         order = permutation(self.rng(), self.n_samples)[: self.n_used]

@@ -116,9 +116,11 @@ class PlanSummary:
         How well mixed the epoch's order is, beside an exact shuffle (from the
         planned sample ids: :mod:`~daskzarr_batches.plan.quality`).
     buffer_figure : float or None
-        ``shuffle_buffer_size="auto"``: the neighbour-entropy fraction the
-        chosen buffer was held to, this epoch's own (``quality.entropy`` of a
-        row stream), at least ``shuffle_quality``; ``None`` otherwise.
+        ``shuffle_buffer_size="auto"``: the batch mixing the chosen buffer
+        was held to, this epoch's own given its windows (``quality.mixing``
+        is the realised one, within the noise of the row shuffles), at least
+        ``shuffle_quality`` unless a ``ShuffleQualityWarning`` said
+        otherwise; ``None`` otherwise.
     """
 
     windows: tuple[WindowSummary, ...]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import threading
 import time
 import uuid
@@ -30,7 +31,7 @@ from ..errors import (
     warn_caller,
 )
 from ..execute.runners import Runner
-from ..plan.quality import QualityCounter, ShuffleQuality
+from ..plan.quality import LabelCounter, QualityCounter, ShuffleQuality
 from ..plan.summary import read_amplification
 from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
@@ -186,13 +187,24 @@ class StreamStats:
     bytes_from_cache: int = 0
     cache_damaged: int = 0
     delivered: DeliveredIds | None = field(default=None, repr=False, compare=False)
+    labels: LabelCounter | None = field(default=None, repr=False, compare=False)
 
     @property
     def quality(self) -> ShuffleQuality | None:
-        """The shuffle quality of the samples yielded so far (batch streams)."""
+        """The shuffle quality of the samples yielded so far (batch streams).
+
+        With ``labels=`` (the array of discrete labels named), also the label
+        mixing of the batches yielded (``label_mixing``, ``label_distance``).
+        """
         if self.delivered is None:
             return None
-        return self.delivered.quality(self.samples_yielded)
+        quality = self.delivered.quality(self.samples_yielded)
+        figures = None if self.labels is None else self.labels.figures()
+        if figures is not None:
+            quality = dataclasses.replace(
+                quality, label_mixing=figures[0], label_distance=figures[1]
+            )
+        return quality
 
     @property
     def read_amplification(self) -> float:

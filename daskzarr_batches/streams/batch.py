@@ -21,6 +21,7 @@ import zarr
 from ..errors import (
     ArgumentValueError,
     ChunkReadError,
+    ShuffleQualityWarning,
     SkippedChunksWarning,
     warn_caller,
 )
@@ -28,6 +29,7 @@ from ..execute.runners import make_runner
 from ..plan.batching import Batcher, Ranges, positions_between
 from ..plan.batching import count_batches as _count
 from ..plan.epoch import EpochPlan
+from ..plan.quality import LABEL_MIXING_WARNING, LabelCounter
 from ..plan.summary import PlanSummary
 from ..plan.windows import Window
 from ..read.buffers import shared_pool
@@ -254,6 +256,8 @@ class BatchStream(Stream[Any]):
         super().__init__(length, runner, spec.timeout, policy)
         self._created = created
         self.stats.delivered = DeliveredIds(self.plan.quality_counter())
+        if spec.labels is not None:
+            self.stats.labels = LabelCounter()
         # offsets (from ``start``) of the samples left out as undecodable, ascending
         self._skipped: list[np.ndarray] = []
         self._walked = False  # every position read: a short last batch ends the epoch
@@ -290,6 +294,8 @@ class BatchStream(Stream[Any]):
         assert prefetch is not None
         batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
         deliver = _Delivery(self.stats, spec.paired, self._created, spec.layout)
+        if spec.labels is not None:
+            deliver.labels = spec.roles.index(spec.labels)
         if spec.return_sources:  # the provenance is computed, not read: not counted
             deliver.counted = len(spec.sources) - 1
         progress = _Progress()
@@ -336,10 +342,30 @@ class BatchStream(Stream[Any]):
             rest = batcher.finish()  # only after skipped chunks: the plan drops the rest
             if rest is not None:
                 yield deliver(rest)
+            self._warn_labels()
         finally:
             for _, _, future in reads.queue:
                 self._runner.release(future)
             reads.queue.clear()
+
+    def _warn_labels(self) -> None:
+        """At the epoch's end: warn if the batches' labels were far from the epoch's."""
+        counter = self.stats.labels
+        figures = None if counter is None else counter.figures()
+        if figures is None or figures[0] >= LABEL_MIXING_WARNING:
+            return
+        mixing, distance = figures
+        warn_caller(
+            ShuffleQualityWarning(
+                f"label mixing {mixing:.3f} (below {LABEL_MIXING_WARNING}): the batches' "
+                f"label distributions were on average {distance:.3f} from the epoch's (total "
+                "variation), overlapping it less than an exact shuffle's batches, which "
+                "tends to hurt training. Ways out: the exact shuffle "
+                "(shuffle_buffer_size=None; with cache=ChunkCache(...) later epochs read "
+                "from the cache), a larger shuffle buffer, write_shuffled(...) once and a "
+                "buffered shuffle of its output, or smaller chunks"
+            )
+        )
 
     def _window_submitter(self, sources: list[Source]) -> Any:
         """``submit(window, offset)``: the window's graph sent to the runner; its future.
@@ -795,7 +821,7 @@ RAMP_WINDOWS = 8
 class _Delivery:
     """Counts a batch in ``stats`` and hands it out (the per-batch hot path)."""
 
-    __slots__ = ("counted", "created", "layout", "paired", "stats")
+    __slots__ = ("counted", "created", "labels", "layout", "paired", "stats")
 
     def __init__(self, stats: StreamStats, paired: bool, created: float, layout: Any) -> None:
         self.stats = stats
@@ -803,6 +829,7 @@ class _Delivery:
         self.created = created
         self.layout = layout
         self.counted: int | None = None  # the outputs counted in bytes_yielded (None: all)
+        self.labels: int | None = None  # the output holding discrete labels (``labels=``)
 
     def __call__(self, batch: tuple[np.ndarray, ...]) -> Any:
         stats = self.stats
@@ -811,6 +838,8 @@ class _Delivery:
             stats.time_to_first_batch = time.perf_counter() - self.created
         stats.items_yielded += 1
         stats.samples_yielded += len(first)
+        if self.labels is not None and stats.labels is not None:
+            stats.labels.add(batch[self.labels])
         if self.layout is not None:
             stats.bytes_yielded += sum(part.nbytes for part in batch)
             return self.layout.pack(batch)

@@ -321,18 +321,21 @@ def shuffled_batch_stream(
         to the samples it holds: ``bytes // row bytes`` (at least 1), so a
         buffer of big samples (fields of a few hundred KB) stays within a
         known memory.  ``stream.spec.shuffle_buffer_size`` is that count.
-        ``"auto"``: the smallest buffer of whole chunks whose neighbour
-        entropy (estimated from the plan, nothing read) reaches
-        ``shuffle_quality`` of an exact shuffle's, with ``prefetch + 1``
-        buffers within ``memory_budget``; ``ArgumentValueError`` if none
-        does.  ``stream.spec.shuffle_buffer_size`` is the size chosen and
+        ``"auto"``: the smallest buffer of whole chunks whose batch mixing
+        (``ShuffleQuality.mixing``, computed from the plan, nothing read)
+        reaches ``shuffle_quality`` of an exact shuffle's, with ``prefetch +
+        1`` buffers within ``memory_budget``; if none does, the largest
+        within it and a ``ShuffleQualityWarning`` naming what it reaches
+        (``ArgumentValueError`` if not even one chunk fits).
+        ``stream.spec.shuffle_buffer_size`` is the size chosen and
         ``stream.summary()`` shows it with its figure.  The first buffer is
         read as one window, its chunks concurrently, so the first batch
         mixes as many chunks as any other.
     shuffle_quality : float, optional
         The target of ``shuffle_buffer_size="auto"``, a fraction of an exact
-        shuffle's neighbour entropy in ``(0, 1]`` (default 0.95); an error
-        with any other ``shuffle_buffer_size``.
+        shuffle's batch mixing in ``(0, 1]`` (default
+        ``plan.quality.DEFAULT_SHUFFLE_QUALITY``); an error with any other
+        ``shuffle_buffer_size``.
     drop_remainder : bool, default False
         Drop the short last batch.
     epoch : int, default 0
@@ -395,6 +398,7 @@ def paired_batch_stream(
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
     return_sources: bool = False,
+    label_mixing: bool = False,
 ) -> BatchStream:
     """Stream ``(features_batch, labels_batch)`` pairs in order.
 
@@ -403,7 +407,9 @@ def paired_batch_stream(
     :func:`batch_stream`; ``features`` and ``labels`` must have the same
     length (else :class:`LengthMismatchError`).  Chunk subsets must be
     ``subset[0], subset[1]`` of one split of the pair (``batch_stream(subset,
-    ...)`` of that split streams the pair too).
+    ...)`` of that split streams the pair too).  ``label_mixing=True``: the
+    labels are discrete, and ``stats.quality`` reports their mixing (as for
+    :func:`paired_shuffled_batch_stream`).
     """
     return BatchStream(
         StreamSpec(
@@ -421,6 +427,7 @@ def paired_batch_stream(
             io_concurrency=io_concurrency,
             cache=cache,
             return_sources=return_sources,
+            labels="labels" if label_mixing else None,
         )
     )
 
@@ -445,12 +452,18 @@ def paired_shuffled_batch_stream(
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
     return_sources: bool = False,
+    label_mixing: bool = False,
 ) -> BatchStream:
     """Stream shuffled ``(features_batch, labels_batch)`` pairs.
 
     Features and labels are drawn with the same sample indices, so row ``i``
     of both is the same sample.  Parameters are those of
-    :func:`shuffled_batch_stream`.
+    :func:`shuffled_batch_stream`, and ``label_mixing`` (default False):
+    ``labels`` are discrete (one class per sample), so ``stats.quality``
+    reports how far each batch's label distribution is from the epoch's
+    (``label_mixing``, ``label_distance``), and an epoch whose label mixing
+    is below ``LABEL_MIXING_WARNING`` (0.85) ends with a
+    ``ShuffleQualityWarning``.
     """
     return BatchStream(
         StreamSpec(
@@ -472,6 +485,7 @@ def paired_shuffled_batch_stream(
             io_concurrency=io_concurrency,
             cache=cache,
             return_sources=return_sources,
+            labels="labels" if label_mixing else None,
         )
     )
 

@@ -31,17 +31,19 @@ from typing import Any, get_args
 
 import numpy as np
 
-from ..errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
+from ..errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    LengthMismatchError,
+    ShuffleQualityWarning,
+    warn_caller,
+)
 from ..execute.runners import resolve_client
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.mix import MixOrder
-from ..plan.quality import (
-    AUTO_EXACT_SAMPLES,
-    AUTO_EXPECTED_MARGIN,
-    DEFAULT_SHUFFLE_QUALITY,
-    smallest_buffer,
-)
+from ..plan.quality import DEFAULT_SHUFFLE_QUALITY, smallest_buffer
+from ..plan.sampling import ClassSampler
 from ..plan.windows import ShuffleMode, chunk_offsets, sample_units
 from ..store.cache import ChunkCache
 from ..store.collections import ConcatSource, MixSource, SourcesSource, sources_source
@@ -353,12 +355,13 @@ class StreamSpec:
         A string is a size in bytes (``"256MiB"``, ``"1GB"``: :func:`byte_size`),
         converted to the samples it holds (at least 1; :func:`buffer_samples`);
         the spec keeps the number of samples.  ``"auto"``: the smallest
-        buffer of whole units whose estimated neighbour entropy reaches
-        ``shuffle_quality`` of an exact shuffle's (:func:`smallest_buffer`),
-        within ``memory_budget``; the spec keeps the samples chosen.
+        buffer of whole units whose batch mixing reaches ``shuffle_quality``
+        of an exact shuffle's (:func:`smallest_buffer`), within
+        ``memory_budget`` (else the largest within it, and a
+        ``ShuffleQualityWarning``); the spec keeps the samples chosen.
     shuffle_quality : float, optional
         The target of ``shuffle_buffer_size="auto"`` (in ``(0, 1]``; default
-        ``DEFAULT_SHUFFLE_QUALITY``, 0.95), kept with the size it chose.
+        ``DEFAULT_SHUFFLE_QUALITY``), kept with the size it chose.
     memory_budget : int, default ``DEFAULT_MEMORY_BUDGET``
         Bytes of samples the windows of an exact shuffle may hold at once;
         for ``shuffle_buffer_size="auto"``, what the ``prefetch + 1``
@@ -407,6 +410,14 @@ class StreamSpec:
     layout : streams.patch.Layout, optional
         How a batch's arrays are packed for the caller (patch streams: pairs,
         dicts, origins); ``None``: an array, or a tuple for several.
+    sampler : ClassSampler, optional
+        Class-balanced or weighted sampling: the epoch is its draws (needs
+        ``shuffle="exact"``); ``n_samples`` is their number.
+    labels : str, optional
+        The role (a dict key) of the array of discrete labels: the stream's
+        ``stats.quality`` then reports ``label_mixing`` and warns
+        (``ShuffleQualityWarning``) at the end of an epoch whose label
+        mixing is below ``LABEL_MIXING_WARNING``.
 
     Raises
     ------
@@ -436,6 +447,8 @@ class StreamSpec:
     cache: ChunkCache | None = field(default=None, compare=False)
     return_sources: bool = False
     shuffle_quality: float | None = None
+    sampler: ClassSampler | None = field(default=None, compare=False)
+    labels: str | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -497,6 +510,10 @@ class StreamSpec:
             put("prefetch", 0 if self.shuffle == "exact" else DEFAULT_PREFETCH)
         else:
             put("prefetch", non_negative_int("prefetch", self.prefetch))
+        if self.sampler is not None:
+            _check_sampler(self.sampler, self.shuffle, sources, self.mix)
+        if self.labels is not None:
+            _check_labels(self.labels, sources, tuple(roles))
         if self.shuffle_quality is not None:
             put("shuffle_quality", _quality_target(self.shuffle_quality))
         if self.shuffle == "buffer" and buffer == AUTO:
@@ -515,41 +532,66 @@ class StreamSpec:
     def _auto_buffer(self) -> int:
         """``shuffle_buffer_size="auto"``: the smallest buffer meeting ``shuffle_quality``.
 
-        Held to this epoch's own planned figure (``plan().entropy()`` for the
-        spec's ``(seed, epoch)``, what ``summary().quality.entropy`` reports),
-        so every epoch meets the target, not their mean; another epoch (the
-        ``Loader``'s next, :meth:`with_epoch`) sizes its own buffer.
+        Held to this epoch's own batch mixing given its windows
+        (``EpochPlan.expected_mixing`` for the spec's ``(seed, epoch)``), so
+        every epoch meets the target, not their mean; another epoch (the
+        ``Loader``'s next, :meth:`with_epoch`) sizes its own buffer.  When no
+        buffer within ``memory_budget`` meets it, the largest that fits, with
+        a :class:`ShuffleQualityWarning` naming what it reaches.
         """
         assert self.prefetch is not None and self.shuffle_quality is not None
         offsets = self._offsets()
         chunk_units = sample_units(offsets, self.n_samples)
         unit_rows = int(np.diff(chunk_units).max(initial=1))
         most_rows = self.memory_budget // ((self.prefetch + 1) * self.row_bytes)
-        plans: dict[int, EpochPlan] = {}  # one plan per candidate, for both figures
+        plans: dict[int, EpochPlan] = {}  # one plan per candidate
 
         def plan(rows: int) -> EpochPlan:
             if rows not in plans:
                 plans[rows] = self._plan_for(offsets, rows)
             return plans[rows]
 
-        rows, figure = smallest_buffer(
+        def figure(rows: int) -> float:
+            return self._planned(plan(rows))
+
+        target = self.shuffle_quality
+        rows, reached = smallest_buffer(
             lambda rows: plan(rows).units,
             unit_rows,
             most_rows,
-            self.shuffle_quality,
+            target,
             self.n_samples,
-            planned=lambda rows: self._planned(plan(rows)),
+            planned=figure,
+            estimate_rows=figure,
+            largest=True,
         )
-        object.__setattr__(self, "_figure", (rows, figure))
+        if reached < target:
+            warn_caller(
+                ShuffleQualityWarning(
+                    f"shuffle_buffer_size='auto': no buffer within memory_budget="
+                    f"{self.memory_budget} bytes ({self.prefetch + 1} buffers of "
+                    f"{self.row_bytes} bytes a sample) reaches shuffle_quality={target} "
+                    f"(batch mixing, a fraction of an exact shuffle's); the largest, {rows} "
+                    f"samples ({rows // unit_rows} chunks of {unit_rows}), reaches "
+                    f"{reached:.3f}. Ways out: the exact shuffle (shuffle_buffer_size=None; "
+                    "with cache=ChunkCache(...) later epochs read from the cache), "
+                    "write_shuffled(...) once and a buffered shuffle of its output, smaller "
+                    "chunks (a buffer of the same bytes holds more of them), or a larger "
+                    "memory_budget / lower shuffle_quality"
+                )
+            )
+        object.__setattr__(self, "_figure", (rows, reached))
         return rows
 
     def buffer_figure(self) -> float | None:
-        """The planned neighbour-entropy fraction ``"auto"`` held the buffer to.
+        """The batch mixing ``"auto"`` held the buffer to.
 
-        This epoch's own figure (``summary().quality.entropy`` of a row
-        stream), at least ``shuffle_quality``.  ``None`` unless the buffer was
-        chosen by ``shuffle_buffer_size="auto"`` (``shuffle_quality`` is set).
-        Kept from the choice, so asking costs nothing.
+        This epoch's figure given its windows (``EpochPlan.expected_mixing``;
+        ``summary().quality.mixing`` is the realised one, within the noise of
+        the row shuffles), at least ``shuffle_quality`` unless a
+        :class:`ShuffleQualityWarning` said otherwise.  ``None`` unless the
+        buffer was chosen by ``shuffle_buffer_size="auto"`` (``shuffle_quality``
+        is set).  Kept from the choice, so asking costs nothing.
         """
         if self.shuffle != "buffer" or self.shuffle_quality is None:
             return None
@@ -562,22 +604,13 @@ class StreamSpec:
         return figure
 
     def _planned(self, plan: EpochPlan) -> float:
-        """The figure "auto" holds a candidate buffer to: its epoch's own entropy.
+        """The figure "auto" holds a candidate buffer to: its epoch's expected mixing.
 
-        An epoch longer than ``AUTO_EXACT_SAMPLES``: its figure given its own
-        windows, each window's row shuffle in expectation
-        (``EpochPlan.expected_entropy``), less ``AUTO_EXPECTED_MARGIN``, so a
-        candidate costs milliseconds whatever the length (see ``plan.quality``);
-        unless its pairs of units in a window outnumber a quarter of its
-        samples (many small chunks a buffer): then the planned figure, which
-        costs less there.
+        Per unit and distinct chunk share, never per row, so a candidate costs
+        milliseconds at any length (``plan.quality``).
         """
-        if plan.n_used > AUTO_EXACT_SAMPLES:
-            # in closed form while its pairs of units cost less than drawing every row
-            expected = plan.expected_entropy(most_pairs=plan.n_used // 4)
-            if expected is not None:
-                return expected - AUTO_EXPECTED_MARGIN
-        return plan.entropy()
+        figure = plan.expected_mixing()
+        return 1.0 if figure is None else figure
 
     def _plan_for(self, offsets: tuple[np.ndarray, ...], rows: int) -> EpochPlan:
         """This epoch's plan with a buffer of ``rows`` (``plan()`` when it is the spec's)."""
@@ -615,6 +648,8 @@ class StreamSpec:
         """Samples per epoch: the length of axis 0, shared by every array (a mixture's draws)."""
         if self.mix is not None:
             return self.mix.n_samples
+        if self.sampler is not None:
+            return self.sampler.draws
         return self.sources[0].n_samples
 
     @functools.cached_property
@@ -704,6 +739,7 @@ class StreamSpec:
             ramp=self.ramp,
             mix=self.mix,
             members=_members(self.sources[0]),
+            sampler=self.sampler,
         )
 
     def with_epoch(self, epoch: int) -> StreamSpec:
@@ -717,6 +753,39 @@ class StreamSpec:
         if self.shuffle == "buffer" and self.shuffle_quality is not None:
             return dataclasses.replace(self, epoch=epoch, shuffle_buffer_size=AUTO)
         return dataclasses.replace(self, epoch=epoch)
+
+
+def _check_sampler(
+    sampler: object, shuffle: str, sources: tuple[Source, ...], mix: MixOrder | None
+) -> None:
+    """A :class:`ClassSampler` draws the epoch: shuffled, not buffered, one label per sample."""
+    if not isinstance(sampler, ClassSampler):
+        raise ArgumentTypeError(f"sampler must be a ClassSampler, got {sampler!r}")
+    if shuffle != "exact":
+        raise ArgumentValueError(
+            f"sampler={sampler!r} draws its own order: it needs shuffle=True without "
+            f"shuffle_buffer_size (got shuffle={shuffle!r})"
+        )
+    if mix is not None:
+        raise ArgumentValueError("sampler and mixtures (mix) cannot be combined")
+    if sampler.n_ids != sources[0].n_samples:
+        raise LengthMismatchError(
+            f"sampler has {sampler.n_ids} labels for arrays of {sources[0].n_samples} samples"
+        )
+
+
+def _check_labels(labels: object, sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
+    """``labels`` names one array of discrete labels: one value per sample."""
+    if not isinstance(labels, str):
+        raise ArgumentTypeError(f"labels must name an array (a str), got {labels!r}")
+    if labels not in roles:
+        raise ArgumentValueError(f"labels={labels!r} names none of the arrays {list(roles)!r}")
+    source = sources[roles.index(labels)]
+    if len(source.shape) != 1 or np.dtype(source.dtype).kind not in "biuUSO":
+        raise ArgumentValueError(
+            f"labels={labels!r} must be a 1-D array of discrete labels (integers, bools, "
+            f"strings), got shape {source.shape} and dtype {source.dtype}"
+        )
 
 
 def _provenance(first: Source, role: str) -> SourcesSource:
@@ -752,7 +821,7 @@ def _quality_target(value: object) -> float:
     if not 0 < float(value) <= 1:
         raise ArgumentValueError(
             f"shuffle_quality must be in (0, 1] (a fraction of an exact shuffle's "
-            f"neighbour entropy), got {value!r}"
+            f"batch mixing), got {value!r}"
         )
     return float(value)
 

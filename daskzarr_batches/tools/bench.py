@@ -93,7 +93,7 @@ class BenchSettings:
         size in bytes such as ``"256MiB"``, or ``"auto"`` (the smallest
         buffer meeting ``shuffle_quality``).
     shuffle_quality : float or None
-        The target of ``"auto"`` (``--shuffle-quality``); ``None``: 0.95.
+        The target of ``"auto"`` (``--shuffle-quality``); ``None``: ``DEFAULT_SHUFFLE_QUALITY``.
     exact : bool
         Exact shuffle (``--exact``).
     memory_budget : int or None

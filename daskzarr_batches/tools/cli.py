@@ -281,8 +281,8 @@ def _add_bench_stream_options(stream: Any) -> None:
         "--shuffle-quality",
         type=float,
         metavar="Q",
-        help="with --shuffle-buffer auto: the fraction of an exact shuffle's neighbour "
-        "entropy to reach, in (0, 1] (default 0.95; shuffle_quality)",
+        help="with --shuffle-buffer auto: the fraction of an exact shuffle's batch "
+        "mixing to reach, in (0, 1] (default 0.85; shuffle_quality)",
     )
     stream.add_argument(
         "--memory-budget",
