@@ -105,7 +105,7 @@ class ClassSampler:
                 put("num_samples", len(labels))
             else:
                 live = shares > 0
-                put("num_samples", int(np.floor((counts[live] / shares[live]).min() + 1e-9)))
+                put("num_samples", int(np.floor(np.min(counts[live] / shares[live]) + 1e-9)))
         else:
             if isinstance(self.num_samples, bool) or not isinstance(
                 self.num_samples, int | np.integer
@@ -212,7 +212,8 @@ def _digest(values: npt.NDArray[Any]) -> int:
         weights = (np.arange(1, len(words) + 1, dtype=np.uint64) * step) | np.uint64(1)
         mixed = (words + np.uint64(0x632BE59BD9B4E019)) * weights
         folded = mixed ^ (mixed >> np.uint64(29))
-    return int(np.bitwise_xor.reduce(folded, initial=np.uint64(len(words))))
+    fold: Any = np.bitwise_xor.reduce  # typed differently by numpy releases
+    return int(fold(folded, initial=np.uint64(len(words))))
 
 
 def _apportion(total: int, shares: npt.NDArray[np.float64], caps: IndexArray) -> IndexArray:
