@@ -19,6 +19,7 @@ __all__ = [
     "buffer_estimate",
     "codec_pipeline_of",
     "exact_window_rows",
+    "order_quality",
     "peak_in_flight",
     "time_batch_cutting",
     "zarr_behind",
@@ -111,3 +112,20 @@ def peak_in_flight(stream: Any) -> int:
     Public replacement: ``StreamStats.peak_in_flight``.
     """
     return int(getattr(getattr(stream, "_runner", None), "peak_in_flight", 0))
+
+
+def order_quality(ids: Any, batch_size: int, strata: Any) -> Any:
+    """The ``ShuffleQuality`` of an order of sample ids drawn by another loader.
+
+    ``suite.quality_training``: torch's ``DataLoader(shuffle=True)`` scored by the
+    counter a stream uses.  Public replacement: a ``ShuffleQuality`` of any id
+    order (``plan.quality.QualityCounter``).
+    """
+    import numpy as np
+
+    from daskzarr_batches.plan.quality import QualityCounter
+
+    ids = np.asarray(ids)
+    counter = QualityCounter(len(ids), batch_size=batch_size, strata=strata)
+    counter.add(ids, np.arange(len(ids)))
+    return counter.quality()

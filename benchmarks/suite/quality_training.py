@@ -7,7 +7,9 @@ rows sorted by label (a store written class by class), stored as Zarr arrays in
 trained by ``partial_fit`` on each batch of 32 for 8 epochs, 3 seeds, through a
 ``Loader`` per mode: sequential, fixed buffers of 2 to 11 chunks,
 ``shuffle_buffer_size="auto"`` (default target), the exact shuffle, and
-``write_shuffled`` once then a 2-chunk buffer over the shuffled copy.  Per mode: the
+``write_shuffled`` once then a 2-chunk buffer over the shuffled copy, and torch's
+``DataLoader(shuffle=True)`` over the same sorted rows in memory (when torch is
+installed; its figures are counted from the indices it drew).  Per mode: the
 held-out accuracy (mean and spread over seeds), the delivered batch mixing
 (``stats.quality.mixing``), label mixing (``Loader(labels=...)``), neighbour entropy and
 the epoch time (the loader's batches alone, and with training).  Writes
@@ -138,6 +140,65 @@ def train(
     }
 
 
+TORCH = "torch DataLoader(shuffle=True)"
+
+
+def train_torch(
+    x: np.ndarray, y: np.ndarray, test: tuple[np.ndarray, np.ndarray], epochs: int
+) -> dict[str, Any] | None:
+    """Torch's ``DataLoader(shuffle=True)`` over the sorted rows in memory, or None (no torch).
+
+    Its batch mixing and neighbour entropy are counted from the indices its
+    sampler drew, by the same counter a stream uses (``plan.quality``).
+    """
+    try:
+        import torch
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return None
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    from benchmarks.internals import order_quality
+
+    n = len(x)
+    strata = np.minimum(np.arange(0, n + CHUNK, CHUNK), n)
+    accuracies, mixing, entropy, seconds = [], [], [], []
+    classes = np.arange(10)
+    for seed in SEEDS:
+        model = MLPClassifier(
+            hidden_layer_sizes=(64,), learning_rate_init=LEARNING_RATE, random_state=seed
+        )
+        generator = torch.Generator().manual_seed(seed)
+        loader = DataLoader(range(n), batch_size=BATCH, shuffle=True, generator=generator)
+        for _ in range(epochs):
+            drawn = []
+            started = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", category=ConvergenceWarning)
+                for index in loader:
+                    ids = index.numpy()
+                    model.partial_fit(x[ids], y[ids], classes=classes)
+                    drawn.append(ids)
+            seconds.append(time.perf_counter() - started)
+            quality = order_quality(np.concatenate(drawn), BATCH, strata)
+            assert quality.mixing is not None
+            mixing.append(quality.mixing)
+            entropy.append(quality.entropy)
+        accuracies.append(float(model.score(*test)))
+    return {
+        "accuracy": float(np.mean(accuracies)),
+        "accuracies": accuracies,
+        "mixing": float(np.mean(mixing)),
+        "label_mixing": float("nan"),  # not counted: no Loader(labels=...)
+        "entropy": float(np.mean(entropy)),
+        "epoch_seconds": float(np.median(seconds)),
+        "load_seconds": float("nan"),
+        "buffer_chunks": [],
+        "shuffle_quality": None,
+    }
+
+
 def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -148,12 +209,16 @@ def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
     exact = rows["exact"]["accuracy"]
     for name, row in rows.items():
         marker = "r*" if name == "auto" else ("gs" if "write_shuffled" in name else "o")
+        if name == TORCH:
+            marker = "mD"
         left.plot([row["mixing"]], [row["accuracy"]], marker, ms=10 if name == "auto" else 6)
         left.plot([row["entropy"]], [row["accuracy"]], "x", color="grey", ms=6)
         left.plot([row["label_mixing"]], [row["accuracy"]], "^", mfc="none", color="k", ms=5)
         short = name.replace("buffer ", "").replace(" chunks", "").replace(" + buffer 2", "+2")
         left.annotate(short, (row["mixing"], row["accuracy"]), textcoords="offset points",
                       xytext=(4, -10), fontsize=7)  # fmt: skip
+        if np.isnan(row["load_seconds"]):  # torch's epoch: batches and training together
+            continue
         right.plot([row["load_seconds"] * 1000], [row["accuracy"]], marker)
         right.annotate(short, (row["load_seconds"] * 1000, row["accuracy"]),
                        textcoords="offset points", xytext=(4, -10), fontsize=7)  # fmt: skip
@@ -187,7 +252,10 @@ def run(options: argparse.Namespace) -> None:
         rows = {}
         for name, (data, kw) in modes(x, y, shuffled).items():
             rows[name] = train(data, kw, (x_test, y_test), epochs)
-            row = rows[name]
+        reference = train_torch(x_train, y_train, (x_test, y_test), epochs)
+        if reference is not None:
+            rows[TORCH] = reference
+        for name, row in rows.items():
             print(
                 f"  {name:34s} accuracy {row['accuracy']:.3f}  mixing {row['mixing']:.3f}  "
                 f"label mixing {row['label_mixing']:.3f}  entropy {row['entropy']:.3f}  "
@@ -222,11 +290,13 @@ def run(options: argparse.Namespace) -> None:
     for name, row in rows.items():
         chunks = ", ".join(str(c) for c in row["buffer_chunks"]) or "-"
         seeds = " / ".join(f"{a:.3f}" for a in row["accuracies"])
+        labelled = "-" if np.isnan(row["label_mixing"]) else f"{row['label_mixing']:.3f}"
+        alone = "-" if np.isnan(row["load_seconds"]) else f"{row['load_seconds'] * 1000:.0f} ms"
         lines.append(
             f"| {name} | {chunks} | {row['accuracy']:.3f} ({seeds}) | "
             f"{(row['accuracy'] - exact) * 100:+.1f} pts | {row['mixing']:.3f} | "
-            f"{row['label_mixing']:.3f} | {row['entropy']:.3f} | "
-            f"{row['load_seconds'] * 1000:.0f} ms | {row['epoch_seconds'] * 1000:.0f} ms |"
+            f"{labelled} | {row['entropy']:.3f} | "
+            f"{alone} | {row['epoch_seconds'] * 1000:.0f} ms |"
         )
     auto = rows["auto"]["accuracy"]
     lines += [
