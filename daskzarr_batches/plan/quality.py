@@ -193,13 +193,18 @@ def _share_bits(p: float, batch: int) -> float:
     """``E[-(c / batch) log2(c / batch)]`` for ``c ~ Binomial(batch, p)``."""
     if p <= 0 or p >= 1 or batch < 1:
         return 0.0
+    x, pmf = _binomial_pmf(p, batch)
+    share = x[1:] / batch
+    return float((pmf[1:] * -share * np.log2(share)).sum())
+
+
+def _binomial_pmf(p: float, batch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """``k`` and ``P(c = k)`` for ``c ~ Binomial(batch, p)``, ``k = 0..batch`` (0 < p < 1)."""
     x = np.arange(batch + 1)
     log_choose = math.lgamma(batch + 1) - np.asarray(
         [math.lgamma(k + 1) + math.lgamma(batch - k + 1) for k in x]
     )
-    share = x[1:] / batch
-    logpmf = log_choose[1:] + x[1:] * math.log(p) + (batch - x[1:]) * math.log1p(-p)
-    return float((np.exp(logpmf) * -share * np.log2(share)).sum())
+    return x, np.exp(log_choose + x * math.log(p) + (batch - x) * math.log1p(-p))
 
 
 def expected_batch_bits(shares: npt.ArrayLike, batch: int) -> npt.NDArray[np.float64]:
@@ -877,12 +882,8 @@ def _binomial_abs_dev(p: float, batch: int) -> float:
     """``E|c / batch - p|`` for ``c ~ Binomial(batch, p)``."""
     if p <= 0 or p >= 1 or batch < 1:
         return 0.0
-    x = np.arange(batch + 1)
-    log_choose = math.lgamma(batch + 1) - np.asarray(
-        [math.lgamma(k + 1) + math.lgamma(batch - k + 1) for k in x]
-    )
-    logpmf = log_choose + x * math.log(p) + (batch - x) * math.log1p(-p)
-    return float((np.exp(logpmf) * np.abs(x / batch - p)).sum())
+    x, pmf = _binomial_pmf(p, batch)
+    return float((pmf * np.abs(x / batch - p)).sum())
 
 
 def exact_label_distance(shares: npt.ArrayLike, batch: int) -> float:
