@@ -10,9 +10,9 @@ bound to the newest is tested, docs/architecture.md, *Zarr releases*):
 
 - the synchronous bridge to Zarr's event loop (``zarr.core.sync``) and the
   loop's default executor, which ``store.threads`` replaces by its own;
-- an array's ``AsyncArray`` (public ``Array.async_array`` from 3.2; the
-  private ``_async_array`` before) and copies of it with another store path
-  or codec pipeline (the read policy's store, the chosen pipeline);
+- an array's ``AsyncArray`` (its ``_async_array``, the one attribute every
+  supported release has) and copies of it with another store path or codec
+  pipeline (the read policy's store, the chosen pipeline);
 - zarr-python's own codec pipeline (``BatchedCodecPipeline``), which the
   chunk cache subclasses: its ``read_batch`` returns a ``GetResult`` per chunk
   from 3.2 and ``None`` before (:func:`read_results`);
