@@ -89,6 +89,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "da.from_zarr(x)[perm] for the same permutation, tasks and medians; targets; "
               "writes --out/todask.md, todask.json",
               ("rows", "rounds", "out", "data")),
+    Benchmark("peers", "benchmarks.suite.peers", "run",
+              "issue 27: insitubatch and annbatch beside this library on the same stores "
+              "(rows sequential and shuffled, forecast pairs, epoch two from each cache), "
+              "each against L0 in the same rounds; needs the peers extra (Python >= 3.12); "
+              "targets; writes --out/peers.md, peers.json",
+              ("rows", "steps", "rounds", "out", "data")),
     Benchmark("quality", "benchmarks.suite.quality", "run",
               "issue 18: planned shuffle quality vs buffer size with the auto choice "
               "(docs/quality_vs_buffer.png), and the first buffered batch beside x[a:b] "
@@ -173,7 +179,7 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument("--cols", type=int, help="columns (features) of the dataset")
     size.add_argument("--chunk-rows", type=int, help="rows per chunk")
     size.add_argument("--rounds", "--repeats", type=int, help="interleaved rounds")
-    size.add_argument("--steps", type=int, help="patches: time steps of the field (64)")
+    size.add_argument("--steps", type=int, help="patches, peers: time steps of the field (64)")
     size.add_argument("--quick", action="store_true", help="suite: small dataset, 2 rounds")
     cases = parser.add_argument_group("what to measure")
     cases.add_argument("--latency", type=float, help="seconds a store waits before each get")
