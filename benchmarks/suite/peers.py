@@ -33,8 +33,10 @@ and measures, in interleaved rounds (each case once per round, the order rotated
 Each peer is used as its documentation says it is fastest: annbatch through
 ``zarrs.ZarrsCodecPipeline`` ("necessary for local filesystem performance") with
 ``chunk_size`` the stored chunk, insitubatch over ``obstore_store("file://...")`` with
-one dataset per epoch (a new pool; epoch two reuses one).  This library reads the
-``zarr.Array`` as the rest of the suite does.  Results: ``<out>/peers.md`` and
+one dataset per epoch (a new pool; epoch two reuses one), and this library through
+``open_array`` (zarrs' pipeline when it is installed, as documented; a bare
+``zarr.Array`` is decoded by zarr-python's, about half as fast here).  L0 is
+zarr-python's pipeline, as in every suite case.  Results: ``<out>/peers.md`` and
 ``peers.json``; the targets: ahead of each peer (a higher ratio to L0, i.e. a shorter
 median epoch) in every shape both support.
 """
@@ -286,6 +288,8 @@ def cases(rows_path: Path, field_path: Path) -> tuple[dict[str, Epoch], list[Any
     z = zarr.open_group(field_path, mode="r")["field"]
     assert isinstance(x, zarr.Array) and isinstance(z, zarr.Array)
     nbytes = {ROWS_STORE: int(x.nbytes), FIELD_STORE: int(z.nbytes)}
+    # this library as its documentation opens an array: open_array, zarrs when installed
+    xd, zd = dzb.open_array(x), dzb.open_array(z)
     xb, zb = nbytes[ROWS_STORE], nbytes[FIELD_STORE]
     rows_insitu = Insitu(rows_path.as_uri(), {"X": ("X", 0)}, BATCH)
     pairs_insitu = Insitu(
@@ -298,11 +302,11 @@ def cases(rows_path: Path, field_path: Path) -> tuple[dict[str, Epoch], list[Any
     epoch_two = iter(range(1, 1_000_000)), iter(range(1, 1_000_000))
 
     def rows_shuffled(**kwargs: Any) -> Any:
-        return dzb.shuffled_batch_stream(x, BATCH, seed=0, shuffle_buffer_size=SHUFFLE_ROWS,
+        return dzb.shuffled_batch_stream(xd, BATCH, seed=0, shuffle_buffer_size=SHUFFLE_ROWS,
                                          **kwargs)  # fmt: skip
 
     def pairs(**kwargs: Any) -> Any:
-        return dzb.patch_stream(z, {0: 1}, PAIR_BATCH, target_offset={0: 1}, **kwargs)
+        return dzb.patch_stream(zd, {0: 1}, PAIR_BATCH, target_offset={0: 1}, **kwargs)
 
     def pairs_shuffled(**kwargs: Any) -> Any:
         return pairs(shuffle=True, shuffle_buffer_size=BLOCK, **kwargs)
@@ -312,7 +316,7 @@ def cases(rows_path: Path, field_path: Path) -> tuple[dict[str, Epoch], list[Any
     seq, shuf, two = (shape for _, shape in SHAPES[:3])
     epochs: dict[str, Epoch] = {
         l0_name(ROWS_STORE): lambda: l0_shards(x),
-        case_name(ROWS_STORE, seq, THIS): this_epoch(lambda: dzb.batch_stream(x, BATCH), xb),
+        case_name(ROWS_STORE, seq, THIS): this_epoch(lambda: dzb.batch_stream(xd, BATCH), xb),
         case_name(ROWS_STORE, seq, INSITU): rows_insitu.epoch(False, xb),
         case_name(ROWS_STORE, seq, ANN): annbatch_epoch(rows_path, False, xb),
         case_name(ROWS_STORE, shuf, THIS): this_epoch(rows_shuffled, xb),
@@ -417,8 +421,9 @@ def report(results: dict[str, Any], checks: list[dict[str, str]], command: str, 
         f"({nbytes[FIELD_STORE] / 1e6:.0f} MB), one step per chunk, zstd; (x at t, y at t+1) "
         f"in batches of {PAIR_BATCH}, shuffled over {BLOCK} steps.  Each case's median "
         f"epoch over {results['repeats']} interleaved rounds, divided into its store's L0 "
-        "median of the same rounds (> 1: faster than L0); annbatch reads through zarrs' "
-        "pipeline, as its documentation asks; epoch two: this library's `ChunkCache`, "
+        "median of the same rounds (> 1: faster than L0); L0 decodes with zarr-python's "
+        "pipeline, annbatch and this library (`open_array`) with zarrs', as their "
+        "documentation asks; epoch two: this library's `ChunkCache`, "
         "insitubatch's pool, each holding the array (annbatch keeps no chunks).",
         "",
         "| store | shape | L0 s | this library | insitubatch | annbatch |",
