@@ -93,8 +93,12 @@ SHAPES = (
     (FIELD_STORE, "shuffled, epoch two from the cache"),
 )
 
-warnings.filterwarnings("ignore", "The 'future.infer_string' option is deprecated")
-warnings.filterwarnings("ignore", "Consolidated metadata is currently not part")
+#: the peers' warnings about each other, not about this benchmark (as in tests/test_peers.py):
+#: anndata reads pandas' deprecated option, annbatch consolidates Zarr v3 metadata
+PEER_WARNINGS = (
+    "The 'future.infer_string' option is deprecated",
+    "Consolidated metadata is currently not part",
+)
 
 
 def case_name(store: str, shape: str, who: str) -> str:
@@ -108,8 +112,8 @@ def case_name(store: str, shape: str, who: str) -> str:
 
 def make_rows(data_dir: Path, rows: int) -> Path:
     """annbatch's AnnData store of ``rows`` x ``COLS`` standard normals (written once)."""
-    import anndata as ad
     import annbatch
+    import anndata as ad
     import pandas as pd
 
     path = data_dir / f"peers_rows_{rows}_c{COLS}_r{CHUNK_ROWS}_s{SHARD_ROWS}.zarr"
@@ -259,8 +263,8 @@ class Insitu:
 
 def annbatch_epoch(path: Path, shuffle: bool, nbytes: int) -> Epoch:
     """A new annbatch ``Loader`` over ``X`` read through zarrs' pipeline, one epoch."""
-    import anndata as ad
     import annbatch
+    import anndata as ad
 
     with zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}):
         x = zarr.open_group(path, mode="r")["X"]
@@ -343,6 +347,13 @@ def l0_name(store: str) -> str:
 
 def measure(data_dir: Path, rows: int, steps: int, repeats: int) -> dict[str, Any]:
     """Seconds of every case in ``repeats`` interleaved rounds, and its samples."""
+    with warnings.catch_warnings():
+        for message in PEER_WARNINGS:
+            warnings.filterwarnings("ignore", message)
+        return _measure(data_dir, rows, steps, repeats)
+
+
+def _measure(data_dir: Path, rows: int, steps: int, repeats: int) -> dict[str, Any]:
     rows_path, field_path = make_rows(data_dir, rows), make_field(data_dir, steps)
     epochs, warm, nbytes = cases(rows_path, field_path)
     names = list(epochs)
@@ -373,8 +384,7 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
     """Every case's median epoch against its store's L0 median (> 1: faster than L0)."""
     median = {name: statistics.median(s) for name, s in results["seconds"].items()}
     return {
-        name: median[l0_name(name[1 : name.index("]")])] / value
-        for name, value in median.items()
+        name: median[l0_name(name[1 : name.index("]")])] / value for name, value in median.items()
     }
 
 
@@ -433,9 +443,7 @@ def report(results: dict[str, Any], checks: list[dict[str, str]], command: str, 
         cells = []
         for who in (THIS, *PEERS):
             name = case_name(store, shape, who)
-            cells.append(
-                f"{ratio[name]:.2f}x ({median[name]:.3f} s)" if name in ratio else "-"
-            )
+            cells.append(f"{ratio[name]:.2f}x ({median[name]:.3f} s)" if name in ratio else "-")
         lines.append(f"| {store} | {shape} | {median[l0_name(store)]:.3f} | {' | '.join(cells)} |")
     lines += [
         "",
