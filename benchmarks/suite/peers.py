@@ -53,6 +53,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import version
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -266,7 +267,8 @@ def annbatch_epoch(path: Path, shuffle: bool, nbytes: int) -> Epoch:
     import annbatch
     import anndata as ad
 
-    with zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}):
+    zarrs = {"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"} if find_spec("zarrs") else {}
+    with zarr.config.set(zarrs):  # annbatch: "necessary for local filesystem performance"
         x = zarr.open_group(path, mode="r")["X"]
     assert isinstance(x, zarr.Array)
     chunk = x.chunks[0]
@@ -408,7 +410,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, str]]:
 
 def versions() -> str:
     names = ("insitubatch", "annbatch", "zarr", "zarrs", "numpy", "dask")
-    return ", ".join(f"{name} {version(name)}" for name in names)
+    return ", ".join(f"{name} {version(name)}" for name in names if find_spec(name))
 
 
 def report(results: dict[str, Any], checks: list[dict[str, str]], command: str, now: str,
