@@ -28,7 +28,9 @@ and measures, in interleaved rounds (each case once per round, the order rotated
 - **epoch two from each cache**: the shuffled rows and the buffered pairs again, from this
   library's ``ChunkCache`` holding the array and from insitubatch's pool (its cache across
   epochs, ``cache_budget_bytes`` holding the array), each filled by one epoch before the
-  rounds; annbatch keeps no chunks between epochs.
+  rounds; annbatch keeps no chunks between epochs;
+- a diagnostic without a target: the pairs' inputs alone (``batch_stream(z, 4)``,
+  insitubatch with the one variable), what pairing costs each reader.
 
 Each peer is used as its documentation says it is fastest: annbatch through
 ``zarrs.ZarrsCodecPipeline`` ("necessary for local filesystem performance") with
@@ -93,6 +95,10 @@ SHAPES = (
     (FIELD_STORE, "shuffled"),
     (FIELD_STORE, "shuffled, epoch two from the cache"),
 )
+#: no target: the inputs of the pairs alone (one field per sample, no ``t + 1``), so that
+#: the table shows what pairing costs each reader on top of reading the same chunks
+INPUTS_ALONE = "inputs alone, sequential (diagnostic)"
+DIAGNOSTICS = ((FIELD_STORE, INPUTS_ALONE),)
 
 #: the peers' warnings about each other, not about this benchmark (as in tests/test_peers.py):
 #: anndata reads pandas' deprecated option, annbatch consolidates Zarr v3 metadata
@@ -301,6 +307,7 @@ def cases(rows_path: Path, field_path: Path) -> tuple[dict[str, Epoch], list[Any
     pairs_insitu = Insitu(
         field_path.as_uri(), {"x": ("field", 0), "y": ("field", 1)}, PAIR_BATCH, BLOCK
     )
+    inputs_insitu = Insitu(field_path.as_uri(), {"x": ("field", 0)}, PAIR_BATCH, BLOCK)
     budget = 2 * max(xb, zb) + (1 << 26)
     rows_warm, rows_warm_epoch = rows_insitu.warm(budget, xb)
     pairs_warm, pairs_warm_epoch = pairs_insitu.warm(budget, zb)
@@ -339,6 +346,9 @@ def cases(rows_path: Path, field_path: Path) -> tuple[dict[str, Epoch], list[Any
         case_name(FIELD_STORE, two, THIS): this_epoch(
             lambda: pairs_shuffled(cache=pairs_cache, epoch=next(epoch_two[1])), zb),
         case_name(FIELD_STORE, two, INSITU): pairs_warm_epoch,
+        case_name(FIELD_STORE, INPUTS_ALONE, THIS): this_epoch(
+            lambda: dzb.batch_stream(zd, PAIR_BATCH), zb),
+        case_name(FIELD_STORE, INPUTS_ALONE, INSITU): inputs_insitu.epoch(False, zb),
     }  # fmt: skip
     return epochs, [rows_warm, pairs_warm], nbytes
 
@@ -373,7 +383,11 @@ def _measure(data_dir: Path, rows: int, steps: int, repeats: int) -> dict[str, A
         for ds in warm:
             ds.close()
     for store in (ROWS_STORE, FIELD_STORE):  # every reader yields every sample (pair) once
-        counts = {samples[n] for n in names if n.startswith(f"[{store}]") and L0 not in n}
+        counts = {
+            samples[case_name(store, shape, who)]
+            for where, shape in SHAPES if where == store
+            for who in (THIS, *PEERS) if case_name(store, shape, who) in samples
+        }  # fmt: skip
         assert len(counts) == 1, (store, counts)
     return {
         "rows": rows, "cols": COLS, "chunk_rows": CHUNK_ROWS, "shard_rows": SHARD_ROWS,
@@ -441,7 +455,7 @@ def report(results: dict[str, Any], checks: list[dict[str, str]], command: str, 
         "| store | shape | L0 s | this library | insitubatch | annbatch |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for store, shape in SHAPES:
+    for store, shape in SHAPES + DIAGNOSTICS:
         cells = []
         for who in (THIS, *PEERS):
             name = case_name(store, shape, who)
@@ -452,7 +466,22 @@ def report(results: dict[str, Any], checks: list[dict[str, str]], command: str, 
         "| target | measured (this vs peer, ratios to L0) | result |",
         "|---|---|---|",
         *(f"| {c['what']} | {c['measured']} | {c['status']} |" for c in checks),
+        "",
+        "What each case read in its last round (this library: `stream.stats`, chunk reads "
+        "counting cache hits; insitubatch: its pool's misses, each a stored chunk (a shard) "
+        "fetched and decoded, and hits):",
+        "",
+        "| case | chunk reads | read amplification | cache hits |",
+        "|---|---:|---:|---:|",
     ]
+    for name, read in results["read"].items():
+        if read:
+            amplification = read.get("read amplification")
+            lines.append(
+                f"| {name} | {read['chunk reads']:.0f} "
+                f"| {'-' if amplification is None else format(amplification, '.2f')} "
+                f"| {read['cache hits']:.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
