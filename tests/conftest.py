@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,8 +41,48 @@ MISSING = {
 collect_ignore = [path for name in MISSING for path in OPTIONAL[name]]
 
 
+#: markers given by what a test starts (``pytest -m cluster``, ``-m "not s3"``): found in
+#: the source of the test, of the fixtures it uses (``client`` -> ``cluster`` starts a
+#: LocalCluster) and of the files it takes as parameters (notebooks); or by module name
+STARTS = {
+    "cluster": re.compile(r"LocalCluster\(|\bClient\(|\"--local-cluster\", \"[1-9]"),
+    "s3": re.compile(r"\bS3Server\("),
+    "torch": re.compile(r"^\s*import torch\b|importorskip\([\"']torch", re.M),
+    "jax": re.compile(r"^\s*import jax\b|importorskip\([\"']jax", re.M),
+}
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _code(item: pytest.Item) -> str:
+    """The test's source, its fixtures' and that of the files it takes as parameters."""
+    parts = [_source(getattr(item, "function", None))]
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in getattr(info, "name2fixturedefs", {}).values():
+        parts += [_source(getattr(definition, "func", None)) for definition in definitions]
+    for value in getattr(getattr(item, "callspec", None), "params", {}).values():
+        if isinstance(value, Path) and value.is_file() and value.stat().st_size < 2**20:
+            parts.append(value.read_text(encoding="utf-8", errors="replace"))
+    return "\n".join(parts)
+
+
+def mark_by_use(items: list[pytest.Item]) -> None:
+    """Add the markers of :data:`STARTS` (a test module may set ``pytestmark`` itself too)."""
+    for item in items:
+        code = _code(item)
+        for marker, starts in STARTS.items():
+            if starts.search(code) or item.path.name in OPTIONAL.get(marker, ()):
+                item.add_marker(marker)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests marked for an optional framework that is not installed."""
+    """Mark the tests by what they start; deselect those of a framework not installed."""
+    mark_by_use(items)
     unusable = [item for item in items if any(item.get_closest_marker(m) for m in MISSING)]
     if unusable:
         config.hook.pytest_deselected(items=unusable)

@@ -98,8 +98,9 @@ CAUSES: tuple[tuple[str, str], ...] = (
      "on the line, where a shared VM moves it from run to run; the cpu area's own run of the "
      "same code meets it"),
     (r"^buffered shuffle \(8 chunks\) \(zarrs\): cpu-s/GB",
-     "on the line: with zarrs the decode is cheap, so the buffered shuffle's two copies of every sample "
-     "(into its window, then gathered into its batch) weigh more than the target allows"),
+     "on the line: with zarrs the decode is cheap, so the buffered shuffle's two copies of "
+     "every sample (into its window, then gathered into its batch) weigh more than the "
+     "target allows"),
     (r"cache epoch 2 >= 5x epoch 1",
      "the 20 ms store is not latency-bound at this size (uncached epochs ran at 0.94x the "
      "local store), and a cached epoch is bounded by the buffered shuffle's own work: about "
