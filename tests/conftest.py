@@ -52,6 +52,33 @@ STARTS = {
 }
 
 
+#: ``slow``: the slowest tests (10 s and more each on the 2-core CI machine, from
+#: ``pytest --durations``), by module and by test name (with every parameter), so they
+#: keep their marker when a file moves
+SLOW_MODULES = {"test_notebooks.py", "test_benchmark_smoke.py", "test_exit.py"}
+SLOW = {
+    "test_a_long_epoch_is_sized_by_its_expected_figure",
+    "test_any_state_loads_to_a_valid_continuation_or_raises_a_library_error",
+    "test_cache_on_process_workers_reads_each_chunk_once",
+    "test_cluster_giving_up_raises_window_error_and_leaves_nothing",
+    "test_crash_mid_epoch_and_resume_in_a_new_process",
+    "test_ddp_two_ranks_step_together_over_disjoint_shares",
+    "test_demo_on_a_local_cluster_matches_the_local_run",
+    "test_main_process_state_and_set_epoch_with_persistent_workers",
+    "test_map_to_zarr_survives_a_killed_worker",
+    "test_ranks_and_elastic_resume",
+    "test_resume_after_skipped_chunks_is_exact_and_ranks_keep_their_steps",
+    "test_same_batches_on_a_cluster_of_processes",
+    "test_same_seed_same_batches_across_processes",
+    "test_sigkilled_job_resumes_to_the_same_output",
+    "test_source_entropy_equals_a_direct_computation",
+    "test_the_site_builds_strictly",
+    "test_workers_finish_an_epoch_resumed_from_a_loader_state",
+    "test_workers_yield_the_rank_share_once",
+    "test_zarr_windows_in_plan_order_hold_the_plans_samples",
+}
+
+
 def _source(obj: Any) -> str:
     try:
         return inspect.getsource(obj)
@@ -74,6 +101,8 @@ def _code(item: pytest.Item) -> str:
 def mark_by_use(items: list[pytest.Item]) -> None:
     """Add the markers of :data:`STARTS` (a test module may set ``pytestmark`` itself too)."""
     for item in items:
+        if item.path.name in SLOW_MODULES or getattr(item, "originalname", "") in SLOW:
+            item.add_marker("slow")
         code = _code(item)
         for marker, starts in STARTS.items():
             if starts.search(code) or item.path.name in OPTIONAL.get(marker, ()):

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _commands() -> list[str]:
     parser = build_parser()
     (sub,) = (a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    return list(sub.choices)  # type: ignore[attr-defined]
+    return list(sub.choices or ())
 
 
 @pytest.fixture
