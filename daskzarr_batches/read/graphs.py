@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from dask.optimization import cull
@@ -17,15 +17,10 @@ from dask.optimization import cull
 from ..plan.windows import ChunkPiece, Window
 from ..store.collections import ConcatSource, SourcesSource
 from ..store.patches import PatchSource
-from ..store.policy import (
-    DEFAULT_POLICY,
-    CancelScope,
-    ReadPolicy,
-)
 from ..store.sources import DaskSource, SliceSource, Source
 from ..store.subsets import SubsetSource
-from .buffers import BufferPool
-from .patches import ChunkShare, kept_blocks, patch_ids, read_origins, read_patches
+from .context import DEFAULT_CONTEXT, Kept, ReadContext
+from .patches import KeptBlocks, PatchBase, kept_blocks, patch_ids, read_origins, read_patches
 from .tasks import (
     Key,
     apply_transform,
@@ -49,28 +44,6 @@ from .window import (
     read_window,
 )
 
-
-class Kept(Protocol):
-    """The chunks a cache keeps on a cluster (``execute.runners.Keeper``).
-
-    Each call returns the cluster future and whether it was made now (a
-    miss), or ``None``: not kept, read it.
-    """
-
-    def __call__(
-        self, source: SliceSource, piece: ChunkPiece, priority: int
-    ) -> tuple[Any, bool] | None:
-        """The whole axis-0 chunk of ``piece`` (every row, every column)."""
-
-    def block(
-        self, source: SliceSource, block: tuple[int, ...], priority: int, read: Callable[..., Any]
-    ) -> tuple[Any, bool, tuple[slice, ...]] | None:
-        """The kept part holding stored ``block``, and the region of the array it holds."""
-
-
-#: ``kept`` at the priority of the window being built
-KeptHere = Callable[[SliceSource, ChunkPiece], tuple[Any, bool] | None]
-
 __all__ = [
     "block_graph",
     "count_tasks",
@@ -84,13 +57,7 @@ def window_graph(
     sources: Sequence[Source],
     window: Window,
     token: str,
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
-    plan_order: bool = False,
-    decode_bytes: int | None = None,
-    shares: dict[int, ChunkShare] | None = None,
-    pool: BufferPool | None = None,
-    kept: Kept | None = None,
+    ctx: ReadContext = DEFAULT_CONTEXT,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -101,26 +68,26 @@ def window_graph(
     each batch an owned array anyway: permuting here as well would cost a
     scattered write of the whole window.
 
-    ``plan_order=True`` (results that travel to another process: a cluster)
+    ``ctx.plan_order`` (results that travel to another process: a cluster)
     writes each chunk's rows straight to their place in the window's plan
     order instead (the pieces' ``dest``): the scattered write replaces the
     contiguous one on the worker, and the consumer cuts batches by slicing.
 
-    ``decode_bytes``: see :func:`read_window` (shared by the window's arrays, in
-    proportion to their row sizes).  ``shares``: a patch stream's
-    :class:`ChunkShare` per base array (``id``), which its windows' reads use;
-    ``pool``: where patch reads and Zarr arrays' window reads take their outputs
-    from (local reads; the consumer gives them back once cut).
+    ``ctx.decode_bytes``: see :func:`read_window` (shared by the window's
+    arrays, in proportion to their row sizes).  ``ctx.shares``: a patch
+    stream's :class:`ChunkShare` per base array (``id``), which its windows'
+    reads use; ``ctx.pool``: where patch reads and Zarr arrays' window reads
+    take their outputs from (local reads; the consumer gives them back once cut).
 
-    ``kept`` (a cache on a cluster): a Zarr array's window (a chunk subset's
-    base, a collection's member), when every chunk it touches is kept as a
-    cluster future, is one task cutting its rows from those futures
+    ``ctx.kept`` (a cache on a cluster): a Zarr array's window (a chunk
+    subset's base, a collection's member), when every chunk it touches is
+    kept as a cluster future, is one task cutting its rows from those futures
     (:func:`cut_kept_chunks`), and a patch window's boxes are filled from
     them, so the scheduler runs it where most of its chunks live and the
     store is read only by the chunks' own tasks, once each while the cache
     keeps them.
     """
-    shares = shares or {}
+    ctx = ctx.narrowed(priority=-window.index)
     dsk: dict[Key, Any] = {}
     outputs = []
     groups: dict[int, tuple[Key, list[int]]] = {}  # patch sources by base array
@@ -128,20 +95,20 @@ def window_graph(
         out_key = (f"dzb-array-{token}", window.index, position)
         outputs.append(out_key)
         if isinstance(source, PatchSource):
-            _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
-                         scope, plan_order, shares.get(id(source.base)), pool, kept)  # fmt: skip
+            _add_patches(dsk, source, window, pieces, (out_key, token, position), groups, ctx)
             continue
         if isinstance(source, SourcesSource):  # provenance: computed from the sample ids
             if isinstance(source.rows, SubsetSource):
                 pieces = tuple(source.rows.base_piece(piece) for piece in pieces)
             dsk[out_key] = (
-                read_sources, source.collection.offsets, tuple(pieces), window.size, plan_order,
+                read_sources, source.collection.offsets, tuple(pieces), window.size,
+                ctx.plan_order,
             )  # fmt: skip
             continue
+        here = ctx.narrowed(decode_bytes=_share(ctx.decode_bytes, source, sources))
         _add_rows(
-            dsk, source, tuple(pieces), window.size, out_key, (token, window.index, position),
-            policy, scope, plan_order, _share(decode_bytes, source, sources),
-            kept=None if kept is None else _at_priority(kept, -window.index), pool=pool,
+            dsk, source, tuple(pieces), window.size, (out_key, (token, window.index, position)),
+            here,
         )  # fmt: skip
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
@@ -153,57 +120,49 @@ def _add_rows(
     source: Source,
     pieces: Sequence[ChunkPiece],
     size: int,
-    out_key: Key,
-    where: tuple[Any, ...],
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-    plan_order: bool,
-    decode_bytes: int | None,
+    keys: tuple[Key, tuple[Any, ...]],
+    ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None = None,
-    kept: KeptHere | None = None,
     into: Any = None,
-    pool: BufferPool | None = None,
 ) -> None:
-    """Add task ``out_key``: ``(rows, ReadReport)`` of ``pieces`` of one array.
+    """Add task ``keys[0]``: ``(rows, ReadReport)`` of ``pieces`` of one array.
 
-    ``where`` (token, window, output) makes the keys of helper tasks unique.
-    ``kept`` (a cache on a cluster): a Zarr array's rows, when every chunk
+    ``keys[1]`` (token, window, output) makes the keys of helper tasks unique.
+    ``ctx.kept`` (a cache on a cluster): a Zarr array's rows, when every chunk
     they touch is kept, are cut from the kept chunks (:func:`cut_kept_chunks`),
     whatever holds the array (a chunk subset's base, a collection's member).
     ``into``: a task giving the rows of a shared output the read fills (a
     collection's member read here, :func:`_add_members`); readers other than
     :func:`read_window` ignore it (the join copies their rows).
-    ``pool``: where a Zarr array's rows are read into, when the output is the
-    window's own (not a collection member's, which is joined).
+    ``ctx.pool``: where a Zarr array's rows are read into, when the output is
+    the window's own (not a collection member's, which is joined).
     """
+    out_key, where = keys
+    task = ctx.for_tasks()
     if isinstance(source, SubsetSource):  # its pieces read in place in the base array
         pieces = tuple(source.base_piece(piece) for piece in pieces)
         base = source.base
         if isinstance(base, SliceSource):
-            if _add_kept(dsk, base, pieces, size, out_key, plan_order, kept,
-                         source.local_chunks()):  # fmt: skip
+            if _add_kept(dsk, base, pieces, size, out_key, ctx, source.local_chunks()):
                 return
             dsk[out_key] = (
                 read_subset_window, source.local_chunks(), base.array, base.name,
-                size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes, into,
-                pool,
+                size, base.row_bytes, pieces, task, into,
             )  # fmt: skip
             return
         if isinstance(base, ConcatSource):
-            _add_members(dsk, base, pieces, size, out_key, where, policy, scope, plan_order,
-                         decode_bytes, source.local_chunks(), kept, pool)  # fmt: skip
+            _add_members(dsk, base, pieces, size, keys, ctx, source.local_chunks())
             return
         source = base
     if isinstance(source, ConcatSource):
-        _add_members(dsk, source, pieces, size, out_key, where, policy, scope, plan_order,
-                     decode_bytes, local, kept, pool)  # fmt: skip
+        _add_members(dsk, source, pieces, size, keys, ctx, local)
         return
     if isinstance(source, SliceSource):
-        if _add_kept(dsk, source, pieces, size, out_key, plan_order, kept, local):
+        if _add_kept(dsk, source, pieces, size, out_key, ctx, local):
             return
         dsk[out_key] = (
             read_window, source.array, source.name, size, source.row_bytes,
-            tuple(pieces), policy, scope, plan_order, decode_bytes, into, pool,
+            tuple(pieces), task, into,
         )  # fmt: skip
         return
     assert isinstance(source, DaskSource)
@@ -212,13 +171,8 @@ def _add_rows(
         key = (f"dzb-read-{where[0]}", *where[1:], piece.chunk)
         _add_dask_rows(dsk, source, key, piece)
         piece_keys.append(key)
-    dests = [piece.dest for piece in pieces] if plan_order else None
+    dests = [piece.dest for piece in pieces] if ctx.plan_order else None
     dsk[out_key] = (join_pieces, piece_keys, dests)
-
-
-def _at_priority(kept: Kept, priority: int) -> KeptHere:
-    """``kept`` for the chunks of one window (or block): at that window's priority."""
-    return lambda source, piece: kept(source, piece, priority)
 
 
 def _add_kept(
@@ -227,22 +181,21 @@ def _add_kept(
     pieces: Sequence[ChunkPiece],
     size: int,
     out_key: Key,
-    plan_order: bool,
-    kept: KeptHere | None,
+    ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None,
 ) -> bool:
     """Add task ``out_key`` cutting ``pieces`` from kept chunks, if the cache keeps them all.
 
     Returns whether it did (else the caller reads the pieces from the store).
     """
-    if kept is None or not pieces:
+    if ctx.kept is None or not pieces:
         return False
-    refs = [kept(source, piece) for piece in pieces]
+    refs = [ctx.kept_chunk(source, piece) for piece in pieces]
     if not all(ref is not None for ref in refs):
         return False
     futures = [ref[0] for ref in refs if ref is not None]
     made = tuple(ref[1] for ref in refs if ref is not None)
-    dsk[out_key] = (cut_kept_chunks, futures, tuple(pieces), size, plan_order, made, local)
+    dsk[out_key] = (cut_kept_chunks, futures, tuple(pieces), size, ctx.plan_order, made, local)
     return True
 
 
@@ -251,21 +204,15 @@ def _add_members(
     source: ConcatSource,
     pieces: Sequence[ChunkPiece],
     size: int,
-    out_key: Key,
-    where: tuple[Any, ...],
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-    plan_order: bool,
-    decode_bytes: int | None,
+    keys: tuple[Key, tuple[Any, ...]],
+    ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None,
-    kept: KeptHere | None = None,
-    pool: BufferPool | None = None,
 ) -> None:
     """Add a collection's rows: one read per member the window touches, then one join.
 
     Each member is read by the reader it would have alone (in ascending
-    order; ``decode_bytes`` shared by the member reads that run at once).
-    Read here (``plan_order`` false: the local threads, which share memory),
+    order; ``ctx.decode_bytes`` shared by the member reads that run at once).
+    Read here (``ctx.plan_order`` false: the local threads, which share memory),
     one task makes the window's output and each member's read writes its
     rows straight into its part of it (ascending sample order: the members'
     rows one after another), so the join only merges the reports and the
@@ -273,8 +220,10 @@ def _add_members(
     member reads run on any worker, so the join places each piece's rows at
     its ``dest`` (plan order), a copy of the window beside the members'.
     Either way the join maps the reports to the collection's chunks.
-    ``pool``: where the shared output is taken from (not an exact window's).
+    ``ctx.pool``: where the shared output is taken from (not an exact window's).
     """
+    out_key, where = keys
+    decode_bytes, plan_order = ctx.decode_bytes, ctx.plan_order
     parts, maps, placed = [], [], []
     touched = source.split(pieces)
     # the member reads that run at once (read_threads) share the window's decode bytes
@@ -282,9 +231,8 @@ def _add_members(
     if decode_bytes is not None:
         share = max(1, decode_bytes // min(len(touched), 4 * MEMBER_READS))
     shared = (f"dzb-rows-{where[0]}", *where[1:]) if _shares_output(plan_order) else None
-    if shared is not None and _read_together(source, touched, policy, kept):
-        _add_members_together(dsk, source, touched, size, out_key, policy, scope, local,
-                              decode_bytes, pool)  # fmt: skip
+    if shared is not None and _read_together(source, touched, ctx):
+        _add_members_together(dsk, source, touched, size, out_key, ctx, local)
         return
     if shared is not None:
         dsk[shared] = (
@@ -293,8 +241,9 @@ def _add_members(
             source.shape[1:],
             source.dtype,
             decode_bytes is not None,
-            pool,
+            ctx.pool,
         )
+    member_ctx = ctx.narrowed(plan_order=False, decode_bytes=share, pool=None)
     at = 0
     starts = []
     for member, member_pieces in touched:
@@ -302,9 +251,8 @@ def _add_members(
         key = (f"dzb-member-{where[0]}", *where[1:], member)
         into = None if shared is None else (operator.getitem, shared, slice(at, at + rows))
         _add_rows(
-            dsk, source.members[member], member_pieces, rows, key,
-            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share, None,
-            kept, into,
+            dsk, source.members[member], member_pieces, rows,
+            (key, (f"{where[0]}-m{member}", *where[1:])), member_ctx, None, into,
         )  # fmt: skip
         parts.append(key)
         starts.append(at)
@@ -321,15 +269,14 @@ def _add_members(
 def _read_together(
     source: ConcatSource,
     touched: Sequence[tuple[int, Sequence[ChunkPiece]]],
-    policy: ReadPolicy,
-    kept: KeptHere | None,
+    ctx: ReadContext,
 ) -> bool:
     """Whether a local window's members are read by one task (:func:`read_members`).
 
     When every member it touches is a Zarr array of the plain zstd layout
     (``store.direct``), without a cache.
     """
-    if kept is not None or policy.cache is not None:
+    if ctx.kept is not None or ctx.policy.cache is not None:
         return False
     layouts = source.direct_layouts
     return all(layouts[m] is not None for m, _ in touched)
@@ -341,11 +288,8 @@ def _add_members_together(
     touched: Sequence[tuple[int, Sequence[ChunkPiece]]],
     size: int,
     out_key: Key,
-    policy: ReadPolicy,
-    scope: CancelScope | None,
+    ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None,
-    decode_bytes: int | None,
-    pool: BufferPool | None,
 ) -> None:
     """Add a local window's members as one task: output, members read together, join."""
     reads, starts, maps, at = [], [], [], 0
@@ -359,9 +303,9 @@ def _add_members_together(
         maps.append((source._grid[2][member], int(source.offsets[member])))
     window = MemberWindow(
         tuple(reads), tuple(starts), tuple(maps), size, source.shape[1:], source.dtype, local,
-        decode_bytes,
+        ctx.decode_bytes,
     )  # fmt: skip
-    dsk[out_key] = (read_member_window, window, policy, scope, pool)
+    dsk[out_key] = (read_member_window, window, ctx.for_tasks())
 
 
 def _shares_output(plan_order: bool) -> bool:
@@ -379,28 +323,25 @@ def _add_patches(
     source: PatchSource,
     window: Window,
     pieces: Sequence[ChunkPiece],
-    position: int,
-    out_key: Key,
+    keys: tuple[Key, str, int],
     groups: dict[int, tuple[Key, list[int]]],
-    token: str,
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-    plan_order: bool,
-    share: ChunkShare | None,
-    pool: BufferPool | None,
-    kept: Kept | None = None,
+    ctx: ReadContext,
 ) -> None:
-    """Add output ``out_key`` of a patch source: one read task per base array, shared.
+    """Add output ``keys[0]`` of a patch source: one read task per base array, shared.
 
-    ``kept`` (a cache on a cluster): a Zarr base array's boxes are filled
+    ``keys`` is the output's key, the graph's token and the output's position.
+    ``ctx.kept`` (a cache on a cluster): a Zarr base array's boxes are filled
     from its kept stored blocks (``kept.block``: every one the window's
     boxes overlap), so the task runs where they live and reads nothing from
     the store.
     """
+    out_key, token, position = keys
     grid = source.grid
     assert grid is not None
     if source.cut is None:  # the patches' origins
-        dsk[out_key] = (read_origins, grid, source.group[0], window.size, tuple(pieces), plan_order)
+        dsk[out_key] = (
+            read_origins, grid, source.group[0], window.size, tuple(pieces), ctx.plan_order
+        )  # fmt: skip
         return
     base = source.base
     assert base is not None
@@ -408,17 +349,18 @@ def _add_patches(
     if group not in groups:
         key = (f"dzb-patches-{token}", window.index, position)
         array = base.array if isinstance(base, SliceSource | DaskSource) else None
-        extra: tuple[Any, ...] = ()
-        if kept is not None and isinstance(base, SliceSource):
-            ids, counts, _ = patch_ids(pieces, window.size, plan_order)
+        kept: tuple[Any, ...] = ()  # the KeptBlocks, as three arguments (futures in a list)
+        if ctx.kept is not None and isinstance(base, SliceSource):
+            ids, counts, _ = patch_ids(pieces, window.size, ctx.plan_order)
             boxes = grid.boxes(ids, counts, source.group) if len(ids) else []
-            parts = _kept_parts(kept, base, kept_blocks(base.chunks, boxes), -window.index)
+            parts = _kept_parts(ctx.kept, base, kept_blocks(base.chunks, boxes), ctx.priority)
             if parts:  # every stored block the boxes reach is kept
-                extra = ([p[0] for p in parts], tuple(p[2] for p in parts),
-                         tuple(p[1] for p in parts))  # fmt: skip
+                kept = KeptBlocks([p[0] for p in parts], tuple(p[2] for p in parts),
+                                  tuple(p[1] for p in parts))  # fmt: skip
+        share = (ctx.shares or {}).get(group)
+        stored = PatchBase(base.name, base.chunks, grid, source.group)
         dsk[key] = (
-            read_patches, array, base.name, base.chunks, grid, source.group, window.size,
-            tuple(pieces), policy, scope, plan_order, share, pool, *extra,
+            read_patches, array, stored, window.size, tuple(pieces), ctx.for_tasks(), share, *kept,
         )  # fmt: skip
         groups[group] = (key, [])
     key, _ = groups[group]
@@ -502,27 +444,25 @@ def block_graph(
     block: tuple[int, ...],
     token: str,
     transform: Callable[[np.ndarray], Any] | None = None,
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
-    kept: Kept | None = None,
-    priority: int = 0,
+    ctx: ReadContext = DEFAULT_CONTEXT,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph reading one stored block (all axes) of ``source``.
 
     With ``transform``, a second task applies it to the block; the scheduler
-    runs it where the block was read, so only its result moves.  ``kept`` (a
-    cache on a cluster): a Zarr array's stored block (also a chunk subset's,
-    a collection member's) is cut from its kept future (:func:`cut_kept_block`;
-    ``kept.block``, at ``priority``), so the scheduler runs the block's tasks
-    where it lives and the store is read by the kept block's own task alone.
+    runs it where the block was read, so only its result moves.  ``ctx.kept``
+    (a cache on a cluster): a Zarr array's stored block (also a chunk
+    subset's, a collection member's) is cut from its kept future
+    (:func:`cut_kept_block`; ``kept.block``, at ``ctx.priority``), so the
+    scheduler runs the block's tasks where it lives and the store is read by
+    the kept block's own task alone.
     """
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
     if isinstance(source, SubsetSource):  # the stored block, cropped to the subset's ranges
         _add_block(dsk, key, source.base, source.block_index(block), source.block_slices(block),
-                   policy, scope, kept, priority)  # fmt: skip
+                   ctx)  # fmt: skip
     else:
-        _add_block(dsk, key, source, block, None, policy, scope, kept, priority)
+        _add_block(dsk, key, source, block, None, ctx)
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
@@ -536,10 +476,7 @@ def _add_block(
     source: Source,
     block: tuple[int, ...],
     where: tuple[slice, ...] | None,
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-    kept: Kept | None = None,
-    priority: int = 0,
+    ctx: ReadContext,
 ) -> None:
     """Add task ``key``: stored ``block`` of ``source``, cropped to ``where`` if given.
 
@@ -552,20 +489,20 @@ def _add_block(
             shift = int(source.offsets[member])
             first = slice(where[0].start - shift, where[0].stop - shift)
             where = (first, *where[1:])
-        _add_block(dsk, key, source.members[member], local, where, policy, scope, kept,
-                   priority)  # fmt: skip
+        _add_block(dsk, key, source.members[member], local, where, ctx)
     elif isinstance(source, SliceSource):
         whole = source.block_slices(block)
         where = whole if where is None else where
-        ref = None if kept is None else kept.block(source, block, priority, read_kept_part)
+        kept = ctx.kept
+        ref = None if kept is None else kept.block(source, block, ctx.priority, read_kept_part)
         if ref is not None:
             origin = tuple(s.start for s in ref[2])
             dsk[key] = (
                 cut_kept_block, ref[0], origin, ref[1], source.array, source.name, block, where,
-                policy, scope,
+                ctx.for_tasks(),
             )  # fmt: skip
             return
-        dsk[key] = (read_block, source.array, source.name, block, where, policy, scope)
+        dsk[key] = (read_block, source.array, source.name, block, where, ctx.for_tasks())
     else:
         assert isinstance(source, DaskSource)
         block_key = (source.array.name, *block)
@@ -585,8 +522,7 @@ def shard_graph(
     blocks: Sequence[tuple[int, ...]],
     token: str,
     transform: Callable[[np.ndarray], Any] | None = None,
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
+    ctx: ReadContext = DEFAULT_CONTEXT,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph reading the inner ``blocks`` of one shard with one task.
 
@@ -596,7 +532,7 @@ def shard_graph(
     key = (f"dzb-shard-{token}", *blocks[0])
     slices = tuple(source.block_slices(block) for block in blocks)
     dsk[key] = (
-        read_shard, source.array, source.name, tuple(blocks), slices, policy, scope, transform
+        read_shard, source.array, source.name, tuple(blocks), slices, ctx.for_tasks(), transform
     )  # fmt: skip
     return dsk, key
 

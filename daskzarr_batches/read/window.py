@@ -40,7 +40,7 @@ from ..store.policy import (
 )
 from ..store.shards import read_sharded, sharding_codec
 from ..store.zarr_adapter import async_array, nd_buffer
-from .buffers import BufferPool
+from .context import DEFAULT_CONTEXT, ReadContext
 from .failures import raise_failed_read, read_named
 from .tasks import (
     _owned,
@@ -93,15 +93,13 @@ def read_window(
     size: int,
     row_bytes: int,
     pieces: Sequence[ChunkPiece],
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
-    plan_order: bool = False,
-    decode_bytes: int | None = None,
+    ctx: ReadContext = DEFAULT_CONTEXT,
     into: np.ndarray | None = None,
-    pool: BufferPool | None = None,
 ) -> tuple[np.ndarray, ReadReport]:
     """Read the rows of one window from a Zarr or numpy array, by sample id.
 
+    ``ctx``: the stream's :class:`~daskzarr_batches.read.context.ReadContext`
+    (its policy, scope, plan order, decode limit and pool, as below).
     Returns the rows, in ascending sample order (see :func:`window_graph`),
     or with ``plan_order`` in the window's plan order (each chunk's rows
     written to the pieces' ``dest``), and a :class:`ReadReport` of what the
@@ -143,6 +141,8 @@ def read_window(
     consumer gives it back once its batches are cut, so the next window
     writes into pages already faulted in); not with ``decode_bytes``.
     """
+    policy, scope, plan_order = ctx.policy, ctx.scope, ctx.plan_order
+    decode_bytes, pool = ctx.decode_bytes, ctx.pool
     ledger = Ledger()
 
     def keys() -> list[str]:  # the store keys of the window's chunk rows
@@ -250,23 +250,22 @@ class MemberWindow:
 
 
 def read_member_window(
-    window: MemberWindow,
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
-    pool: BufferPool | None = None,
+    window: MemberWindow, ctx: ReadContext = DEFAULT_CONTEXT
 ) -> tuple[np.ndarray, ReadReport]:
     """One task for a local collection window: its output, its members' read, the join.
 
     The output as :func:`window_output` makes it (an exact window's in an
-    mmap of its own, else from ``pool``), filled by :func:`read_members`,
+    mmap of its own, else from ``ctx.pool``), filled by :func:`read_members`,
     the reports joined by :func:`join_members`: the window's rows in
     ascending sample order and its report in the collection's chunks, as
     the task per member and the join give them.
     """
     out = window_output(
-        window.size, window.trailing, window.dtype, window.decode_bytes is not None, pool
+        window.size, window.trailing, window.dtype, window.decode_bytes is not None, ctx.pool
     )
-    parts = read_members(window.reads, out, window.starts, policy, scope, window.decode_bytes)
+    parts = read_members(
+        window.reads, out, window.starts, ctx.policy, ctx.scope, window.decode_bytes
+    )
     return join_members(parts, window.maps, None, window.local, (out, window.starts))
 
 
@@ -340,10 +339,8 @@ def read_members(
         if result is None:
             size = sum(_taken(piece) for piece in pieces)
             into = out[start : start + size]
-            result = read_window(
-                array, name, size, row_bytes, pieces, policy, scope, decode_bytes=decode_bytes,
-                into=into,
-            )  # fmt: skip
+            ctx = ReadContext(policy, scope, decode_bytes=decode_bytes)
+            result = read_window(array, name, size, row_bytes, pieces, ctx, into)
         done.append(result)
     return done
 
@@ -358,7 +355,8 @@ def read_kept_chunk(
     ``on_error``, retries), its result read-only (windows on an in-process
     cluster share it).
     """
-    rows, report = read_window(array, name, piece.rows, row_bytes, (piece,), policy)
+    ctx = ReadContext(policy)
+    rows, report = read_window(array, name, piece.rows, row_bytes, (piece,), ctx)
     rows.setflags(write=False)
     return rows, report
 
@@ -436,9 +434,9 @@ def read_kept_part(
     unwritten): whoever cuts it reads that block again on its own.
     """
     if len(blocks) == 1:
-        data, report = read_block(array, name, blocks[0], slices[0], policy)
+        data, report = read_block(array, name, blocks[0], slices[0], ReadContext(policy))
     else:
-        items = read_shard(array, name, blocks, slices, policy)
+        items = read_shard(array, name, blocks, slices, ReadContext(policy))
         data = np.empty(tuple(s.stop - s.start for s in region), dtype=array.dtype)
         skipped: list[tuple[int, int, int]] = []
         for (_, item, report, _), where in zip(items, slices, strict=True):
@@ -466,8 +464,7 @@ def cut_kept_block(
     name: str,
     block: tuple[int, ...],
     slices: tuple[slice, ...],
-    policy: ReadPolicy,
-    scope: CancelScope | None,
+    ctx: ReadContext,
 ) -> tuple[np.ndarray | None, ReadReport]:
     """Stored ``block`` (at ``slices``) cut from its kept axis-0 chunk ``part``, and its report.
 
@@ -478,13 +475,12 @@ def cut_kept_block(
     (the caller owns it), a miss if ``made`` for this block, else a hit.
     The part's missing keys are reported if they are the block's own.  If
     the part was skipped as undecodable, the block is read alone
-    (:func:`read_block`, ``policy`` less its cache), so that it is skipped
+    (:func:`read_block`, ``ctx.policy`` less its cache), so that it is skipped
     (or read) as without a cache.
     """
     kept, report = part
     if report.skipped or kept is None:
-        plain = dataclasses.replace(policy, cache=None, cache_tokens=())
-        return read_block(array, name, block, slices, plain, scope)
+        return read_block(array, name, block, slices, ctx.uncached())
     local = tuple(slice(s.start - o, s.stop - o) for s, o in zip(slices, origin, strict=True))
     data = np.array(kept[local], copy=True)
     own = set(block_key(array, block))

@@ -33,6 +33,7 @@ from ..plan.quality import LABEL_MIXING_WARNING, LabelCounter
 from ..plan.summary import PlanSummary
 from ..plan.windows import Window
 from ..read.buffers import shared_pool
+from ..read.context import ReadContext
 from ..read.graphs import (
     count_tasks,
     read_threads,
@@ -382,19 +383,13 @@ class BatchStream(Stream[Any]):
             None if policy.cache is None else runner.keeper(policy.cache, read_kept_chunk, policy)
         )
 
+        ctx = ReadContext(
+            policy, runner.scope, runner.plan_order, spec.decode_bytes, pool, shares, kept
+        )
+
         def submit(window: Window, offset: int) -> Any:
-            dsk, key = window_graph(
-                sources,
-                window,
-                f"{token}-{offset}",  # unique: a wrapped share meets a window again
-                policy,
-                runner.scope,
-                runner.plan_order,
-                spec.decode_bytes,
-                shares,
-                pool,
-                kept,
-            )
+            # the token is unique: a wrapped share meets a window again
+            dsk, key = window_graph(sources, window, f"{token}-{offset}", ctx)
             return stream._submit(dsk, key, -window.index, lambda w=window: stream._where(w))
 
         return submit

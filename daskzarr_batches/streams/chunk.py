@@ -18,6 +18,7 @@ from ..errors import (
     warn_caller,
 )
 from ..execute.runners import make_runner
+from ..read.context import ReadContext
 from ..read.graphs import (
     block_graph,
     shard_graph,
@@ -159,16 +160,16 @@ class ChunkStream(Stream[Any]):
         units, transform, scope = self._units, self._task_transform, self._runner.scope
         policy, token, sharded = self.policy, self._token, self._sharded
         stream = weakref.proxy(self)
+        ctx = ReadContext(policy, scope, kept=kept)
 
         def submit(number: int) -> Any:
             unit = units[number]
             if not sharded:
-                dsk, key = block_graph(
-                    source, unit[0], token, transform, policy, scope, kept, -number
-                )
+                here = ctx.narrowed(priority=-number)
+                dsk, key = block_graph(source, unit[0], token, transform, here)
             else:
                 assert isinstance(source, SliceSource)
-                dsk, key = shard_graph(source, unit, token, transform, policy, scope)
+                dsk, key = shard_graph(source, unit, token, transform, ctx)
             return stream._submit(dsk, key, -number, lambda u=unit: stream._where_unit(u))
 
         return submit

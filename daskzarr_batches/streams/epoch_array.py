@@ -23,6 +23,7 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
 from ..plan.windows import Window
+from ..read.context import ReadContext
 from ..read.graphs import window_graph
 from ..read.tasks import Key, window_block
 from ..store.collections import ConcatSource
@@ -64,9 +65,8 @@ def epoch_arrays(
     reads: dict[Key, Any] = {}
     windows_read: list[tuple[Key, np.ndarray | None, int]] = []
     for window in windows:
-        dsk, key = window_graph(
-            sources, window, f"epoch-{token}", policy, None, plan_order, decode_bytes
-        )
+        ctx = ReadContext(policy, None, plan_order, decode_bytes)
+        dsk, key = window_graph(sources, window, f"epoch-{token}", ctx)
         reads.update(dsk)
         order = None if plan_order else window.gather_index()
         windows_read.append((key, order, window.size))
