@@ -6,10 +6,12 @@ shared key."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from dask.optimization import cull
@@ -94,78 +96,148 @@ def window_graph(
     for position, (source, pieces) in enumerate(zip(sources, window.pieces, strict=True)):
         out_key = (f"dzb-array-{token}", window.index, position)
         outputs.append(out_key)
-        if isinstance(source, PatchSource):
-            _add_patches(dsk, source, window, pieces, (out_key, token, position), groups, ctx)
-            continue
-        if isinstance(source, SourcesSource):  # provenance: computed from the sample ids
-            if isinstance(source.rows, SubsetSource):
-                pieces = tuple(source.rows.base_piece(piece) for piece in pieces)
-            dsk[out_key] = (
-                read_sources, source.collection.offsets, tuple(pieces), window.size,
-                ctx.plan_order,
-            )  # fmt: skip
-            continue
         here = ctx.narrowed(decode_bytes=_share(ctx.decode_bytes, source, sources))
-        _add_rows(
-            dsk, source, tuple(pieces), window.size, (out_key, (token, window.index, position)),
-            here,
-        )  # fmt: skip
+        output = _Output(window, tuple(pieces), out_key, token, position, groups)
+        _add_output(source, dsk, output, here)
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
 
 
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    """One output of a window graph being built: its window, pieces, key, the graph's token,
+    its position and the patch sources' read tasks by base array (shared by the outputs)."""
+
+    window: Window
+    pieces: tuple[ChunkPiece, ...]
+    key: Key
+    token: str
+    position: int
+    groups: dict[int, tuple[Key, list[int]]]
+
+
+@functools.singledispatch
+def _add_output(source: Source, dsk: dict[Key, Any], output: _Output, ctx: ReadContext) -> None:
+    """Add task ``output.key``: the window's ``(rows, ReadReport)`` of ``source``."""
+    where = (output.token, output.window.index, output.position)
+    _add_rows(source, dsk, output.pieces, output.window.size, (output.key, where), ctx)
+
+
+@_add_output.register
+def _(source: PatchSource, dsk: dict[Key, Any], output: _Output, ctx: ReadContext) -> None:
+    _add_patches(dsk, source, output, ctx)
+
+
+@_add_output.register
+def _(source: SourcesSource, dsk: dict[Key, Any], output: _Output, ctx: ReadContext) -> None:
+    """Provenance: computed from the sample ids (a chunk subset's pieces mapped to its base)."""
+    pieces = output.pieces
+    base_piece = getattr(source.rows, "base_piece", None)
+    if base_piece is not None:
+        pieces = tuple(base_piece(piece) for piece in pieces)
+    dsk[output.key] = (
+        read_sources, source.collection.offsets, pieces, output.window.size, ctx.plan_order,
+    )  # fmt: skip
+
+
+#: ``(out_key, where)``: a task's key and (token, window, output), unique per helper task
+RowKeys = tuple[Key, tuple[Any, ...]]
+
+
+@functools.singledispatch
 def _add_rows(
-    dsk: dict[Key, Any],
     source: Source,
+    dsk: dict[Key, Any],
     pieces: Sequence[ChunkPiece],
     size: int,
-    keys: tuple[Key, tuple[Any, ...]],
+    keys: RowKeys,
     ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None = None,
     into: Any = None,
 ) -> None:
     """Add task ``keys[0]``: ``(rows, ReadReport)`` of ``pieces`` of one array.
 
-    ``keys[1]`` (token, window, output) makes the keys of helper tasks unique.
-    ``ctx.kept`` (a cache on a cluster): a Zarr array's rows, when every chunk
-    they touch is kept, are cut from the kept chunks (:func:`cut_kept_chunks`),
-    whatever holds the array (a chunk subset's base, a collection's member).
-    ``into``: a task giving the rows of a shared output the read fills (a
-    collection's member read here, :func:`_add_members`); readers other than
-    :func:`read_window` ignore it (the join copies their rows).
-    ``ctx.pool``: where a Zarr array's rows are read into, when the output is
-    the window's own (not a collection member's, which is joined).
+    Dispatched on the kind of ``source``.  ``keys[1]`` (token, window,
+    output) makes the keys of helper tasks unique.  ``ctx.kept`` (a cache on
+    a cluster): a Zarr array's rows, when every chunk they touch is kept, are
+    cut from the kept chunks (:func:`cut_kept_chunks`), whatever holds the
+    array (a chunk subset's base, a collection's member).  ``local``: a
+    chunk subset's chunk map (its pieces already mapped to the base array),
+    its report given in the subset's chunks.  ``into``: a task giving the
+    rows of a shared output the read fills (a collection's member read here,
+    :func:`_add_members`); readers other than :func:`read_window` ignore it
+    (the join copies their rows).  ``ctx.pool``: where a Zarr array's rows
+    are read into, when the output is the window's own (not a collection
+    member's, which is joined).
     """
+    raise TypeError(f"no window read for a source of kind {type(source).__name__}")
+
+
+@_add_rows.register
+def _(
+    source: SubsetSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    """A chunk subset's pieces, read in place in its base array."""
+    pieces = tuple(source.base_piece(piece) for piece in pieces)
+    _add_rows(source.base, dsk, pieces, size, keys, ctx, source.local_chunks(), into)
+
+
+@_add_rows.register
+def _(
+    source: ConcatSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    _add_members(dsk, source, pieces, size, keys, ctx, local)
+
+
+@_add_rows.register
+def _(
+    source: SliceSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    out_key, _ = keys
+    if _add_kept(dsk, source, pieces, size, out_key, ctx, local):
+        return
+    args = (source.array, source.name, size, source.row_bytes, tuple(pieces), ctx.for_tasks())
+    if local is None:
+        dsk[out_key] = (read_window, *args, into)
+    else:
+        dsk[out_key] = (read_subset_window, local, *args, into)
+
+
+@_add_rows.register
+def _(
+    source: DaskSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    """One task per axis-0 chunk, on the array's own culled graph, and a join."""
     out_key, where = keys
-    task = ctx.for_tasks()
-    if isinstance(source, SubsetSource):  # its pieces read in place in the base array
-        pieces = tuple(source.base_piece(piece) for piece in pieces)
-        base = source.base
-        if isinstance(base, SliceSource):
-            if _add_kept(dsk, base, pieces, size, out_key, ctx, source.local_chunks()):
-                return
-            dsk[out_key] = (
-                read_subset_window, source.local_chunks(), base.array, base.name,
-                size, base.row_bytes, pieces, task, into,
-            )  # fmt: skip
-            return
-        if isinstance(base, ConcatSource):
-            _add_members(dsk, base, pieces, size, keys, ctx, source.local_chunks())
-            return
-        source = base
-    if isinstance(source, ConcatSource):
-        _add_members(dsk, source, pieces, size, keys, ctx, local)
-        return
-    if isinstance(source, SliceSource):
-        if _add_kept(dsk, source, pieces, size, out_key, ctx, local):
-            return
-        dsk[out_key] = (
-            read_window, source.array, source.name, size, source.row_bytes,
-            tuple(pieces), task, into,
-        )  # fmt: skip
-        return
-    assert isinstance(source, DaskSource)
     piece_keys = []
     for piece in pieces:
         key = (f"dzb-read-{where[0]}", *where[1:], piece.chunk)
@@ -251,7 +323,7 @@ def _add_members(
         key = (f"dzb-member-{where[0]}", *where[1:], member)
         into = None if shared is None else (operator.getitem, shared, slice(at, at + rows))
         _add_rows(
-            dsk, source.members[member], member_pieces, rows,
+            source.members[member], dsk, member_pieces, rows,
             (key, (f"{where[0]}-m{member}", *where[1:])), member_ctx, None, into,
         )  # fmt: skip
         parts.append(key)
@@ -294,8 +366,7 @@ def _add_members_together(
     """Add a local window's members as one task: output, members read together, join."""
     reads, starts, maps, at = [], [], [], 0
     for member, member_pieces in touched:
-        base = source.members[member]
-        assert isinstance(base, SliceSource)
+        base = cast(SliceSource, source.members[member])  # a direct layout: a Zarr array
         layout = source.direct_layouts[member]
         reads.append((base.array, base.name, base.row_bytes, tuple(member_pieces), layout))
         starts.append(at)
@@ -319,23 +390,17 @@ def _taken(piece: ChunkPiece) -> int:
 
 
 def _add_patches(
-    dsk: dict[Key, Any],
-    source: PatchSource,
-    window: Window,
-    pieces: Sequence[ChunkPiece],
-    keys: tuple[Key, str, int],
-    groups: dict[int, tuple[Key, list[int]]],
-    ctx: ReadContext,
+    dsk: dict[Key, Any], source: PatchSource, output: _Output, ctx: ReadContext
 ) -> None:
-    """Add output ``keys[0]`` of a patch source: one read task per base array, shared.
+    """Add ``output`` of a patch source: one read task per base array, shared.
 
-    ``keys`` is the output's key, the graph's token and the output's position.
     ``ctx.kept`` (a cache on a cluster): a Zarr base array's boxes are filled
     from its kept stored blocks (``kept.block``: every one the window's
     boxes overlap), so the task runs where they live and reads nothing from
     the store.
     """
-    out_key, token, position = keys
+    window, pieces, out_key, groups = output.window, output.pieces, output.key, output.groups
+    token, position = output.token, output.position
     grid = source.grid
     assert grid is not None
     if source.cut is None:  # the patches' origins
@@ -348,7 +413,7 @@ def _add_patches(
     group = id(base)
     if group not in groups:
         key = (f"dzb-patches-{token}", window.index, position)
-        array = base.array if isinstance(base, SliceSource | DaskSource) else None
+        array = getattr(base, "array", None)  # a Zarr, numpy or dask array
         kept: tuple[Any, ...] = ()  # the KeptBlocks, as three arguments (futures in a list)
         if ctx.kept is not None and isinstance(base, SliceSource):
             ids, counts, _ = patch_ids(pieces, window.size, ctx.plan_order)
@@ -407,8 +472,9 @@ def read_threads(sources: Sequence[Source]) -> int | None:
     A patch stream's window is one task per base array (its outputs share it)
     and one for the origins.
     """
-    if any(isinstance(source, PatchSource) for source in sources):
-        reads = {id(s.base) for s in sources if isinstance(s, PatchSource) and s.cut is not None}
+    patches = [_patch_read(source) for source in sources]
+    if any(read is not None for read in patches):
+        reads = {read for read in patches if read}  # the origins' (0) read nothing
         return 4 * max(len(reads), 1)
     if all(_sliced(source) for source in sources):
         return 4 * sum(_reads(source) for source in sources)
@@ -420,23 +486,53 @@ def read_threads(sources: Sequence[Source]) -> int | None:
 MEMBER_READS = 8
 
 
+@functools.singledispatch
+def _patch_read(source: Source) -> int | None:
+    """A patch source's read task (its base array's ``id``; 0: the origins), else ``None``."""
+    return None
+
+
+@_patch_read.register
+def _(source: PatchSource) -> int | None:
+    return id(source.base) if source.cut is not None else 0
+
+
+@functools.singledispatch
 def _reads(source: Source) -> int:
     """Read tasks of one array a window may run at once: a collection's members, capped."""
-    base = source.base if isinstance(source, SubsetSource) else source
-    if isinstance(base, ConcatSource):
-        return max(1, min(len(base.members), MEMBER_READS))
     return 1
 
 
+@_reads.register
+def _(source: SubsetSource) -> int:
+    return _reads(source.base)
+
+
+@_reads.register
+def _(source: ConcatSource) -> int:
+    return max(1, min(len(source.members), MEMBER_READS))
+
+
+@functools.singledispatch
 def _sliced(source: Source) -> bool:
     """Whether ``source`` is read by slicing arrays (Zarr or numpy), whatever wraps them."""
-    if isinstance(source, SourcesSource):
-        return True
-    if isinstance(source, SubsetSource):
-        return _sliced(source.base)
-    if isinstance(source, ConcatSource):
-        return all(_sliced(member) for member in source.members)
-    return isinstance(source, SliceSource)
+    return False
+
+
+@_sliced.register(SliceSource)
+@_sliced.register(SourcesSource)
+def _(source: Source) -> bool:
+    return True
+
+
+@_sliced.register
+def _(source: SubsetSource) -> bool:
+    return _sliced(source.base)
+
+
+@_sliced.register
+def _(source: ConcatSource) -> bool:
+    return all(_sliced(member) for member in source.members)
 
 
 def block_graph(
@@ -458,11 +554,7 @@ def block_graph(
     """
     dsk: dict[Key, Any] = {}
     key = (f"dzb-block-{token}", *block)
-    if isinstance(source, SubsetSource):  # the stored block, cropped to the subset's ranges
-        _add_block(dsk, key, source.base, source.block_index(block), source.block_slices(block),
-                   ctx)  # fmt: skip
-    else:
-        _add_block(dsk, key, source, block, None, ctx)
+    _add_block(source, dsk, key, block, None, ctx)
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
@@ -470,51 +562,97 @@ def block_graph(
     return dsk, mapped
 
 
+@functools.singledispatch
 def _add_block(
+    source: Source,
     dsk: dict[Key, Any],
     key: Key,
-    source: Source,
     block: tuple[int, ...],
     where: tuple[slice, ...] | None,
     ctx: ReadContext,
 ) -> None:
     """Add task ``key``: stored ``block`` of ``source``, cropped to ``where`` if given.
 
-    ``where`` is in ``source``'s coordinates (``None``: the whole block).  A
-    collection's block is its member's block, read as that member would be.
+    Dispatched on the kind of ``source``.  ``where`` is in ``source``'s
+    coordinates (``None``: the whole block).  A collection's block is its
+    member's block, read as that member would be; a chunk subset's, its
+    base's stored block cropped to the subset's ranges.
     """
-    if isinstance(source, ConcatSource):
-        member, local = source.member_block(block)
-        if where is not None:
-            shift = int(source.offsets[member])
-            first = slice(where[0].start - shift, where[0].stop - shift)
-            where = (first, *where[1:])
-        _add_block(dsk, key, source.members[member], local, where, ctx)
-    elif isinstance(source, SliceSource):
-        whole = source.block_slices(block)
-        where = whole if where is None else where
-        kept = ctx.kept
-        ref = None if kept is None else kept.block(source, block, ctx.priority, read_kept_part)
-        if ref is not None:
-            origin = tuple(s.start for s in ref[2])
-            dsk[key] = (
-                cut_kept_block, ref[0], origin, ref[1], source.array, source.name, block, where,
-                ctx.for_tasks(),
-            )  # fmt: skip
-            return
-        dsk[key] = (read_block, source.array, source.name, block, where, ctx.for_tasks())
-    else:
-        assert isinstance(source, DaskSource)
-        block_key = (source.array.name, *block)
-        dsk.update(cull(source.graph, [block_key])[0])
-        if where is None:
-            dsk[key] = (read_block_result, block_key)
-            return
-        whole = source.block_slices(block)
-        local_part = tuple(
-            slice(w.start - s.start, w.stop - s.start) for w, s in zip(where, whole, strict=True)
-        )
-        dsk[key] = (read_block_part, block_key, local_part)
+    raise TypeError(f"no block read for a source of kind {type(source).__name__}")
+
+
+@_add_block.register
+def _(
+    source: SubsetSource,
+    dsk: dict[Key, Any],
+    key: Key,
+    block: tuple[int, ...],
+    where: tuple[slice, ...] | None,
+    ctx: ReadContext,
+) -> None:
+    index, slices = source.block_index(block), source.block_slices(block)
+    _add_block(source.base, dsk, key, index, slices, ctx)
+
+
+@_add_block.register
+def _(
+    source: ConcatSource,
+    dsk: dict[Key, Any],
+    key: Key,
+    block: tuple[int, ...],
+    where: tuple[slice, ...] | None,
+    ctx: ReadContext,
+) -> None:
+    member, local = source.member_block(block)
+    if where is not None:
+        shift = int(source.offsets[member])
+        first = slice(where[0].start - shift, where[0].stop - shift)
+        where = (first, *where[1:])
+    _add_block(source.members[member], dsk, key, local, where, ctx)
+
+
+@_add_block.register
+def _(
+    source: SliceSource,
+    dsk: dict[Key, Any],
+    key: Key,
+    block: tuple[int, ...],
+    where: tuple[slice, ...] | None,
+    ctx: ReadContext,
+) -> None:
+    whole = source.block_slices(block)
+    where = whole if where is None else where
+    kept = ctx.kept
+    ref = None if kept is None else kept.block(source, block, ctx.priority, read_kept_part)
+    if ref is not None:
+        origin = tuple(s.start for s in ref[2])
+        dsk[key] = (
+            cut_kept_block, ref[0], origin, ref[1], source.array, source.name, block, where,
+            ctx.for_tasks(),
+        )  # fmt: skip
+        return
+    dsk[key] = (read_block, source.array, source.name, block, where, ctx.for_tasks())
+
+
+@_add_block.register
+def _(
+    source: DaskSource,
+    dsk: dict[Key, Any],
+    key: Key,
+    block: tuple[int, ...],
+    where: tuple[slice, ...] | None,
+    ctx: ReadContext,
+) -> None:
+    block_key = (source.array.name, *block)
+    dsk.update(cull(source.graph, [block_key])[0])
+    if where is None:
+        dsk[key] = (read_block_result, block_key)
+        return
+    whole = source.block_slices(block)
+    local_part = tuple(
+        slice(w.start - s.start, w.stop - s.start) for w, s in zip(where, whole, strict=True)
+    )
+    dsk[key] = (read_block_part, block_key, local_part)
 
 
 def shard_graph(
