@@ -28,7 +28,7 @@ chunk, built on the array's own culled graph, and a join per array::
     (same for labels) ─────────────────────────┘
 
 Each stored chunk is decoded by exactly one task per window, which keeps only
-the rows the window needs.  :func:`block_graph` reads one stored block (all
+the rows the window needs.  ``read.blocks.block_graph`` reads one stored block (all
 axes) for chunk streams, optionally followed by a transform task.
 """
 

@@ -75,6 +75,39 @@ class Source:
         """Decoded bytes of one sample (one row of axis 0)."""
         return math.prod(self.shape[1:]) * self.dtype.itemsize
 
+    @property
+    def carries_data(self) -> bool:
+        """Whether pickling the source copies its array's data (sent to workers once)."""
+        return False
+
+    @property
+    def sliced(self) -> bool:
+        """Whether this is a stored Zarr or numpy array, read by slicing it in a task."""
+        return False
+
+    @property
+    def joins_members(self) -> bool:
+        """Whether a window of this source is read through a collection, members joined."""
+        return any(part.joins_members for part in self.parts())
+
+    def parts(self) -> tuple[Source, ...]:
+        """The sources this one reads: a subset's or patch's base, a collection's members.
+
+        None for a source that is itself a stored array (or computed, as provenance).
+        """
+        return ()
+
+    def with_parts(self, parts: tuple[Source, ...]) -> Source:
+        """This source reading ``parts`` (as :meth:`parts` lists them) instead."""
+        return self
+
+    def stored_sources(self) -> list[Source]:
+        """The sources of the stored arrays beneath, each as far down as it goes."""
+        parts = self.parts()
+        if not parts:
+            return [self]
+        return [stored for part in parts for stored in part.stored_sources()]
+
     def blocks(self) -> Iterator[tuple[int, ...]]:
         """Block indices of every non-empty stored chunk, in C order."""
         return itertools.product(
@@ -107,6 +140,11 @@ class SliceSource(Source):
     array: Any = field(repr=False, default=None)
     token: str = field(repr=False, default="")
     shards: tuple[int, ...] | None = None
+
+    @property
+    def sliced(self) -> bool:
+        """A Zarr or numpy array: read by slicing it."""
+        return True
 
     @property
     def stored(self) -> bool:

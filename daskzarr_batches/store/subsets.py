@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,15 @@ class SubsetSource(Source):
     axis: int = 0
     spans: tuple[tuple[int, int, int], ...] = ()
     ranges: Ranges = ()
+
+    def parts(self) -> tuple[Source, ...]:
+        """The base array this subset reads in place."""
+        return (self.base,)
+
+    def with_parts(self, parts: tuple[Source, ...]) -> Source:
+        """This subset of ``parts[0]``."""
+        (base,) = parts
+        return replace(self, base=base)
 
     def base_piece(self, piece: ChunkPiece) -> ChunkPiece:
         """Axis-0 ``piece`` of this source as a piece of the base array's chunk.
