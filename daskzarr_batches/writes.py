@@ -66,7 +66,7 @@ from .plan.epoch import permutation
 from .plan.windows import Window, chunk_offsets, pieces_for
 from .read.context import ReadContext
 from .read.graphs import window_graph
-from .read.window import read_kept_chunk
+from .read.kept import read_kept_chunk
 from .store.backends import resolve_backend, url_store
 from .store.cache import ChunkCache
 from .store.layout import storage_keys

@@ -319,7 +319,7 @@ class Keeper:
         it (:meth:`__call__`: the same future serves both); else the block
         alone.  A part of its own is one task,
         ``read(array, name, blocks, slices, region, policy)`` with the policy
-        less its cache (``read.window.read_kept_part``), keyed
+        less its cache (``read.kept.read_kept_part``), keyed
         ``dzb-cached-<cache id>-<array token>-b<first block>``; its result is
         ``(data, report)``, ``data`` covering the region.
         """

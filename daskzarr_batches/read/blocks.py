@@ -18,8 +18,8 @@ from ..store.collections import ConcatSource
 from ..store.sources import DaskSource, SliceSource, Source
 from ..store.subsets import SubsetSource
 from .context import DEFAULT_CONTEXT, ReadContext
+from .kept import cut_kept_block, read_kept_part
 from .tasks import Key, apply_transform, read_block, read_block_part, read_block_result, read_shard
-from .window import cut_kept_block, read_kept_part
 
 __all__ = ["block_graph", "shard_graph"]
 

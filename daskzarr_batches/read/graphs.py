@@ -21,6 +21,7 @@ from ..store.patches import PatchSource
 from ..store.sources import DaskSource, SliceSource, Source
 from ..store.subsets import SubsetSource
 from .context import DEFAULT_CONTEXT, Kept, ReadContext
+from .kept import cut_kept_chunks, read_kept_part
 from .patches import KeptBlocks, PatchBase, kept_blocks, patch_ids, read_origins, read_patches
 from .tasks import (
     Key,
@@ -32,8 +33,6 @@ from .tasks import (
 )
 from .window import (
     MemberWindow,
-    cut_kept_chunks,
-    read_kept_part,
     read_member_window,
     read_subset_window,
     read_window,

@@ -64,6 +64,14 @@ class ConcatSource(Source):
         """A collection: its windows are read per member and joined."""
         return True
 
+    def read_collection(self) -> ConcatSource:
+        """Itself."""
+        return self
+
+    def member_offsets(self) -> tuple[int, ...]:
+        """Where each member starts (empty for a collection of one)."""
+        return tuple(int(v) for v in self.offsets) if len(self.members) > 1 else ()
+
     def parts(self) -> tuple[Source, ...]:
         """The members."""
         return self.members

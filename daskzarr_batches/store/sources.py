@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
@@ -36,6 +36,9 @@ from ..errors import (
     ArgumentValueError,
 )
 from .zarr_adapter import unwrapped_store
+
+if TYPE_CHECKING:
+    from .collections import ConcatSource
 
 __all__ = ["DaskSource", "SliceSource", "Source", "SourceLike", "as_source", "dim_names"]
 
@@ -89,6 +92,21 @@ class Source:
     def joins_members(self) -> bool:
         """Whether a window of this source is read through a collection, members joined."""
         return any(part.joins_members for part in self.parts())
+
+    def read_collection(self) -> ConcatSource | None:
+        """The collection a window of this source is read from, member by member, if any.
+
+        A collection itself, or the collection a chunk subset is cut from.
+        """
+        return None
+
+    def member_offsets(self) -> tuple[int, ...]:
+        """Where each member starts, for a collection of several; empty otherwise."""
+        return ()
+
+    def sized(self, unit_patches: int) -> Source:
+        """This source with units that fit a window of ``unit_patches`` rows (patches only)."""
+        return self
 
     def parts(self) -> tuple[Source, ...]:
         """The sources this one reads: a subset's or patch's base, a collection's members.

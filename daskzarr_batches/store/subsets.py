@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from ..errors import ArgumentTypeError
 from ..plan.splits import Ranges, cut_at_chunks, merge_ranges
 from ..plan.windows import ChunkPiece, chunk_offsets
 from .sources import Source, SourceLike, as_source
+
+if TYPE_CHECKING:
+    from .collections import ConcatSource
 
 __all__ = ["ChunkSubset", "SubsetSource", "subset_source"]
 
@@ -41,6 +44,10 @@ class SubsetSource(Source):
     axis: int = 0
     spans: tuple[tuple[int, int, int], ...] = ()
     ranges: Ranges = ()
+
+    def read_collection(self) -> ConcatSource | None:
+        """The collection this subset is cut from, if it is cut from one."""
+        return self.base.read_collection()
 
     def parts(self) -> tuple[Source, ...]:
         """The base array this subset reads in place."""

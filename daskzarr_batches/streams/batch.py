@@ -39,8 +39,9 @@ from ..read.graphs import (
     read_threads,
     window_graph,
 )
+from ..read.kept import read_kept_chunk
 from ..read.patches import ChunkShare
-from ..read.window import read_kept_chunk, release_free_memory
+from ..read.window import release_free_memory
 from ..store.cache import ChunkCache, array_token, chunk_name, kept_part, rows_name
 from ..store.collections import ConcatSource
 from ..store.layout import chunk_grid

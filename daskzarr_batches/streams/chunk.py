@@ -23,8 +23,8 @@ from ..read.blocks import (
     shard_graph,
 )
 from ..read.context import ReadContext
+from ..read.kept import read_kept_chunk
 from ..read.tasks import ShardItem
-from ..read.window import read_kept_chunk
 from ..store.collections import ConcatSource
 from ..store.layout import blocks_by_shard
 from ..store.sources import SliceSource, Source
