@@ -64,8 +64,9 @@ from .fingerprints import Unfingerprintable, func_fingerprint, input_fingerprint
 from .plan.budget import exact_budget
 from .plan.epoch import permutation
 from .plan.windows import Window, chunk_offsets, pieces_for
+from .read.context import ReadContext
 from .read.graphs import window_graph
-from .read.window import read_kept_chunk
+from .read.kept import read_kept_chunk
 from .store.backends import resolve_backend, url_store
 from .store.cache import ChunkCache
 from .store.layout import storage_keys
@@ -687,14 +688,13 @@ def _run(
     flying: dict[Any, _Task] = {}
     try:
         sources = runner.place(list(inputs.sources), read.timeout)
+        ctx = ReadContext(policy, runner.scope, True, decode_bytes, kept=kept)
         while pending or flying:
             while pending and len(flying) < in_flight:
                 task = pending.pop()
                 pieces = tuple(tuple(pieces_for(task.samples, off)) for off in offsets)
                 window = Window(task.number, 0, task.samples, pieces)
-                dsk, key = window_graph(sources, window, token, policy, runner.scope,
-                                        plan_order=True, decode_bytes=decode_bytes,
-                                        kept=kept)  # fmt: skip
+                dsk, key = window_graph(sources, window, token, ctx)
                 write_key = (f"dzb-write-{token}", task.number)
                 dsk[write_key] = (_write_unit, key, job, task.ranges)
                 flying[runner.submit(dsk, write_key, -task.number)] = task
@@ -798,8 +798,8 @@ def _read_rows(inputs: _Inputs, stop: int, read: ReadOptions) -> list[np.ndarray
     samples = range(stop)
     pieces = tuple(tuple(pieces_for(samples, chunk_offsets(s.chunks[0]))) for s in inputs.sources)
     policy = read.policy.tokened(stored_arrays(list(inputs.sources)))
-    dsk, key = window_graph(list(inputs.sources), Window(0, 0, samples, pieces), "probe",
-                            policy, plan_order=True)  # fmt: skip
+    ctx = ReadContext(policy, plan_order=True)
+    dsk, key = window_graph(list(inputs.sources), Window(0, 0, samples, pieces), "probe", ctx)
     return [np.asarray(rows) for rows, _ in dask.get(dsk, key)]
 
 

@@ -18,7 +18,7 @@ import functools
 import glob
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,27 @@ class ConcatSource(Source):
     """
 
     members: tuple[Source, ...] = field(repr=False, default=())
+
+    @property
+    def joins_members(self) -> bool:
+        """A collection: its windows are read per member and joined."""
+        return True
+
+    def read_collection(self) -> ConcatSource:
+        """Itself."""
+        return self
+
+    def member_offsets(self) -> tuple[int, ...]:
+        """Where each member starts (empty for a collection of one)."""
+        return tuple(int(v) for v in self.offsets) if len(self.members) > 1 else ()
+
+    def parts(self) -> tuple[Source, ...]:
+        """The members."""
+        return self.members
+
+    def with_parts(self, parts: tuple[Source, ...]) -> Source:
+        """This collection of ``parts`` as its members."""
+        return replace(self, members=tuple(parts))
 
     @functools.cached_property
     def offsets(self) -> np.ndarray:
