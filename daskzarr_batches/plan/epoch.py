@@ -44,16 +44,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .batching import batches_completed, count_batches, samples_used
-from .quality import (
+from .buffer_search import pair_bins
+from .exact_figures import (
     ENTROPY_BINS,
-    QualityCounter,
     _bins,
     _entropy,
     exact_entropy,
     exact_mixing_bits,
     expected_batch_bits,
-    pair_bins,
 )
+from .quality import QualityCounter
 from .sampling import ClassSampler
 from .shards import ShardLayout, shard_requests, shard_units
 from .summary import PlanSummary, WindowSummary
