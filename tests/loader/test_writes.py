@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import daskzarr_batches as dzb
 from tests.strategies import property_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _zarr(data: np.ndarray, chunks: tuple[int, ...], shards: tuple[int, ...] | None = None,
