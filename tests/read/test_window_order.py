@@ -16,8 +16,7 @@ import zarr
 import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import make_data, property_settings, seeds, to_zarr
-from test_plan import plans
+from strategies import make_data, plans, property_settings, seeds, to_zarr
 
 from daskzarr_batches.plan.epoch import EpochPlan
 from daskzarr_batches.plan.windows import Window, chunk_offsets
