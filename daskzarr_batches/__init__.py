@@ -3,7 +3,7 @@
 Built on dask (one machine) and dask.distributed (clusters).  The public
 surface is everything in ``__all__``; the subpackages are the implementation,
 split by what each part knows and importing one way, bottom to top
-(``docs/architecture.md``, checked by ``tests/test_layers.py``):
+(``docs/architecture.md``, checked by ``tests/tools/test_layers.py``):
 
 - ``errors``: the error tree and the warnings;
 - ``plan``: pure index math: batches, windows, shards, budgets, the epoch's orders;

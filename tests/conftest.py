@@ -31,8 +31,12 @@ settings.load_profile(os.environ.get("DZB_HYPOTHESIS", "fixed"))
 
 # Optional frameworks: a test that needs one is not collected where it is not installed
 # (the newest CI leg has no torch: the registry offers only CUDA builds there), rather than
-# skipped.  Module-wide: the files below; single tests: the marker of the same name.
-OPTIONAL = {"torch": ["test_torch.py", "test_training.py"], "peers": ["test_peers.py"]}
+# skipped.  Module-wide: the files below (relative to tests/); single tests: the marker of
+# the same name.
+OPTIONAL = {
+    "torch": ["loader/test_torch.py", "loader/test_training.py"],
+    "peers": ["integration/test_peers.py"],
+}
 MISSING = {
     name
     for name, module in (("torch", "torch"), ("peers", "insitubatch"))

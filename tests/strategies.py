@@ -29,18 +29,24 @@ import zarr.storage
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from daskzarr_batches.plan.epoch import EpochPlan
+from daskzarr_batches.plan.windows import chunk_offsets
+
 __all__ = [
     "DTYPES",
     "INPUT_KINDS",
+    "MODES",
     "ArrayCase",
     "array_cases",
     "axis0_chunks",
     "batch_sizes",
     "buffer_sizes",
     "build_input",
+    "chunk_rows",
     "irregular_chunks",
     "local_path",
     "make_data",
+    "plans",
     "property_settings",
     "regular_chunks",
     "sample_ids",
@@ -51,6 +57,9 @@ __all__ = [
 ]
 
 DTYPES = ("int32", "int64", "float32", "float64", "uint16")
+
+#: the shuffle modes of an epoch plan
+MODES = ("none", "buffer", "exact")
 
 #: numpy, zarr (formats 2 and 3), a general dask array, a dask array over zarr, and zarr
 #: (format 3) in a local directory read by zarrs' Rust codec pipeline.
@@ -251,3 +260,39 @@ def array_cases(
     zarr_chunks = draw(regular_chunks(shape))
     dask_chunks = draw(irregular_chunks(shape))
     return build_input(kind, data, zarr_chunks, dask_chunks)
+
+
+# Epoch plans (tests/plan/test_plan.py, tests/read/test_window_order.py): pure, no data.
+@st.composite
+def chunk_rows(draw: st.DrawFn, n: int) -> tuple[int, ...]:
+    """Axis-0 chunk sizes summing to ``n``: regular with a short last chunk, or ragged."""
+    if n == 0:
+        return (0,)
+    if draw(st.booleans()):
+        size = draw(st.integers(1, n + 2))
+        full, rest = divmod(n, size)
+        return (size,) * full + ((rest,) if rest else ())
+    return draw(irregular_chunks((n,)))[0]
+
+
+@st.composite
+def plans(
+    draw: st.DrawFn,
+    *,
+    modes: tuple[str, ...] = MODES,
+    paired: bool | None = None,
+    drop: bool | None = None,
+) -> EpochPlan:
+    n = draw(st.integers(0, 60))
+    arrays = draw(st.integers(1, 2)) if paired is None else (2 if paired else 1)
+    offsets = tuple(chunk_offsets(draw(chunk_rows(n))) for _ in range(arrays))
+    return EpochPlan(
+        n_samples=n,
+        offsets=offsets,
+        batch_size=draw(st.integers(1, n + 3)),
+        drop_remainder=draw(st.booleans()) if drop is None else drop,
+        shuffle=draw(st.sampled_from(modes)),
+        window_rows=draw(st.integers(1, n + 5)),
+        seed=draw(seeds),
+        epoch=draw(st.integers(0, 3)),
+    )

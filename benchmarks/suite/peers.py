@@ -100,7 +100,8 @@ SHAPES = (
 INPUTS_ALONE = "inputs alone, sequential (diagnostic)"
 DIAGNOSTICS = ((FIELD_STORE, INPUTS_ALONE),)
 
-#: the peers' warnings about each other, not about this benchmark (as in tests/test_peers.py):
+#: the peers' warnings about each other, not about this benchmark (as in
+#: tests/integration/test_peers.py):
 #: anndata reads pandas' deprecated option, annbatch consolidates Zarr v3 metadata
 PEER_WARNINGS = (
     "The 'future.infer_string' option is deprecated",

@@ -5,7 +5,7 @@ the results files the benchmarks wrote (``benchmarks/results/*.json``, ``--out``
 area its command and date, every target with what was measured and PASS / MISS, and for
 each miss its cause (:data:`CAUSES`, written by whoever measured it).  ``report`` rewrites
 that part; ``report --check`` exits 1 when the committed page differs, and
-``tests/test_benchmark_report.py`` fails then, so the page cannot fall behind its results.
+``tests/tools/test_benchmark_report.py`` fails then, so the page cannot fall behind its results.
 """
 
 from __future__ import annotations
@@ -240,7 +240,8 @@ def render(results: Path) -> str:
         BEGIN,
         "",
         "Generated from the results files; a new run rewrites them, then `python -m "
-        "benchmarks report` this part (`tests/test_benchmark_report.py` fails until it does).",
+        "benchmarks report` this part (`tests/tools/test_benchmark_report.py` fails until "
+        "it does).",
     ]
     for area in AREAS:
         path = results / area.file

@@ -413,7 +413,7 @@ class EpochPlan:
             starts, stops = self.units[group], self.units[np.asarray(group) + 1]
             # numpy's Generator draws the same swaps for permutation(array) and
             # permutation(len(array)): samples[shuffle] is rng.permutation(samples)
-            # (tests/test_plan.py checks it), and the shuffle gives the pieces.
+            # (tests/plan/test_plan.py checks it), and the shuffle gives the pieces.
             yield starts, stops, rng.permutation(int((stops - starts).sum()))
 
     def expected_entropy(self, most_pairs: int = 2**24) -> float | None:

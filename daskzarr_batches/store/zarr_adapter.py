@@ -2,7 +2,7 @@
 
 Everything else in the package uses zarr's public API only (``zarr.Array`` and
 its properties, ``zarr.storage``, ``zarr.abc.store``, ``zarr.codecs``,
-``zarr.config``); ``tests/test_zarr_adapter.py`` fails if another module
+``zarr.config``); ``tests/store/test_zarr_adapter.py`` fails if another module
 imports ``zarr.core`` or a private zarr module, or reaches for a private zarr
 attribute.  What this module reaches for, and the releases it differs in
 (``ZARR_VERSION`` gates them; every 3.x release from ``pyproject.toml``'s lower

@@ -13,7 +13,7 @@ import zarr
 from daskzarr_batches.tools.bench import BenchSettings, run_bench
 from daskzarr_batches.tools.cli import build_parser, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _commands() -> list[str]:

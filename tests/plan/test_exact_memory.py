@@ -77,7 +77,7 @@ def test_peak_rss_stays_within_the_budget_in_a_fresh_process(tmp_path: Path) -> 
     x = zarr.create_array(tmp_path / "x.zarr", shape=(rows, cols), chunks=(8192, cols), dtype="f4")
     x[:] = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
     budget = 16 * MiB
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(tmp_path / "x.zarr"), str(budget), root],
         capture_output=True,

@@ -666,7 +666,7 @@ def test_same_seed_same_batches_across_processes() -> None:
     for buffer in (None, 10):
         for batch in consume(dzb.shuffled_batch_stream(z, 5, seed=123, shuffle_buffer_size=buffer)):
             digest.update(batch.tobytes())
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for hash_seed in ("0", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": root}
         result = subprocess.run(

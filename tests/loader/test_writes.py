@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import daskzarr_batches as dzb
 from tests.strategies import property_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _zarr(data: np.ndarray, chunks: tuple[int, ...], shards: tuple[int, ...] | None = None,
@@ -231,7 +231,8 @@ def test_func_fingerprints_agree_across_processes() -> None:
     from daskzarr_batches.fingerprints import func_fingerprint
 
     funcs = "[_kinds, _scaled, _adder(1.0), _Shift(2.0), functools.partial(_with_default, by=3.0)]"
-    script = (f"import functools, sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
+    paths = [str(Path(__file__).parent), str(ROOT / "tests")]  # this module, the helpers
+    script = (f"import functools, sys; sys.path[:0] = {paths!r}; "
               f"from test_writes import _kinds, _scaled, _adder, "
               f"_Shift, _with_default; from daskzarr_batches.fingerprints import "
               f"func_fingerprint; print([func_fingerprint(f) for f in {funcs}])")  # fmt: skip

@@ -10,50 +10,14 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import irregular_chunks, make_data, property_settings, seeds, to_zarr
+from strategies import MODES, chunk_rows, make_data, plans, property_settings, seeds, to_zarr
 
 import daskzarr_batches as dzb
 from daskzarr_batches.plan.batching import count_batches
 from daskzarr_batches.plan.epoch import EpochPlan
 from daskzarr_batches.plan.windows import Window, chunk_offsets, pieces_for, ramp_split
 
-MODES = ("none", "buffer", "exact")
 FAST = property_settings(60)
-
-
-@st.composite
-def chunk_rows(draw: st.DrawFn, n: int) -> tuple[int, ...]:
-    """Axis-0 chunk sizes summing to ``n``: regular with a short last chunk, or ragged."""
-    if n == 0:
-        return (0,)
-    if draw(st.booleans()):
-        size = draw(st.integers(1, n + 2))
-        full, rest = divmod(n, size)
-        return (size,) * full + ((rest,) if rest else ())
-    return draw(irregular_chunks((n,)))[0]
-
-
-@st.composite
-def plans(
-    draw: st.DrawFn,
-    *,
-    modes: tuple[str, ...] = MODES,
-    paired: bool | None = None,
-    drop: bool | None = None,
-) -> EpochPlan:
-    n = draw(st.integers(0, 60))
-    arrays = draw(st.integers(1, 2)) if paired is None else (2 if paired else 1)
-    offsets = tuple(chunk_offsets(draw(chunk_rows(n))) for _ in range(arrays))
-    return EpochPlan(
-        n_samples=n,
-        offsets=offsets,
-        batch_size=draw(st.integers(1, n + 3)),
-        drop_remainder=draw(st.booleans()) if drop is None else drop,
-        shuffle=draw(st.sampled_from(modes)),
-        window_rows=draw(st.integers(1, n + 5)),
-        seed=draw(seeds),
-        epoch=draw(st.integers(0, 3)),
-    )
 
 
 def epoch_order(plan: EpochPlan) -> np.ndarray:

@@ -5,7 +5,7 @@ the window's plan order (``plan_order=True``), so the client cuts batches by
 slicing.  These properties check the read layer directly, without a cluster:
 every window of any plan, read in plan order, is exactly the plan's samples in
 the plan's order, and the same rows as the ascending read gathered by
-``Window.gather_index()`` (the local path).  ``tests/test_cluster.py`` checks
+``Window.gather_index()`` (the local path).  ``tests/integration/test_cluster.py`` checks
 the streams end to end against the local scheduler.
 """
 
@@ -16,8 +16,7 @@ import zarr
 import zarr.storage
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import make_data, property_settings, seeds, to_zarr
-from test_plan import plans
+from strategies import make_data, plans, property_settings, seeds, to_zarr
 
 from daskzarr_batches.plan.epoch import EpochPlan
 from daskzarr_batches.plan.windows import Window, chunk_offsets

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CASES = {
     # a stream's generator saw the stream through a weak proxy that the garbage

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "daskzarr_batches"
+PACKAGE = Path(__file__).resolve().parents[2] / "daskzarr_batches"
 
 #: The most parameters a function under read/ or execute/ takes (``self`` not counted).
 MOST_PARAMETERS = 9

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.suite.stores_cases import SUBSET_CHUNKS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(120)

@@ -8,8 +8,8 @@ checkout's ``daskzarr_batches`` even when another copy is installed.
 Run as a script to execute notebooks and store their outputs in place (the
 committed notebooks carry outputs so they read well on GitHub)::
 
-    python tests/test_notebooks.py                      # every notebook
-    python tests/test_notebooks.py notebooks/NAME.ipynb  # just these
+    python tests/tools/test_notebooks.py                      # every notebook
+    python tests/tools/test_notebooks.py notebooks/NAME.ipynb  # just these
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Seconds one cell may run (cluster notebooks start a LocalCluster).
 CELL_TIMEOUT = 240

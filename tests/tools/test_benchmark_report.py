@@ -11,7 +11,7 @@ import pytest
 from benchmarks import command
 from benchmarks.suite import summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "benchmarks.md"
 

@@ -26,7 +26,7 @@ import daskzarr_batches as dzb
 
 MODES = ["none", "buffer", "exact"]
 
-# skipping is what these tests are about (tests/test_read_policy.py checks the warning)
+# skipping is what these tests are about (tests/read/test_read_policy.py checks the warning)
 pytestmark = pytest.mark.filterwarnings("ignore::daskzarr_batches.SkippedChunksWarning")
 
 

@@ -19,7 +19,7 @@ from daskzarr_batches.store.layout import object_keys
 from daskzarr_batches.tools import cli as _cli
 from daskzarr_batches.tools.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: A generated bench dataset small enough for a test: 2,000 x 4 in 256-row chunks.
 SMALL = ["--rows", "2000", "--features", "4", "--chunk-rows", "256"]
 

@@ -13,7 +13,7 @@ import pytest
 from daskzarr_batches.tools import cli as _cli
 from daskzarr_batches.tools.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lines(text: str) -> list[str]:

@@ -24,7 +24,7 @@ import zarr
 import daskzarr_batches as dzb
 from daskzarr_batches.torch import ZarrIterableDataset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N = 20_480  # a multiple of 2 ranks x BATCH: no padding, each sample once per epoch
 FEATURES = 16
 BATCH = 256

@@ -225,7 +225,7 @@ def _resume_elsewhere(tmp_path: Path, states: Any, world: int, ranks: list[int])
     """Each of ``ranks``' rest of the epoch, resumed from ``states`` in a new Python process."""
     (tmp_path / "state.json").write_text(json.dumps(states))
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
         [sys.executable, "-W", "error", "-c", textwrap.dedent(RESUME), str(tmp_path),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import conftest
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 
 

@@ -20,7 +20,7 @@ from stores import HangStore
 
 import daskzarr_batches as dzb
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/, where stores.py is
 
 
 def hanging(tmp_path: Path) -> tuple[zarr.Array, HangStore]:
