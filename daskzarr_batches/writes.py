@@ -1114,8 +1114,20 @@ def write_shuffled(
     return tuple(outs)
 
 
-def shuffle_order(rows: int, seed: int) -> np.ndarray:
+def shuffle_order(rows: int, seed: int = 0) -> np.ndarray:
     """The permutation ``write_shuffled(..., seed=seed)`` writes: output row i is sample [i].
+
+    Parameters
+    ----------
+    rows : int
+        Samples of the array written.
+    seed : int, default 0
+        The seed given to ``write_shuffled`` (whose default is 0 too).
+
+    Returns
+    -------
+    numpy.ndarray
+        A permutation of ``range(rows)``.
 
     Raises
     ------

@@ -276,7 +276,7 @@ def shuffled_batch_stream(
     array: Any,
     batch_size: int,
     *,
-    seed: int | None = None,
+    seed: int | None = 0,
     shuffle_buffer_size: int | str | None = None,
     shuffle_quality: float | None = None,
     drop_remainder: bool = False,
@@ -302,10 +302,12 @@ def shuffled_batch_stream(
         Samples along axis 0 (a mixture: the samples it draws per epoch).
     batch_size : int
         Samples per batch.
-    seed : int, optional
+    seed : int or None, default 0
         Makes the order repeatable: the same ``(seed, epoch)`` gives the same
-        batches across runs, processes, prefetch, concurrency and scheduler.
-        ``None`` draws fresh entropy (see the stream's ``.seed`` to repeat it).
+        batches across runs, processes, prefetch, concurrency and scheduler
+        (0, as every ``seed`` of the package: a run repeats unless asked not
+        to).  ``None`` draws fresh entropy (see the stream's ``.seed`` to
+        repeat it).
     shuffle_buffer_size : int, optional
         ``None``: an exact uniform permutation of all samples; out of core
         that reads the data about ``ceil(dataset bytes / window bytes)``
@@ -437,7 +439,7 @@ def paired_shuffled_batch_stream(
     labels: Any,
     batch_size: int,
     *,
-    seed: int | None = None,
+    seed: int | None = 0,
     shuffle_buffer_size: int | str | None = None,
     shuffle_quality: float | None = None,
     drop_remainder: bool = False,
@@ -563,7 +565,7 @@ def patch_stream(
         sized by ``memory_budget``) or through a buffer of
         ``shuffle_buffer_size`` patches, rounded up to whole units (a unit:
         the patches whose origins share a stored chunk along a patched dim).
-    seed : int, default 0
+    seed : int or None, default 0
         The shuffle's entropy; ``None`` draws fresh entropy (``stream.seed``).
         Ignored without ``shuffle``.
     epoch, shuffle_buffer_size, shuffle_quality, memory_budget, prefetch, drop_remainder
@@ -639,7 +641,7 @@ def plan_epoch(
     *,
     labels: Any = None,
     shuffle: bool = False,
-    seed: int | None = None,
+    seed: int | None = 0,
     shuffle_buffer_size: int | str | None = None,
     shuffle_quality: float | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -679,7 +681,8 @@ prefetch, drop_remainder, epoch
         (whatever the mode uses); ``window_bytes=None`` is the stream's
         default (32 MiB, 16 MiB for patches).  ``prefetch`` matters to the exact
         shuffle, whose windows share ``memory_budget`` with the windows
-        prefetched.  With ``seed=None`` the shuffle order is a random draw.
+        prefetched.  ``seed`` defaults to 0, as everywhere; with ``seed=None`` the
+        shuffle order is a random draw; a sequential plan ignores it.
     input_dims, input_overlap, target_offset, target_dims, target_data
         The plan of :func:`patch_stream` (``array`` is its ``data``; no
         ``labels``): samples are patches, and ``read_amplification`` is how
@@ -721,12 +724,13 @@ prefetch, drop_remainder, epoch
         arrays, roles = patches.sources, patches.roles
     if window_bytes is None:  # the stream's own default
         window_bytes = DEFAULT_WINDOW_BYTES if input_dims is None else DEFAULT_PATCH_WINDOW_BYTES
+    mode = shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality)
     spec = StreamSpec(
         arrays,
         batch_size,
         roles=roles,
-        shuffle=shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality),
-        seed=seed,
+        shuffle=mode,
+        seed=None if mode == "none" else seed,
         epoch=epoch,
         shuffle_buffer_size=shuffle_buffer_size,
         shuffle_quality=shuffle_quality,
