@@ -38,7 +38,7 @@ from .store.cache import ChunkCache
 from .store.collections import ConcatSource
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
-from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency
+from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency, read_options
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
 
@@ -67,6 +67,7 @@ def map_chunks(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> ChunkStream:
     """Stream ``func(chunk)`` for every stored chunk of ``array``.
 
@@ -130,11 +131,12 @@ def map_chunks(
     """
     if not callable(func):
         raise ArgumentTypeError(f"func must be callable, got {func!r}")
-    read = ReadOptions(
-        client, timeout, missing, on_error, retries,
-        merged_io_concurrency(concurrency, io_concurrency), cache,
+    options = read_options(
+        read, client=client, timeout=timeout, missing=missing, on_error=on_error,
+        retries=retries, io_concurrency=merged_io_concurrency(concurrency, io_concurrency),
+        cache=cache,
     )  # fmt: skip
-    return build_chunk_stream(ChunkSpec(array, ordered, with_index, read), transform=func)
+    return build_chunk_stream(ChunkSpec(array, ordered, with_index, options), transform=func)
 
 
 def reduce_chunks(
@@ -151,6 +153,7 @@ def reduce_chunks(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> R:
     """Reduce ``func(chunk)`` over every stored chunk with ``combine``.
 
@@ -212,6 +215,7 @@ def reduce_chunks(
         retries=retries,
         io_concurrency=io_concurrency,
         cache=cache,
+        read=read,
     ) as results:
         name = results.source.name
         for result in results:
@@ -344,6 +348,7 @@ def feature_moments(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> Moments:
     """Per-feature count, mean and variance of ``array``'s samples, in one pass.
 
@@ -385,6 +390,7 @@ def feature_moments(
         retries=retries,
         io_concurrency=io_concurrency,
         cache=cache,
+        read=read,
     ) as results:
         source = results.source
         shape, dtype = source.shape, source.dtype

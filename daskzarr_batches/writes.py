@@ -73,7 +73,7 @@ from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .store.sources import Source, _check_dtype, as_source
 from .store.zarr_adapter import buffer_prototype, sync
 from .streams.base import stored_arrays, stored_sources
-from .streams.spec import ReadOptions, as_array, byte_size, non_negative_int
+from .streams.spec import ReadOptions, as_array, byte_size, non_negative_int, read_options
 
 __all__ = ["WriteStats", "map_to_zarr", "shuffle_order", "write_shuffled"]
 
@@ -827,6 +827,7 @@ def map_to_zarr(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
     backend: str = "auto",
@@ -919,7 +920,10 @@ def map_to_zarr(
     if not callable(func):
         raise ArgumentTypeError(f"func must be callable, got {func!r}")
     stats = WriteStats() if stats is None else stats
-    read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
+    read = read_options(
+        read, client=client, timeout=timeout, missing=missing, on_error=on_error,
+        retries=retries, io_concurrency=io_concurrency, cache=cache,
+    )  # fmt: skip
     inputs = _inputs(data)
     rows = inputs.rows
     dtype = None if dtype is None else _output_dtype(dtype)
@@ -1001,6 +1005,7 @@ def write_shuffled(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
     backend: str = "auto",
@@ -1055,7 +1060,10 @@ def write_shuffled(
     ([0, 1, 2, 3, 4, 5], True)
     """
     stats = WriteStats() if stats is None else stats
-    read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
+    read = read_options(
+        read, client=client, timeout=timeout, missing=missing, on_error=on_error,
+        retries=retries, io_concurrency=io_concurrency, cache=cache,
+    )  # fmt: skip
     inputs = _inputs(data)
     rows = inputs.rows
     seed = non_negative_int("seed", seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import threading
 from typing import Any
 
@@ -102,3 +103,46 @@ def test_huge_timeouts_mean_no_timeout(timeout: float) -> None:
         with dzb.chunk_stream(X, ordered=ordered, timeout=timeout) as chunks:
             assert sum(len(c) for c in chunks) == 10
     assert dzb.reduce_chunks(np.sum, np.add, X, timeout=timeout) == X.sum()
+
+
+# --------------------------------------------------------------------------
+# ReadOptions: the read keywords flat, or as one value (read=)
+
+READ_KEYWORDS = {f.name for f in dataclasses.fields(dzb.ReadOptions)}
+
+
+def test_every_entry_point_takes_the_read_keywords_flat_and_as_read() -> None:
+    entry = {}
+    for name in dzb.__all__:
+        value = getattr(dzb, name)
+        if name == "Loader" or (callable(value) and not isinstance(value, type)):
+            parameters = inspect.signature(value).parameters
+            if "retries" in parameters:
+                entry[name] = parameters
+    assert len(entry) >= 12, sorted(entry)
+    for name, parameters in entry.items():
+        assert READ_KEYWORDS | {"read"} <= set(parameters), (name, READ_KEYWORDS - set(parameters))
+        for key in READ_KEYWORDS:  # the flat defaults are ReadOptions' own
+            field = {f.name: f for f in dataclasses.fields(dzb.ReadOptions)}[key]
+            assert parameters[key].default == field.default, (name, key)
+
+
+def test_read_shares_one_set_and_a_flat_keyword_must_agree() -> None:
+    read = dzb.ReadOptions(missing="error", retries=5, timeout=30)
+    for stream in (
+        dzb.batch_stream(X, 2, read=read),
+        dzb.shuffled_batch_stream(X, 2, read=read),
+        dzb.paired_batch_stream(X, Y, 2, read=read, retries=5),  # agreeing: allowed
+        dzb.Loader(X, 2, read=read).stream(),
+    ):
+        assert (stream.spec.missing, stream.spec.retries, stream.spec.timeout) == ("error", 5, 30)
+    assert dzb.chunk_stream(X, read=read).spec.read == read
+    assert [float(m) for m in dzb.map_chunks(np.max, X, read=read)] == [float(X.max())]
+    with pytest.raises(dzb.ArgumentValueError, match=r"retries=2 disagrees with read.retries=5"):
+        dzb.batch_stream(X, 2, read=read, retries=2)
+    with pytest.raises(dzb.ArgumentValueError, match=r"on_error='skip' disagrees"):
+        dzb.map_chunks(np.max, X, read=read, on_error="skip")
+    with pytest.raises(dzb.ArgumentTypeError, match=r"read must be a ReadOptions or None"):
+        dzb.batch_stream(X, 2, read={"retries": 5})
+    with pytest.raises(dzb.ArgumentValueError, match="retries"):
+        dzb.ReadOptions(retries=-1)  # validated where it is made

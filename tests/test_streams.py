@@ -226,7 +226,7 @@ def test_seed_defaults_to_0_everywhere() -> None:
     takes = {}
     for name in dzb.__all__:
         value = getattr(dzb, name)
-        if callable(value) and not isinstance(value, type) or name == "Loader":  # not Mixture
+        if (callable(value) and not isinstance(value, type)) or name == "Loader":  # no Mixture
             parameters = inspect.signature(value).parameters
             if "seed" in parameters:
                 takes[name] = parameters["seed"].default

@@ -81,8 +81,7 @@ def _validated(state: Mapping[str, Any], loader: Loader) -> dict[str, Any]:
         )
     if type(version) is not int or version != _VERSION:
         raise ArgumentValueError(
-            f"state['version']={reprlib.repr(version)}: not a Loader state (version "
-            f"{_VERSION})"
+            f"state['version']={reprlib.repr(version)}: not a Loader state (version {_VERSION})"
         )
     fields = _FIELDS
     lacking = sorted(fields - set(state))

@@ -38,6 +38,7 @@ from .spec import (
     flag,
     merged_io_concurrency,
     positive_int,
+    read_options,
     row_source,
     shuffle_mode,
 )
@@ -100,6 +101,7 @@ def chunk_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> ChunkStream:
     """Stream one numpy array per stored chunk, over the whole chunk grid.
 
@@ -151,11 +153,12 @@ def chunk_stream(
         ``close()``, context-manager use and ``.stats``.  Edge chunks are
         cropped to the array; every chunk is an array the caller owns.
     """
-    read = ReadOptions(
-        client, timeout, missing, on_error, retries,
-        merged_io_concurrency(concurrency, io_concurrency), cache,
+    options = read_options(
+        read, client=client, timeout=timeout, missing=missing, on_error=on_error,
+        retries=retries, io_concurrency=merged_io_concurrency(concurrency, io_concurrency),
+        cache=cache,
     )  # fmt: skip
-    return build_chunk_stream(ChunkSpec(array, ordered, with_index, read))
+    return build_chunk_stream(ChunkSpec(array, ordered, with_index, options))
 
 
 def batch_stream(
@@ -172,6 +175,7 @@ def batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     return_sources: bool = False,
 ) -> BatchStream:
     """Stream minibatches along axis 0, in order.
@@ -260,13 +264,16 @@ def batch_stream(
             drop_remainder=drop_remainder,
             prefetch=prefetch,
             window_bytes=window_bytes,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             return_sources=return_sources,
         )
     )
@@ -290,6 +297,7 @@ def shuffled_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     return_sources: bool = False,
 ) -> BatchStream:
     """Stream minibatches of shuffled samples.
@@ -372,13 +380,16 @@ def shuffled_batch_stream(
             epoch=epoch,
             memory_budget=memory_budget,
             prefetch=prefetch,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             return_sources=return_sources,
         )
     )
@@ -399,6 +410,7 @@ def paired_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     return_sources: bool = False,
     label_mixing: bool = False,
 ) -> BatchStream:
@@ -421,13 +433,16 @@ def paired_batch_stream(
             drop_remainder=drop_remainder,
             prefetch=prefetch,
             window_bytes=window_bytes,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             return_sources=return_sources,
             labels="labels" if label_mixing else None,
         )
@@ -453,6 +468,7 @@ def paired_shuffled_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     return_sources: bool = False,
     label_mixing: bool = False,
 ) -> BatchStream:
@@ -479,13 +495,16 @@ def paired_shuffled_batch_stream(
             epoch=epoch,
             memory_budget=memory_budget,
             prefetch=prefetch,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             return_sources=return_sources,
             labels="labels" if label_mixing else None,
         )
@@ -518,6 +537,7 @@ def patch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> BatchStream:
     """Stream minibatches of N-D patches: spatial tiles, time windows, forecast pairs.
 
@@ -622,13 +642,16 @@ def patch_stream(
             window_bytes=window_bytes,
             prefetch=prefetch if prefetch is not None or mode != "none" else DEFAULT_PREFETCH,
             drop_remainder=drop_remainder,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             roles=args.roles,
             layout=args.layout,
         )

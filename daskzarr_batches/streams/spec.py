@@ -24,6 +24,7 @@ import functools
 import math
 import numbers
 import os
+import reprlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ __all__ = [
     "merged_io_concurrency",
     "non_negative_int",
     "positive_int",
+    "read_options",
     "row_source",
     "shuffle_mode",
     "timeout_seconds",
@@ -265,11 +267,24 @@ def merged_io_concurrency(concurrency: object, io: object) -> int | None:
 class ReadOptions:
     """How a stream reads: where, how long it waits, what it does about faults.
 
-    The six read keywords of every public stream constructor, ``map_chunks``,
-    ``reduce_chunks``, ``feature_moments`` and ``Loader``, validated once
-    (each check names the parameter and the value) and passed down as one
-    object.  Constructing one, also through ``dataclasses.replace``,
-    validates every field.
+    The read keywords of every entry point (the stream constructors,
+    ``map_chunks``, ``reduce_chunks``, ``feature_moments``, ``map_to_zarr``,
+    ``write_shuffled`` and ``Loader``), documented here once and validated
+    once (each check names the parameter and the value).  Each entry point
+    takes them flat (``retries=5``) or as one value (``read=ReadOptions(retries=5)``)
+    to share one set across streams; a flat keyword given beside ``read=``
+    must agree with it (``read_options``).  Constructing one, also through
+    ``dataclasses.replace``, validates every field.  A new read setting is a
+    new field here (and a flat keyword on the entry points).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import daskzarr_batches as dzb
+    >>> read = dzb.ReadOptions(missing="error", retries=5)
+    >>> stream = dzb.batch_stream(np.arange(10), 4, read=read)
+    >>> stream.spec.retries
+    5
 
     Parameters
     ----------
@@ -319,6 +334,59 @@ class ReadOptions:
     def policy(self) -> ReadPolicy:
         """The read policy, without a request limit (a stream adds its own: ``limited``)."""
         return ReadPolicy(self.missing, self.on_error, self.retries, cache=self.cache)
+
+    def keywords(self) -> dict[str, Any]:
+        """The fields as the flat keywords of the entry points (``client=...``, ...)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def read_options(read: object = None, /, **flat: Any) -> ReadOptions:
+    """An entry point's read options: ``read=`` or its flat read keywords, validated once.
+
+    Parameters
+    ----------
+    read : ReadOptions, optional
+        The ``read=`` argument; ``None``: the flat keywords alone.
+    **flat : Any
+        The entry point's flat read keywords (``client``, ``timeout``, ...:
+        the fields of :class:`ReadOptions`), at their defaults when not given.
+
+    Returns
+    -------
+    ReadOptions
+        ``ReadOptions(**flat)`` without ``read``; else ``read``.
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``read`` is not a ``ReadOptions``.
+    ArgumentValueError
+        A flat keyword is set (not its default) beside ``read`` to another
+        value than ``read`` holds; the message names it.  One set to the
+        value ``read`` holds is allowed.
+    """
+    if read is None:
+        return ReadOptions(**flat)
+    if not isinstance(read, ReadOptions):
+        raise ArgumentTypeError(
+            f"read must be a ReadOptions or None, got {reprlib.repr(read)} of type "
+            f"{type(read).__name__}"
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(ReadOptions)}
+    unknown = sorted(set(flat) - set(defaults))
+    if unknown:
+        raise ArgumentTypeError(f"not read options: {unknown}")
+    given = {k: v for k, v in flat.items() if v is not defaults[k] and v != defaults[k]}
+    if given:
+        mine = ReadOptions(**given)  # validated and normalised as read's fields were
+        for name in given:
+            theirs, ours = getattr(read, name), getattr(mine, name)
+            if ours is not theirs and ours != theirs:
+                raise ArgumentValueError(
+                    f"{name}={reprlib.repr(flat[name])} disagrees with read.{name}="
+                    f"{reprlib.repr(theirs)}: give each read option once, flat or in read="
+                )
+    return read
 
 
 # --------------------------------------------------------------------------
