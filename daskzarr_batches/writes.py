@@ -98,8 +98,10 @@ class WriteStats:
     ----------
     units : int
         Write units of the output (shards, or rows of chunks).
-    units_written, units_skipped : int
+    units_written : int, default 0
         Units computed and written by this call; units found complete (a resume).
+    units_skipped : int, default 0
+        See ``units_written``.
     units_failed : int
         Units left unwritten because an input chunk did not decode
         (``on_error="skip"``); a later run writes them.
@@ -114,9 +116,11 @@ class WriteStats:
         value (what the Zarr spec says an absent chunk holds; Zarr leaves a
         chunk of only the fill value unwritten by default), each key once:
         counted, and warned of only with ``missing="warn"``.
-    cache_hits, cache_misses : int
+    cache_hits : int, default 0
         Input chunk reads served by ``cache=`` (neither fetched nor decoded),
         and looked up there but read from the store (0 without a cache).
+    cache_misses : int, default 0
+        See ``cache_hits``.
     """
 
     units: int = 0
@@ -852,9 +856,11 @@ def map_to_zarr(
         opens as one).  Samples along axis 0 (the arrays of a dict or tuple of equal length).
     out : path, URL or zarr store
         Where the output array is written (the root of ``out``).
-    dtype, sample_shape : optional
+    dtype : Any, optional
         The output's dtype and sample shape; either missing, ``func`` is
         called once on the first two samples to find it.
+    sample_shape : Sequence[int], optional
+        See ``dtype``.
     chunks : int or tuple of int, optional
         The output's chunk shape (an int: rows per chunk, the whole sample
         per chunk).  Default: the input's chunk rows along axis 0 (of the
@@ -876,8 +882,15 @@ def map_to_zarr(
         resume, so change it whenever ``func`` changes.  Without one, a resume
         with a changed ``func`` is refused (and one whose ``func`` cannot be
         fingerprinted, holding a lock say, warns and cannot resume).
-    client, timeout, missing, on_error, retries, io_concurrency
-        As for :func:`map_chunks`; the read policy applies to the input.  With
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
+        As for [`map_chunks`][daskzarr_batches.map_chunks]; the read policy applies to the input.
+        With
         ``on_error="skip"`` a chunk that touches an undecodable input chunk is
         left unwritten (a later run writes it).
     cache : ChunkCache, optional
@@ -887,10 +900,12 @@ def map_to_zarr(
         A ``tqdm`` progress bar of the tasks.
     storage_options : dict, optional
         For an ``out`` URL (``s3://``, ``gs://``, ...): the options
-        :func:`open_array` takes (credentials, endpoint), translated for the
+        [`open_array`][daskzarr_batches.open_array] takes (credentials, endpoint), translated for
+        the
         backend as when reading.
     backend : {"auto", "obstore", "fsspec"}, default "auto"
-        The store an ``out`` URL is written through, as :func:`open_array`'s.
+        The store an ``out`` URL is written through, as
+        [`open_array`][daskzarr_batches.open_array]'s.
     stats : WriteStats, optional
         Filled with what this call did.
 
@@ -1014,18 +1029,20 @@ def write_shuffled(
     """Write an exact seeded permutation of ``data``'s samples as new Zarr array(s).
 
     Output row ``i`` is input sample ``order[i]``, ``order`` the permutation
-    of ``seed`` (:func:`shuffle_order`); the arrays of a dict or tuple are
+    of ``seed`` ([`shuffle_order`][daskzarr_batches.shuffle_order]); the arrays of a dict or tuple
+    are
     permuted together, rows aligned.  Out of core: the permutation is cut
     into windows of whole output chunks (or shards) that fit
     ``memory_budget`` (as for the exact shuffle, whose read amplification
     it has), each read once and written by one task, so every output chunk
-    is written exactly once.  Resumable as :func:`map_to_zarr`; training then
+    is written exactly once.  Resumable as [`map_to_zarr`][daskzarr_batches.map_to_zarr]; training
+    then
     reads the output with a sequential stream (read amplification 1).
 
     Parameters
     ----------
     data : array, path or URL, Collection, or a dict or tuple of them
-        As for :func:`map_to_zarr`.
+        As for [`map_to_zarr`][daskzarr_batches.map_to_zarr].
     out : path, URL or zarr store
         A single array is written at the root of ``out``; a dict's arrays
         under their names, a tuple's under ``"0"``, ``"1"``, ...
@@ -1034,13 +1051,36 @@ def write_shuffled(
         Bytes of samples and decoded chunks of the windows in flight (one
         locally; on a cluster, as many as its threads, sharing it).  A
         window holds at least one output chunk (or shard).
-    chunks, shards : int, optional
+    chunks : int, optional
         Rows per output chunk / shard (whole samples).  Default: the first
         array's chunk rows.
-    compressors, overwrite, resume, job_id, progress, stats, storage_options, backend
-        As for :func:`map_to_zarr` (``out`` may be a URL).
-    client, timeout, missing, on_error, retries, io_concurrency
-        As for :func:`map_to_zarr` (``job_id`` defaults to ``"write_shuffled"``).
+    shards : int, optional
+        See ``chunks``.
+    compressors : Any, default "auto"
+        As for [`map_to_zarr`][daskzarr_batches.map_to_zarr] (``out`` may be a URL).
+    overwrite : bool, default False
+        See ``compressors``.
+    resume : bool, default True
+        See ``compressors``.
+    job_id : str, optional
+        See ``compressors``.
+    progress : bool, default False
+        See ``compressors``.
+    stats : WriteStats, optional
+        See ``compressors``.
+    storage_options : dict[str, Any], optional
+        See ``compressors``.
+    backend : str, default "auto"
+        See ``compressors``.
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
+        As for [`map_to_zarr`][daskzarr_batches.map_to_zarr] (``job_id`` defaults to
+        ``"write_shuffled"``).
     cache : ChunkCache, optional
         Decoded input chunks served from (and kept in) this cache.  Every
         window of a shuffle touches nearly every input chunk, so with a cache

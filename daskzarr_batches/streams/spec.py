@@ -295,7 +295,7 @@ class ReadOptions:
         Seconds to wait for one window or chunk; ``None``, ``inf`` or values
         of ``threading.TIMEOUT_MAX`` or more wait forever (stored as ``None``).
     missing : {"fill", "warn", "error"}, default "fill"
-        Chunks absent from the store (:class:`~daskzarr_batches.store.policy.ReadPolicy`).
+        Chunks absent from the store (`ReadPolicy`).
     on_error : {"raise", "skip"}, default "raise"
         Chunks that do not decode.
     retries : int, default 3
@@ -397,7 +397,7 @@ def read_options(read: object = None, /, **flat: Any) -> ReadOptions:
 class StreamSpec:
     """One epoch of a batch stream, validated: what to read, in what order, how.
 
-    Made by every batch stream constructor and by :func:`plan_epoch`, and
+    Made by every batch stream constructor and by [`plan_epoch`][daskzarr_batches.plan_epoch], and
     kept as ``stream.spec``.  Constructing one (also through
     ``dataclasses.replace``) validates and normalises every field, whatever
     the shuffle mode uses, so a value that reaches the plan is always valid.
@@ -420,11 +420,11 @@ class StreamSpec:
         Mixed into the seed: each epoch of a seed has its own order.
     shuffle_buffer_size : int or str, optional
         Samples in the shuffle buffer; given exactly when ``shuffle="buffer"``.
-        A string is a size in bytes (``"256MiB"``, ``"1GB"``: :func:`byte_size`),
-        converted to the samples it holds (at least 1; :func:`buffer_samples`);
+        A string is a size in bytes (``"256MiB"``, ``"1GB"``: `byte_size`),
+        converted to the samples it holds (at least 1; `buffer_samples`);
         the spec keeps the number of samples.  ``"auto"``: the smallest
         buffer of whole units whose batch mixing reaches ``shuffle_quality``
-        of an exact shuffle's (:func:`smallest_buffer`), within
+        of an exact shuffle's (`smallest_buffer`), within
         ``memory_budget`` (else the largest within it, and a
         ``ShuffleQualityWarning``); the spec keeps the samples chosen.
     shuffle_quality : float, optional
@@ -455,9 +455,11 @@ class StreamSpec:
     missing : {"fill", "warn", "error"}, default "fill"
         Chunks absent from the store: the fill value (what the Zarr spec
         says an absent chunk holds; counted in ``stats.chunks_missing``), the
-        fill value with one warning per stream, or :class:`MissingChunkError`.
+        fill value with one warning per stream, or
+        [`MissingChunkError`][daskzarr_batches.MissingChunkError].
     on_error : {"raise", "skip"}, default "raise"
-        Chunks that do not decode: :class:`CorruptChunkError`, or their
+        Chunks that do not decode: [`CorruptChunkError`][daskzarr_batches.CorruptChunkError], or
+        their
         samples leave the epoch (from every array), with a warning.
     retries : int, default 3
         Retries of one read after a transient fault (backoff with jitter).
@@ -657,7 +659,8 @@ class StreamSpec:
         This epoch's figure given its windows (``EpochPlan.expected_mixing``;
         ``summary().quality.mixing`` is the realised one, within the noise of
         the row shuffles), at least ``shuffle_quality`` unless a
-        :class:`ShuffleQualityWarning` said otherwise.  ``None`` unless the
+        [`ShuffleQualityWarning`][daskzarr_batches.ShuffleQualityWarning] said otherwise.
+        ``None`` unless the
         buffer was chosen by ``shuffle_buffer_size="auto"`` (``shuffle_quality``
         is set).  Kept from the choice, so asking costs nothing.
         """
@@ -722,7 +725,8 @@ class StreamSpec:
 
     @functools.cached_property
     def mix(self) -> MixOrder | None:
-        """A mixture's draws (``plan.mix``), when the arrays are mixtures (:func:`mix`)."""
+        """A mixture's draws (``plan.mix``), when the arrays are mixtures
+        ([`mix`][daskzarr_batches.mix])."""
         mixed = [s for s in self.sources if isinstance(s, MixSource)]
         if not mixed:
             return None
@@ -755,7 +759,7 @@ class StreamSpec:
         Sequential: ``window_bytes // row_bytes``.  Buffered: the shuffle
         buffer.  Exact: what ``memory_budget`` holds once split between the
         ``prefetch + 1`` windows alive at once, their index arrays and their
-        decoded chunks in flight (:func:`~daskzarr_batches.plan.exact_budget`).
+        decoded chunks in flight (`exact_budget`).
         """
         if self.shuffle == "buffer":
             assert isinstance(self.shuffle_buffer_size, int)  # resolved to samples
