@@ -5,7 +5,9 @@ The saved outputs are what a reader sees on GitHub, so each run is compared with
 order, with what differs from run to run normalised away (timings and rates, tqdm's
 progress bars, memory addresses, temporary paths, network addresses and ports).  Not
 compared: stderr (warnings, cluster logs), images and HTML (plots; their text form, such
-as ``<Figure size 700x300 with 1 Axes>``, is).  A notebook whose output changed on
+as ``<Figure size 700x300 with 1 Axes>``, is), and the outputs of a cell tagged
+``output-varies`` (what a cluster finished before an interruption, say): it still runs, and
+asserts what must hold.  A notebook whose output changed on
 purpose is saved again with the command below, and the diff shows what changed.
 
 Each notebook runs top to bottom in a fresh ``python3`` kernel (jupyter_client
@@ -64,6 +66,8 @@ def _needs(path: Path) -> list[pytest.MarkDecorator]:
     return [pytest.mark.torch] if "import torch" in path.read_text(encoding="utf-8") else []
 
 
+#: the tag of a cell whose outputs are not compared (they vary with timing; it asserts)
+VARIES = "output-varies"
 #: (pattern, replacement) applied in order to every compared output
 NORMALISE = [
     (re.compile(r"^.*\d+%\|.*\|.*$", re.M), "<progress bar>"),  # tqdm: rates, times
@@ -87,6 +91,9 @@ def comparable(notebook: nbformat.NotebookNode) -> list[list[str]]:
     cells = []
     for cell in coalesce_streams(notebook).cells:
         if cell.cell_type != "code":
+            continue
+        if VARIES in cell.get("metadata", {}).get("tags", []):
+            cells.append([])
             continue
         shown = []
         for output in cell.get("outputs", []):
@@ -140,6 +147,9 @@ def test_the_comparison_sees_changes_but_not_timings() -> None:
     assert comparable(notebook("batch [0. 5. 1. 2.]")) != comparable(notebook("batch [0. 1.]"))
     bar = "epoch 0: 100%|███| 79/79 [00:00<00:00, 651.26it/s, loss=0.108]"
     assert comparable(notebook(bar)) == [["<progress bar>"]]
+    varies = notebook("units_written=9")
+    varies.cells[0].metadata["tags"] = [VARIES]
+    assert comparable(varies) == [[]]
 
 
 def test_notebook_kernel_imports_this_checkout(tmp_path: Path) -> None:
