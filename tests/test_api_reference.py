@@ -41,11 +41,13 @@ UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "kB": 10**3, "MB": 10**6, "GB
 
 def _public() -> dict[str, Any]:
     """Public path -> runtime object, for every object the reference renders."""
-    import daskzarr_batches.torch as dztorch  # noqa: F401  (imports torch lazily, if at all)
-
     out = {f"daskzarr_batches.{n}": getattr(dzb, n) for n in dzb.__all__ if n != "__version__"}
     out |= {f"daskzarr_batches.plan.{n}": getattr(dzplan, n) for n in dzplan.__all__}
-    out["daskzarr_batches.torch.ZarrIterableDataset"] = None
+    try:  # its docstrings are checked either way; its signature where torch is installed
+        from daskzarr_batches.torch import ZarrIterableDataset
+    except ImportError:
+        ZarrIterableDataset = None  # type: ignore[assignment,misc]
+    out["daskzarr_batches.torch.ZarrIterableDataset"] = ZarrIterableDataset
     return out
 
 
