@@ -6,6 +6,7 @@
     python -m benchmarks --list                  # every benchmark, its options
     python -m benchmarks --only latency,shards --rounds 3 --latency 0.1
     python -m benchmarks compare main            # = --only compare --old main
+    python -m benchmarks report [--check]        # docs/benchmarks.md's current numbers
 
 :data:`BENCHMARKS` names each benchmark, the module and function that run it and
 the options it reads.  Every option is shared (``--rows`` means rows in every
@@ -89,6 +90,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "da.from_zarr(x)[perm] for the same permutation, tasks and medians; targets; "
               "writes --out/todask.md, todask.json",
               ("rows", "rounds", "out", "data")),
+    Benchmark("peers", "benchmarks.suite.peers", "run",
+              "issue 27: insitubatch and annbatch beside this library on the same stores "
+              "(rows sequential and shuffled, forecast pairs, epoch two from each cache), "
+              "each against L0 in the same rounds; needs the peers extra (Python >= 3.12); "
+              "targets; writes --out/peers.md, peers.json",
+              ("rows", "steps", "rounds", "out", "data")),
     Benchmark("quality", "benchmarks.suite.quality", "run",
               "issue 18: planned shuffle quality vs buffer size with the auto choice "
               "(docs/quality_vs_buffer.png), and the first buffered batch beside x[a:b] "
@@ -135,6 +142,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("defaults", "benchmarks.defaults", "run",
               "sequential window size x prefetch against L0; writes --out/defaults.md",
               ("rows", "cols", "chunk_rows", "rounds", "out", "data")),
+    Benchmark("report", "benchmarks.suite.summary", "run",
+              "docs/benchmarks.md's current numbers, generated from --out's results files "
+              "(also: python -m benchmarks report); --check: exit 1 if the page differs",
+              ("out", "check")),
     Benchmark("compare", "benchmarks.compare", "run",
               "this checkout's library against --old REF's, side by side in one process "
               "(also: python -m benchmarks compare REF)",
@@ -152,7 +163,8 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Benchmarks of daskzarr_batches (docs/benchmarks.md).",
-        epilog="python -m benchmarks compare REF [...] is --only compare --old REF [...].",
+        epilog="python -m benchmarks compare REF [...] is --only compare --old REF [...]; "
+        "python -m benchmarks report [--check] is --only report [--check].",
     )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.add_argument("--only", help="comma-separated benchmarks to run (default: suite)")
@@ -173,7 +185,7 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument("--cols", type=int, help="columns (features) of the dataset")
     size.add_argument("--chunk-rows", type=int, help="rows per chunk")
     size.add_argument("--rounds", "--repeats", type=int, help="interleaved rounds")
-    size.add_argument("--steps", type=int, help="patches: time steps of the field (64)")
+    size.add_argument("--steps", type=int, help="patches, peers: time steps of the field (64)")
     size.add_argument("--quick", action="store_true", help="suite: small dataset, 2 rounds")
     cases = parser.add_argument_group("what to measure")
     cases.add_argument("--latency", type=float, help="seconds a store waits before each get")
@@ -183,6 +195,9 @@ def parser() -> argparse.ArgumentParser:
     cases.add_argument("--old", metavar="REF", help="an earlier commit to run beside this one")
     cases.add_argument("--cluster", action="store_true", help="compare: on a LocalCluster")
     cases.add_argument("--first-batch", action="store_true", help="compare: time to first batch")
+    cases.add_argument(
+        "--check", action="store_true", help="report: exit 1 if docs/benchmarks.md differs"
+    )
     cases.add_argument("--fields", type=int, help="big-samples: fields per array (768)")
     cases.add_argument("--workers", type=int, help="cluster: worker processes (2)")
     cases.add_argument(
@@ -202,6 +217,8 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: Sequence[str]) -> tuple[list[Benchmark], argparse.Namespace]:
     """The benchmarks to run and their options; ``compare REF`` is ``--only compare --old REF``."""
     argv = list(argv)
+    if argv[:1] == ["report"]:
+        argv = ["--only", "report", *argv[1:]]
     if argv[:1] == ["compare"]:
         if len(argv) < 2 or argv[1].startswith("-"):
             parser().error("compare needs the earlier commit: compare REF [options]")

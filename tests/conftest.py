@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,8 +41,77 @@ MISSING = {
 collect_ignore = [path for name in MISSING for path in OPTIONAL[name]]
 
 
+#: markers given by what a test starts (``pytest -m cluster``, ``-m "not s3"``): found in
+#: the source of the test, of the fixtures it uses (``client`` -> ``cluster`` starts a
+#: LocalCluster) and of the files it takes as parameters (notebooks); or by module name
+STARTS = {
+    "cluster": re.compile(r"LocalCluster\(|\bClient\(|\"--local-cluster\", \"[1-9]"),
+    "s3": re.compile(r"\bS3Server\("),
+    "torch": re.compile(r"^\s*import torch\b|importorskip\([\"']torch", re.M),
+    "jax": re.compile(r"^\s*import jax\b|importorskip\([\"']jax", re.M),
+}
+
+
+#: ``slow``: the slowest tests (10 s and more each on the 2-core CI machine, from
+#: ``pytest --durations``), by module and by test name (with every parameter), so they
+#: keep their marker when a file moves
+SLOW_MODULES = {"test_notebooks.py", "test_benchmark_smoke.py", "test_exit.py"}
+SLOW = {
+    "test_a_long_epoch_is_sized_by_its_expected_figure",
+    "test_any_state_loads_to_a_valid_continuation_or_raises_a_library_error",
+    "test_cache_on_process_workers_reads_each_chunk_once",
+    "test_cluster_giving_up_raises_window_error_and_leaves_nothing",
+    "test_crash_mid_epoch_and_resume_in_a_new_process",
+    "test_ddp_two_ranks_step_together_over_disjoint_shares",
+    "test_demo_on_a_local_cluster_matches_the_local_run",
+    "test_main_process_state_and_set_epoch_with_persistent_workers",
+    "test_map_to_zarr_survives_a_killed_worker",
+    "test_ranks_and_elastic_resume",
+    "test_resume_after_skipped_chunks_is_exact_and_ranks_keep_their_steps",
+    "test_same_batches_on_a_cluster_of_processes",
+    "test_same_seed_same_batches_across_processes",
+    "test_sigkilled_job_resumes_to_the_same_output",
+    "test_source_entropy_equals_a_direct_computation",
+    "test_the_site_builds_strictly",
+    "test_workers_finish_an_epoch_resumed_from_a_loader_state",
+    "test_workers_yield_the_rank_share_once",
+    "test_zarr_windows_in_plan_order_hold_the_plans_samples",
+}
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _code(item: pytest.Item) -> str:
+    """The test's source, its fixtures' and that of the files it takes as parameters."""
+    parts = [_source(getattr(item, "function", None))]
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in getattr(info, "name2fixturedefs", {}).values():
+        parts += [_source(getattr(definition, "func", None)) for definition in definitions]
+    for value in getattr(getattr(item, "callspec", None), "params", {}).values():
+        if isinstance(value, Path) and value.is_file() and value.stat().st_size < 2**20:
+            parts.append(value.read_text(encoding="utf-8", errors="replace"))
+    return "\n".join(parts)
+
+
+def mark_by_use(items: list[pytest.Item]) -> None:
+    """Add the markers of :data:`STARTS` (a test module may set ``pytestmark`` itself too)."""
+    for item in items:
+        if item.path.name in SLOW_MODULES or getattr(item, "originalname", "") in SLOW:
+            item.add_marker("slow")
+        code = _code(item)
+        for marker, starts in STARTS.items():
+            if starts.search(code) or item.path.name in OPTIONAL.get(marker, ()):
+                item.add_marker(marker)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests marked for an optional framework that is not installed."""
+    """Mark the tests by what they start; deselect those of a framework not installed."""
+    mark_by_use(items)
     unusable = [item for item in items if any(item.get_closest_marker(m) for m in MISSING)]
     if unusable:
         config.hook.pytest_deselected(items=unusable)

@@ -147,3 +147,28 @@ def test_the_todask_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
     assert results["windows"][todask.TO_DASK_QUARTER] == 4
     text = todask.report(results, todask.evaluate(results), "c", "now", (0.0, 0.0))
     assert f"| {todask.FANCY} |" in text and "graph >= 50x smaller" in text
+
+
+@pytest.mark.peers
+@pytest.mark.timeout(120)
+def test_the_peer_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
+    """Issue 27's peers beside this library: two shards of rows, a field of 4 steps, a round.
+
+    Every reader yields every row (pair) once (``measure`` checks it), and each shape that
+    a peer supports has its target row.
+    """
+    from benchmarks.suite import peers
+
+    results = peers.measure(tmp_path, rows=2 * peers.SHARD_ROWS, steps=4, repeats=1)
+    assert results["samples"][peers.case_name(peers.ROWS_STORE, "shuffled", peers.ANN)] == (
+        2 * peers.SHARD_ROWS
+    )
+    pairs = peers.case_name(peers.FIELD_STORE, "sequential", peers.INSITU)
+    assert results["samples"][pairs] == 3
+    two = peers.case_name(peers.FIELD_STORE, "shuffled, epoch two from the cache", peers.THIS)
+    assert results["read"][two]["cache hits"] == 4  # epoch two read nothing from the store
+    checks = peers.evaluate(results)
+    # rows: both peers in sequential and shuffled, insitubatch in epoch two; pairs: insitubatch
+    assert len(checks) == 2 + 2 + 1 + 3
+    text = peers.report(results, checks, "c", "now", (0.0, 0.0))
+    assert "| rows | shuffled |" in text and "ahead of annbatch" in text

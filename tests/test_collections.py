@@ -301,6 +301,7 @@ def test_a_collection_window_is_read_into_one_output(plan_order: bool) -> None:
     # places them in an output of its own
     import dask
 
+    from daskzarr_batches.read.context import ReadContext
     from daskzarr_batches.read.graphs import window_graph
     from daskzarr_batches.streams.spec import StreamSpec
 
@@ -313,9 +314,8 @@ def test_a_collection_window_is_read_into_one_output(plan_order: bool) -> None:
     ]
     spec = StreamSpec((dzb.concat(members),), 16, shuffle="exact", seed=3, memory_budget=2**20)
     window = next(iter(spec.plan().windows()))
-    dsk, key = window_graph(
-        spec.sources, window, "t", plan_order=plan_order, decode_bytes=spec.decode_bytes
-    )
+    ctx = ReadContext(plan_order=plan_order, decode_bytes=spec.decode_bytes)
+    dsk, key = window_graph(spec.sources, window, "t", ctx)
     parts = [k for k in dsk if isinstance(k, tuple) and k[0].startswith("dzb-member-")]
     (out, _), *reads = dask.get(dsk, [(key[0].replace("window", "array"), 0, 0), *parts])
     order = np.sort(window.samples)

@@ -187,3 +187,40 @@ def test_architecture_documents_this_order_and_every_module() -> None:
         if p.name != "__main__.py" and not (p.name == "__init__.py" and p.parent != PACKAGE)
     )
     assert sorted(listed) == files, set(listed) ^ set(files)
+
+
+#: the most lines a module of the package may have (issue 30)
+MOST_LINES = 600
+#: modules still being split, at their line counts when this test was written: each may
+#: not grow, and its entry goes once it is split (this list is to be emptied)
+ALLOWED_OVER_600 = {
+    "loader/epochs.py": 686,  # surface: one parameter a docstring line, read=
+    "read/patches.py": 699,
+    "read/window.py": 747,
+    "store/cache.py": 833,  # surface: one parameter a docstring line, read=
+    "streams/batch.py": 848,  # surface: one parameter a docstring line, read=
+    "streams/constructors.py": 835,  # surface: one parameter a docstring line, read=
+    "streams/spec.py": 1035,  # surface: one parameter a docstring line, read=
+    "tools/bench.py": 743,
+    "tools/cli.py": 691,
+    "tools/info.py": 604,
+}
+
+
+def test_no_module_over_600_lines() -> None:
+    lines = {
+        str(path.relative_to(PACKAGE)): len(path.read_text(encoding="utf-8").splitlines())
+        for path in PACKAGE.rglob("*.py")
+    }
+    too_long = [
+        f"{name}: {n} lines (at most {ALLOWED_OVER_600.get(name, MOST_LINES)})"
+        for name, n in sorted(lines.items())
+        if n > ALLOWED_OVER_600.get(name, MOST_LINES)
+    ]
+    assert too_long == [], "split by what its parts know:\n" + "\n".join(too_long)
+    stale = [
+        f"{name}: {lines.get(name, 'gone')}"
+        for name in sorted(ALLOWED_OVER_600)
+        if lines.get(name, 0) <= MOST_LINES
+    ]
+    assert stale == [], "no longer over 600 lines: drop from ALLOWED_OVER_600:\n" + "\n".join(stale)

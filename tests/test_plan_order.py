@@ -21,6 +21,7 @@ from test_plan import plans
 
 from daskzarr_batches.plan.epoch import EpochPlan
 from daskzarr_batches.plan.windows import Window, chunk_offsets
+from daskzarr_batches.read.context import ReadContext
 from daskzarr_batches.read.tasks import join_pieces
 from daskzarr_batches.read.window import read_window
 
@@ -41,7 +42,9 @@ def check(array: object, data: np.ndarray, window: Window, position: int = 0) ->
     pieces = window.pieces[position]
     row_bytes = data[:1].nbytes
     expected = data[np.asarray(window.samples, dtype=np.int64)]
-    ordered, _ = read_window(array, "x", window.size, row_bytes, pieces, plan_order=True)
+    ordered, _ = read_window(
+        array, "x", window.size, row_bytes, pieces, ReadContext(plan_order=True)
+    )
     np.testing.assert_array_equal(ordered, expected, strict=True)
     ascending, _ = read_window(array, "x", window.size, row_bytes, pieces)
     index = window.gather_index()

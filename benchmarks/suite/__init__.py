@@ -17,6 +17,8 @@ Modules, in the order a run uses them:
   and the exact-shuffle budget sweep;
 - ``collection``, ``mixture``: issue 18's collections (many stores as one) and two-source
   mixtures against their sources streamed alone; ``collection.md``, ``mixture.md``;
+- ``peers``: issue 27's peers, insitubatch and annbatch, beside this library on the same
+  stores (the ``peers`` extra, Python >= 3.12); ``peers.md``;
 - ``quality``: shuffle quality computed from plans (nothing read);
 - ``cpu``: issue 20's CPU cases (the raw-decode floor, L0, every stream kind with zarrs
   and zarr's pipeline, a child pinned to one core) and their table;

@@ -25,18 +25,15 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import dask.threaded
 
 from ..errors import ArgumentTypeError
 from ..plan.windows import ChunkPiece
 from ..store.cache import kept_part, rows_name
-from ..store.collections import ConcatSource
-from ..store.patches import PatchSource
 from ..store.policy import CancelScope
 from ..store.sources import SliceSource, Source
-from ..store.subsets import SubsetSource
 from ..store.threads import DaemonExecutor
 from .cancel import Cancellation
 
@@ -191,36 +188,35 @@ class ClientRunner:
         graphs refer to it by key; other sources (Zarr arrays on disk or in an
         object store, dask arrays) pickle small and are embedded as they are.
         """
-        placed: list[Source] = []
-        bases: dict[int, Source] = {}  # a patch stream's outputs share their base array
-        for source in sources:
-            if isinstance(source, PatchSource) and source.base is not None:
-                base = bases.get(id(source.base))
-                if base is None:
-                    base = bases[id(source.base)] = self._placed(source.base, timeout)
-                placed.append(dataclasses.replace(source, base=base))
-                continue
-            placed.append(self._placed(source, timeout))
-        return placed
+        # each source placed once: a patch stream's outputs share their base array
+        done: dict[int, Source] = {}
+
+        def placed(source: Source) -> Source:
+            if id(source) not in done:
+                parts = source.parts()  # a subset's base, a collection's members
+                done[id(source)] = (
+                    source.with_parts(tuple(placed(part) for part in parts))
+                    if parts
+                    else self._placed(source, timeout)
+                )
+            return done[id(source)]
+
+        return [placed(source) for source in sources]
 
     def _placed(self, source: Source, timeout: float | None) -> Source:
-        """One source, scattered to every worker if its pickle carries its data."""
-        if isinstance(source, SubsetSource):  # a chunk subset reads its base array
-            return dataclasses.replace(source, base=self._placed(source.base, timeout))
-        if isinstance(source, ConcatSource):  # a collection reads its members
-            members = tuple(self._placed(member, timeout) for member in source.members)
-            return dataclasses.replace(source, members=members)
-        if isinstance(source, SliceSource) and source.carries_data:
-            key = f"dzb-scattered-{source.token}-{self._name}"
+        """One stored source, scattered to every worker if its pickle carries its data."""
+        if source.carries_data:  # a numpy array, a Zarr array in memory: a SliceSource
+            sliced = cast(SliceSource, source)
+            key = f"dzb-scattered-{sliced.token}-{self._name}"
             if key not in self._scattered:
                 scattered = self.client.scatter(
-                    {key: source.array},
+                    {key: sliced.array},
                     broadcast=True,
                     hash=False,
                     **({} if timeout is None else {"timeout": timeout}),
                 )
                 self._scattered[key] = scattered[key]
-            source = dataclasses.replace(source, array=self._scattered[key])
+            source = dataclasses.replace(sliced, array=self._scattered[key])
         return source
 
     def submit(self, dsk: Graph, key: Any, priority: int) -> Fetched:
@@ -279,14 +275,14 @@ class Keeper:
         self.tokens = dict(policy.cache_tokens)
         self.plain = dataclasses.replace(policy, cache=None, cache_tokens=())
 
-    def token(self, source: SliceSource) -> str | None:
+    def token(self, source: Source) -> str | None:
         """The cache token of ``source``'s array, if the cache can keep its chunks."""
-        store_path = getattr(source.array, "store_path", None)
+        store_path = getattr(getattr(source, "array", None), "store_path", None)
         return None if store_path is None else self.tokens.get(str(store_path))
 
     def keeps(self, source: Source) -> bool:
         """Whether the chunks of ``source`` (a Zarr array's) are kept."""
-        return isinstance(source, SliceSource) and self.token(source) is not None
+        return self.token(source) is not None
 
     def __call__(self, source: SliceSource, piece: Any, priority: int) -> tuple[Any, bool] | None:
         """The future of ``piece``'s whole axis-0 chunk and whether it was made now; or ``None``."""
@@ -323,7 +319,7 @@ class Keeper:
         it (:meth:`__call__`: the same future serves both); else the block
         alone.  A part of its own is one task,
         ``read(array, name, blocks, slices, region, policy)`` with the policy
-        less its cache (``read.window.read_kept_part``), keyed
+        less its cache (``read.kept.read_kept_part``), keyed
         ``dzb-cached-<cache id>-<array token>-b<first block>``; its result is
         ``(data, report)``, ``data`` covering the region.
         """

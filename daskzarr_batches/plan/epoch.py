@@ -43,20 +43,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .batching import batches_completed, count_batches, samples_used
-from .quality import (
-    ENTROPY_BINS,
-    QualityCounter,
-    _bins,
-    _entropy,
-    exact_entropy,
-    exact_mixing_bits,
-    expected_batch_bits,
-    pair_bins,
-)
+from . import epoch_figures
+from .batching import count_batches, samples_used
+from .quality import QualityCounter
 from .sampling import ClassSampler
-from .shards import ShardLayout, shard_requests, shard_units
-from .summary import PlanSummary, WindowSummary
+from .shards import ShardLayout, shard_units
+from .summary import PlanSummary
 from .windows import (
     ChunkPiece,
     IndexArray,
@@ -251,41 +243,7 @@ class EpochPlan:
             One [`WindowSummary`][daskzarr_batches.plan.WindowSummary] per window and the epoch's
             totals.
         """
-        row_bytes = self.row_bytes or (0,) * len(self.offsets)
-        rows = []
-        quality = self.quality_counter()
-        for window in self.windows():
-            quality.add(window.samples, range(window.position, window.position + window.size))
-            batches = batches_completed(window.position, window.size, self.batch_size, self.n_used)
-            chunks = tuple(tuple(piece.chunk for piece in pieces) for pieces in window.pieces)
-            decoded = sum(
-                sum(piece.rows for piece in pieces) * size
-                for pieces, size in zip(window.pieces, row_bytes, strict=True)
-            )
-            shards, requests = self._store_reads(window)
-            rows.append(
-                WindowSummary(
-                    index=window.index,
-                    samples=window.size,
-                    batches=batches,
-                    chunks=chunks,
-                    bytes_decoded=decoded,
-                    bytes_held=window.size * sum(row_bytes),
-                    tasks=None if task_count is None else task_count(window),
-                    shards=shards,
-                    requests=requests,
-                )
-            )
-        return PlanSummary(
-            windows=tuple(rows),
-            shuffle=self.shuffle,
-            batch_size=self.batch_size,
-            n_samples=self.n_samples,
-            n_batches=self.n_batches,
-            bytes_yielded=self.n_used * sum(row_bytes),
-            dataset_bytes=self.n_samples * sum(row_bytes),
-            quality=quality.quality(),
-        )
+        return epoch_figures.summary(self, task_count)
 
     def quality_counter(self) -> QualityCounter:
         """An empty `QualityCounter` for this epoch's ids (and members, batches)."""
@@ -307,29 +265,6 @@ class EpochPlan:
             return bounds
         k = max(len(self.offsets[0]) - 1 if self.offsets else 1, 1)
         return np.unique((np.arange(k + 1, dtype=np.int64) * span) // k)
-
-    def _store_reads(self, window: Window) -> tuple[int, int]:
-        """Shards a window touches and the store requests it makes (an estimate, no I/O).
-
-        Per shard: one request when it is read whole, else the index and the
-        coalesced runs of needed chunks (:func:`shard_requests`); an unsharded
-        chunk is one request per stored object.  Arrays not in a store count 0.
-        """
-        shards = requests = 0
-        for pieces, offsets, layout in zip(window.pieces, self.offsets, self.shards, strict=False):
-            if layout is None:
-                continue
-            total = len(offsets) - 1
-            rows: dict[int, list[int]] = {}
-            for piece in pieces:
-                rows.setdefault(piece.chunk // layout.chunks, []).append(
-                    piece.chunk % layout.chunks
-                )
-            for row, needed in rows.items():
-                existing = min(layout.chunks, total - row * layout.chunks)
-                requests += shard_requests(sorted(needed), existing, layout)
-                shards += layout.keys if layout.sharded else 0
-        return shards, requests
 
     def part(self, window: Window, first: int, end: int) -> Window:
         """Plan positions ``first:end`` of ``window`` as a window of their own.
@@ -509,56 +444,7 @@ class EpochPlan:
         ``most_pairs`` pairs (many units a window), or not a buffered row
         order.
         """
-        if self.shuffle != "buffer" or self.mix is not None or self.n_used < 2:
-            return None
-        rng = self.rng()
-        order = rng.permutation(len(self.units) - 1)
-        groups = list(self._unit_groups(order.tolist()))
-        counts = np.asarray([len(group) for group in groups], dtype=np.int64)
-        pairs = counts * counts
-        pairs[1:] += counts[1:] * counts[:-1]  # each window's pairs, with the one before
-        if int(pairs.sum()) > most_pairs:
-            return None
-        unit = np.concatenate([np.asarray(group, dtype=np.int64) for group in groups])
-        starts, sizes = self.units[:-1][unit], np.diff(self.units)[unit]
-        window = np.repeat(np.arange(len(groups)), counts)
-        first = np.cumsum(counts) - counts  # each window's first unit in `unit`
-        rows = np.bincount(window, weights=sizes, minlength=len(groups)).astype(np.int64)
-        before = np.cumsum(rows) - rows
-        used = np.clip(self.n_used - before, 0, rows)  # rows each window delivers
-        live = used > 0
-        # within a window: (used - 1) pairs, each uniform over its R (R - 1) ordered pairs
-        inner = np.where(rows > 1, (used - 1) / np.maximum(rows * (rows - 1), 1), 0.0)
-        inner[~live] = 0.0
-        # across windows: the first row of a window after the last of the one before
-        cross = np.zeros(len(groups))
-        cross[1:] = np.where(live[1:], 1.0 / (rows[1:] * rows[:-1]), 0.0)
-        n = self.quality_counter().n
-        hist = np.zeros(ENTROPY_BINS)
-        # windows in batches of about 2**20 pairs: bounded memory
-        cuts = np.searchsorted(np.cumsum(pairs), np.arange(2**20, int(pairs.sum()), 2**20))
-        bounds = np.unique(np.concatenate([[0], cuts + 1, [len(groups)]]).clip(0, len(groups)))
-        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            units_of = np.arange(first[lo], first[hi - 1] + counts[hi - 1])
-            for other, weight in ((0, inner), (1, cross)):
-                mine = units_of if other == 0 else units_of[window[units_of] >= 1]
-                w_of = window[mine] - other  # the window each unit pairs with
-                rep = counts[w_of]
-                i = np.repeat(mine, rep)
-                j = np.repeat(first[w_of], rep) + (
-                    np.arange(len(i)) - np.repeat(np.cumsum(rep) - rep, rep)
-                )
-                pair_weight = weight[window[i]]
-                keep = pair_weight > 0
-                i, j, pair_weight = i[keep], j[keep], pair_weight[keep]
-                hist += pair_bins(starts[i], sizes[i], starts[j], sizes[j], pair_weight, n)
-                if other == 0:  # a row never neighbours itself: d = 0 of a unit with itself
-                    same = i == j
-                    hist[int(_bins(np.zeros(1, dtype=np.int64), n)[0])] -= float(
-                        (sizes[i[same]] * pair_weight[same]).sum()
-                    )
-        exact = exact_entropy(n)
-        return _entropy(np.maximum(hist, 0.0)) / exact if exact else 1.0
+        return epoch_figures.expected_entropy(self, most_pairs)
 
     def expected_mixing(self) -> float | None:
         """A buffered epoch's batch mixing given its windows, in expectation.
@@ -576,38 +462,7 @@ class EpochPlan:
         Costs per unit and distinct strata share, never per row.  ``None``:
         not a buffered row order.
         """
-        if self.shuffle != "buffer" or self.mix is not None:
-            return None
-        strata = self.strata()
-        exact = exact_mixing_bits(strata, self.batch_size)
-        if exact <= 0 or self.n_used < 1:
-            return 1.0
-        order = self.rng().permutation(len(self.units) - 1)
-        groups = list(self._unit_groups(order.tolist()))
-        counts = np.asarray([len(group) for group in groups], dtype=np.int64)
-        unit = np.concatenate([np.asarray(group, dtype=np.int64) for group in groups])
-        window = np.repeat(np.arange(len(groups)), counts)
-        lo, hi = self.units[:-1][unit], self.units[1:][unit]
-        # each unit's rows per stratum: a unit may span several strata
-        first = np.searchsorted(strata, lo, side="right") - 1
-        last = np.searchsorted(strata, hi - 1, side="right") - 1
-        span = last - first + 1
-        piece = np.repeat(np.arange(len(unit)), span)
-        stratum = np.repeat(first, span) + (
-            np.arange(len(piece)) - np.repeat(np.cumsum(span) - span, span)
-        )
-        rows_in = np.minimum(hi[piece], strata[stratum + 1]) - np.maximum(
-            lo[piece], strata[stratum]
-        )
-        rows = np.bincount(window, weights=hi - lo, minlength=len(groups))
-        before = np.cumsum(rows) - rows
-        used = np.clip(self.n_used - before, 0, rows)
-        share = rows_in / rows[window[piece]]
-        bits = expected_batch_bits(share, self.batch_size)
-        per_window = np.bincount(window[piece], weights=bits, minlength=len(groups))
-        weight = used / max(self.batch_size, 1)
-        mean = float((per_window * weight).sum() / weight.sum()) if weight.sum() else 0.0
-        return min(mean / exact, 1.0)
+        return epoch_figures.expected_mixing(self)
 
     def _buffered_orders(self) -> Iterator[tuple[IndexArray, _UnitShuffle]]:
         for starts, stops, shuffle in self._buffered_draws():

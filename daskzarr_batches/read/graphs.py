@@ -6,76 +6,41 @@ shared key."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import operator
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, cast
 
-import numpy as np
 from dask.optimization import cull
 
 from ..plan.windows import ChunkPiece, Window
 from ..store.collections import ConcatSource, SourcesSource
 from ..store.patches import PatchSource
-from ..store.policy import (
-    DEFAULT_POLICY,
-    CancelScope,
-    ReadPolicy,
-)
 from ..store.sources import DaskSource, SliceSource, Source
 from ..store.subsets import SubsetSource
-from .buffers import BufferPool
-from .patches import ChunkShare, kept_blocks, patch_ids, read_origins, read_patches
+from .context import DEFAULT_CONTEXT, Kept, ReadContext
+from .kept import cut_kept_chunks, read_kept_part
+from .patches import KeptBlocks, PatchBase, kept_blocks, patch_ids, read_origins, read_patches
 from .tasks import (
     Key,
-    apply_transform,
     assemble_rows,
     join_members,
     join_pieces,
-    read_block,
-    read_block_part,
-    read_block_result,
-    read_shard,
     read_sources,
     window_output,
 )
 from .window import (
     MemberWindow,
-    cut_kept_block,
-    cut_kept_chunks,
-    read_kept_part,
     read_member_window,
     read_subset_window,
     read_window,
 )
 
-
-class Kept(Protocol):
-    """The chunks a cache keeps on a cluster (``execute.runners.Keeper``).
-
-    Each call returns the cluster future and whether it was made now (a
-    miss), or ``None``: not kept, read it.
-    """
-
-    def __call__(
-        self, source: SliceSource, piece: ChunkPiece, priority: int
-    ) -> tuple[Any, bool] | None:
-        """The whole axis-0 chunk of ``piece`` (every row, every column)."""
-
-    def block(
-        self, source: SliceSource, block: tuple[int, ...], priority: int, read: Callable[..., Any]
-    ) -> tuple[Any, bool, tuple[slice, ...]] | None:
-        """The kept part holding stored ``block``, and the region of the array it holds."""
-
-
-#: ``kept`` at the priority of the window being built
-KeptHere = Callable[[SliceSource, ChunkPiece], tuple[Any, bool] | None]
-
 __all__ = [
-    "block_graph",
     "count_tasks",
     "read_threads",
-    "shard_graph",
     "window_graph",
 ]
 
@@ -84,13 +49,7 @@ def window_graph(
     sources: Sequence[Source],
     window: Window,
     token: str,
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
-    plan_order: bool = False,
-    decode_bytes: int | None = None,
-    shares: dict[int, ChunkShare] | None = None,
-    pool: BufferPool | None = None,
-    kept: Kept | None = None,
+    ctx: ReadContext = DEFAULT_CONTEXT,
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph of one window; its result is one ``(rows, ReadReport)`` per source.
 
@@ -101,124 +60,181 @@ def window_graph(
     each batch an owned array anyway: permuting here as well would cost a
     scattered write of the whole window.
 
-    ``plan_order=True`` (results that travel to another process: a cluster)
+    ``ctx.plan_order`` (results that travel to another process: a cluster)
     writes each chunk's rows straight to their place in the window's plan
     order instead (the pieces' ``dest``): the scattered write replaces the
     contiguous one on the worker, and the consumer cuts batches by slicing.
 
-    ``decode_bytes``: see :func:`read_window` (shared by the window's arrays, in
-    proportion to their row sizes).  ``shares``: a patch stream's
-    :class:`ChunkShare` per base array (``id``), which its windows' reads use;
-    ``pool``: where patch reads and Zarr arrays' window reads take their outputs
-    from (local reads; the consumer gives them back once cut).
+    ``ctx.decode_bytes``: see :func:`read_window` (shared by the window's
+    arrays, in proportion to their row sizes).  ``ctx.shares``: a patch
+    stream's :class:`ChunkShare` per base array (``id``), which its windows'
+    reads use; ``ctx.pool``: where patch reads and Zarr arrays' window reads
+    take their outputs from (local reads; the consumer gives them back once cut).
 
-    ``kept`` (a cache on a cluster): a Zarr array's window (a chunk subset's
-    base, a collection's member), when every chunk it touches is kept as a
-    cluster future, is one task cutting its rows from those futures
+    ``ctx.kept`` (a cache on a cluster): a Zarr array's window (a chunk
+    subset's base, a collection's member), when every chunk it touches is
+    kept as a cluster future, is one task cutting its rows from those futures
     (:func:`cut_kept_chunks`), and a patch window's boxes are filled from
     them, so the scheduler runs it where most of its chunks live and the
     store is read only by the chunks' own tasks, once each while the cache
     keeps them.
     """
-    shares = shares or {}
+    ctx = ctx.narrowed(priority=-window.index)
     dsk: dict[Key, Any] = {}
     outputs = []
     groups: dict[int, tuple[Key, list[int]]] = {}  # patch sources by base array
     for position, (source, pieces) in enumerate(zip(sources, window.pieces, strict=True)):
         out_key = (f"dzb-array-{token}", window.index, position)
         outputs.append(out_key)
-        if isinstance(source, PatchSource):
-            _add_patches(dsk, source, window, pieces, position, out_key, groups, token, policy,
-                         scope, plan_order, shares.get(id(source.base)), pool, kept)  # fmt: skip
-            continue
-        if isinstance(source, SourcesSource):  # provenance: computed from the sample ids
-            if isinstance(source.rows, SubsetSource):
-                pieces = tuple(source.rows.base_piece(piece) for piece in pieces)
-            dsk[out_key] = (
-                read_sources, source.collection.offsets, tuple(pieces), window.size, plan_order,
-            )  # fmt: skip
-            continue
-        _add_rows(
-            dsk, source, tuple(pieces), window.size, out_key, (token, window.index, position),
-            policy, scope, plan_order, _share(decode_bytes, source, sources),
-            kept=None if kept is None else _at_priority(kept, -window.index), pool=pool,
-        )  # fmt: skip
+        here = ctx.narrowed(decode_bytes=_share(ctx.decode_bytes, source, sources))
+        output = _Output(window, tuple(pieces), out_key, token, position, groups)
+        _add_output(source, dsk, output, here)
     window_key = (f"dzb-window-{token}", window.index)
     dsk[window_key] = (tuple, outputs)
     return dsk, window_key
 
 
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    """One output of a window graph being built: its window, pieces, key, the graph's token,
+    its position and the patch sources' read tasks by base array (shared by the outputs)."""
+
+    window: Window
+    pieces: tuple[ChunkPiece, ...]
+    key: Key
+    token: str
+    position: int
+    groups: dict[int, tuple[Key, list[int]]]
+
+
+@functools.singledispatch
+def _add_output(source: Source, dsk: dict[Key, Any], output: _Output, ctx: ReadContext) -> None:
+    """Add task ``output.key``: the window's ``(rows, ReadReport)`` of ``source``."""
+    where = (output.token, output.window.index, output.position)
+    _add_rows(source, dsk, output.pieces, output.window.size, (output.key, where), ctx)
+
+
+@_add_output.register
+def _(source: PatchSource, dsk: dict[Key, Any], output: _Output, ctx: ReadContext) -> None:
+    _add_patches(dsk, source, output, ctx)
+
+
+@_add_output.register
+def _(source: SourcesSource, dsk: dict[Key, Any], output: _Output, ctx: ReadContext) -> None:
+    """Provenance: computed from the sample ids (a chunk subset's pieces mapped to its base)."""
+    pieces = output.pieces
+    base_piece = getattr(source.rows, "base_piece", None)
+    if base_piece is not None:
+        pieces = tuple(base_piece(piece) for piece in pieces)
+    dsk[output.key] = (
+        read_sources, source.collection.offsets, pieces, output.window.size, ctx.plan_order,
+    )  # fmt: skip
+
+
+#: ``(out_key, where)``: a task's key and (token, window, output), unique per helper task
+RowKeys = tuple[Key, tuple[Any, ...]]
+
+
+@functools.singledispatch
 def _add_rows(
-    dsk: dict[Key, Any],
     source: Source,
+    dsk: dict[Key, Any],
     pieces: Sequence[ChunkPiece],
     size: int,
-    out_key: Key,
-    where: tuple[Any, ...],
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-    plan_order: bool,
-    decode_bytes: int | None,
+    keys: RowKeys,
+    ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None = None,
-    kept: KeptHere | None = None,
     into: Any = None,
-    pool: BufferPool | None = None,
 ) -> None:
-    """Add task ``out_key``: ``(rows, ReadReport)`` of ``pieces`` of one array.
+    """Add task ``keys[0]``: ``(rows, ReadReport)`` of ``pieces`` of one array.
 
-    ``where`` (token, window, output) makes the keys of helper tasks unique.
-    ``kept`` (a cache on a cluster): a Zarr array's rows, when every chunk
-    they touch is kept, are cut from the kept chunks (:func:`cut_kept_chunks`),
-    whatever holds the array (a chunk subset's base, a collection's member).
-    ``into``: a task giving the rows of a shared output the read fills (a
-    collection's member read here, :func:`_add_members`); readers other than
-    :func:`read_window` ignore it (the join copies their rows).
-    ``pool``: where a Zarr array's rows are read into, when the output is the
-    window's own (not a collection member's, which is joined).
+    Dispatched on the kind of ``source``.  ``keys[1]`` (token, window,
+    output) makes the keys of helper tasks unique.  ``ctx.kept`` (a cache on
+    a cluster): a Zarr array's rows, when every chunk they touch is kept, are
+    cut from the kept chunks (:func:`cut_kept_chunks`), whatever holds the
+    array (a chunk subset's base, a collection's member).  ``local``: a
+    chunk subset's chunk map (its pieces already mapped to the base array),
+    its report given in the subset's chunks.  ``into``: a task giving the
+    rows of a shared output the read fills (a collection's member read here,
+    :func:`_add_members`); readers other than :func:`read_window` ignore it
+    (the join copies their rows).  ``ctx.pool``: where a Zarr array's rows
+    are read into, when the output is the window's own (not a collection
+    member's, which is joined).
     """
-    if isinstance(source, SubsetSource):  # its pieces read in place in the base array
-        pieces = tuple(source.base_piece(piece) for piece in pieces)
-        base = source.base
-        if isinstance(base, SliceSource):
-            if _add_kept(dsk, base, pieces, size, out_key, plan_order, kept,
-                         source.local_chunks()):  # fmt: skip
-                return
-            dsk[out_key] = (
-                read_subset_window, source.local_chunks(), base.array, base.name,
-                size, base.row_bytes, pieces, policy, scope, plan_order, decode_bytes, into,
-                pool,
-            )  # fmt: skip
-            return
-        if isinstance(base, ConcatSource):
-            _add_members(dsk, base, pieces, size, out_key, where, policy, scope, plan_order,
-                         decode_bytes, source.local_chunks(), kept, pool)  # fmt: skip
-            return
-        source = base
-    if isinstance(source, ConcatSource):
-        _add_members(dsk, source, pieces, size, out_key, where, policy, scope, plan_order,
-                     decode_bytes, local, kept, pool)  # fmt: skip
+    raise TypeError(f"no window read for a source of kind {type(source).__name__}")
+
+
+@_add_rows.register
+def _(
+    source: SubsetSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    """A chunk subset's pieces, read in place in its base array."""
+    pieces = tuple(source.base_piece(piece) for piece in pieces)
+    _add_rows(source.base, dsk, pieces, size, keys, ctx, source.local_chunks(), into)
+
+
+@_add_rows.register
+def _(
+    source: ConcatSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    _add_members(dsk, source, pieces, size, keys, ctx, local)
+
+
+@_add_rows.register
+def _(
+    source: SliceSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    out_key, _ = keys
+    if _add_kept(dsk, source, pieces, size, out_key, ctx, local):
         return
-    if isinstance(source, SliceSource):
-        if _add_kept(dsk, source, pieces, size, out_key, plan_order, kept, local):
-            return
-        dsk[out_key] = (
-            read_window, source.array, source.name, size, source.row_bytes,
-            tuple(pieces), policy, scope, plan_order, decode_bytes, into, pool,
-        )  # fmt: skip
-        return
-    assert isinstance(source, DaskSource)
+    args = (source.array, source.name, size, source.row_bytes, tuple(pieces), ctx.for_tasks())
+    if local is None:
+        dsk[out_key] = (read_window, *args, into)
+    else:
+        dsk[out_key] = (read_subset_window, local, *args, into)
+
+
+@_add_rows.register
+def _(
+    source: DaskSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    """One task per axis-0 chunk, on the array's own culled graph, and a join."""
+    out_key, where = keys
     piece_keys = []
     for piece in pieces:
         key = (f"dzb-read-{where[0]}", *where[1:], piece.chunk)
         _add_dask_rows(dsk, source, key, piece)
         piece_keys.append(key)
-    dests = [piece.dest for piece in pieces] if plan_order else None
+    dests = [piece.dest for piece in pieces] if ctx.plan_order else None
     dsk[out_key] = (join_pieces, piece_keys, dests)
-
-
-def _at_priority(kept: Kept, priority: int) -> KeptHere:
-    """``kept`` for the chunks of one window (or block): at that window's priority."""
-    return lambda source, piece: kept(source, piece, priority)
 
 
 def _add_kept(
@@ -227,22 +243,21 @@ def _add_kept(
     pieces: Sequence[ChunkPiece],
     size: int,
     out_key: Key,
-    plan_order: bool,
-    kept: KeptHere | None,
+    ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None,
 ) -> bool:
     """Add task ``out_key`` cutting ``pieces`` from kept chunks, if the cache keeps them all.
 
     Returns whether it did (else the caller reads the pieces from the store).
     """
-    if kept is None or not pieces:
+    if ctx.kept is None or not pieces:
         return False
-    refs = [kept(source, piece) for piece in pieces]
+    refs = [ctx.kept_chunk(source, piece) for piece in pieces]
     if not all(ref is not None for ref in refs):
         return False
     futures = [ref[0] for ref in refs if ref is not None]
     made = tuple(ref[1] for ref in refs if ref is not None)
-    dsk[out_key] = (cut_kept_chunks, futures, tuple(pieces), size, plan_order, made, local)
+    dsk[out_key] = (cut_kept_chunks, futures, tuple(pieces), size, ctx.plan_order, made, local)
     return True
 
 
@@ -251,21 +266,15 @@ def _add_members(
     source: ConcatSource,
     pieces: Sequence[ChunkPiece],
     size: int,
-    out_key: Key,
-    where: tuple[Any, ...],
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-    plan_order: bool,
-    decode_bytes: int | None,
+    keys: tuple[Key, tuple[Any, ...]],
+    ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None,
-    kept: KeptHere | None = None,
-    pool: BufferPool | None = None,
 ) -> None:
     """Add a collection's rows: one read per member the window touches, then one join.
 
     Each member is read by the reader it would have alone (in ascending
-    order; ``decode_bytes`` shared by the member reads that run at once).
-    Read here (``plan_order`` false: the local threads, which share memory),
+    order; ``ctx.decode_bytes`` shared by the member reads that run at once).
+    Read here (``ctx.plan_order`` false: the local threads, which share memory),
     one task makes the window's output and each member's read writes its
     rows straight into its part of it (ascending sample order: the members'
     rows one after another), so the join only merges the reports and the
@@ -273,8 +282,10 @@ def _add_members(
     member reads run on any worker, so the join places each piece's rows at
     its ``dest`` (plan order), a copy of the window beside the members'.
     Either way the join maps the reports to the collection's chunks.
-    ``pool``: where the shared output is taken from (not an exact window's).
+    ``ctx.pool``: where the shared output is taken from (not an exact window's).
     """
+    out_key, where = keys
+    decode_bytes, plan_order = ctx.decode_bytes, ctx.plan_order
     parts, maps, placed = [], [], []
     touched = source.split(pieces)
     # the member reads that run at once (read_threads) share the window's decode bytes
@@ -282,9 +293,8 @@ def _add_members(
     if decode_bytes is not None:
         share = max(1, decode_bytes // min(len(touched), 4 * MEMBER_READS))
     shared = (f"dzb-rows-{where[0]}", *where[1:]) if _shares_output(plan_order) else None
-    if shared is not None and _read_together(source, touched, policy, kept):
-        _add_members_together(dsk, source, touched, size, out_key, policy, scope, local,
-                              decode_bytes, pool)  # fmt: skip
+    if shared is not None and _read_together(source, touched, ctx):
+        _add_members_together(dsk, source, touched, size, out_key, ctx, local)
         return
     if shared is not None:
         dsk[shared] = (
@@ -293,8 +303,9 @@ def _add_members(
             source.shape[1:],
             source.dtype,
             decode_bytes is not None,
-            pool,
+            ctx.pool,
         )
+    member_ctx = ctx.narrowed(plan_order=False, decode_bytes=share, pool=None)
     at = 0
     starts = []
     for member, member_pieces in touched:
@@ -302,9 +313,8 @@ def _add_members(
         key = (f"dzb-member-{where[0]}", *where[1:], member)
         into = None if shared is None else (operator.getitem, shared, slice(at, at + rows))
         _add_rows(
-            dsk, source.members[member], member_pieces, rows, key,
-            (f"{where[0]}-m{member}", *where[1:]), policy, scope, False, share, None,
-            kept, into,
+            source.members[member], dsk, member_pieces, rows,
+            (key, (f"{where[0]}-m{member}", *where[1:])), member_ctx, None, into,
         )  # fmt: skip
         parts.append(key)
         starts.append(at)
@@ -321,15 +331,14 @@ def _add_members(
 def _read_together(
     source: ConcatSource,
     touched: Sequence[tuple[int, Sequence[ChunkPiece]]],
-    policy: ReadPolicy,
-    kept: KeptHere | None,
+    ctx: ReadContext,
 ) -> bool:
     """Whether a local window's members are read by one task (:func:`read_members`).
 
     When every member it touches is a Zarr array of the plain zstd layout
     (``store.direct``), without a cache.
     """
-    if kept is not None or policy.cache is not None:
+    if ctx.kept is not None or ctx.policy.cache is not None:
         return False
     layouts = source.direct_layouts
     return all(layouts[m] is not None for m, _ in touched)
@@ -341,17 +350,13 @@ def _add_members_together(
     touched: Sequence[tuple[int, Sequence[ChunkPiece]]],
     size: int,
     out_key: Key,
-    policy: ReadPolicy,
-    scope: CancelScope | None,
+    ctx: ReadContext,
     local: dict[int, tuple[int, int, int]] | None,
-    decode_bytes: int | None,
-    pool: BufferPool | None,
 ) -> None:
     """Add a local window's members as one task: output, members read together, join."""
     reads, starts, maps, at = [], [], [], 0
     for member, member_pieces in touched:
-        base = source.members[member]
-        assert isinstance(base, SliceSource)
+        base = cast(SliceSource, source.members[member])  # a direct layout: a Zarr array
         layout = source.direct_layouts[member]
         reads.append((base.array, base.name, base.row_bytes, tuple(member_pieces), layout))
         starts.append(at)
@@ -359,9 +364,9 @@ def _add_members_together(
         maps.append((source._grid[2][member], int(source.offsets[member])))
     window = MemberWindow(
         tuple(reads), tuple(starts), tuple(maps), size, source.shape[1:], source.dtype, local,
-        decode_bytes,
+        ctx.decode_bytes,
     )  # fmt: skip
-    dsk[out_key] = (read_member_window, window, policy, scope, pool)
+    dsk[out_key] = (read_member_window, window, ctx.for_tasks())
 
 
 def _shares_output(plan_order: bool) -> bool:
@@ -375,50 +380,42 @@ def _taken(piece: ChunkPiece) -> int:
 
 
 def _add_patches(
-    dsk: dict[Key, Any],
-    source: PatchSource,
-    window: Window,
-    pieces: Sequence[ChunkPiece],
-    position: int,
-    out_key: Key,
-    groups: dict[int, tuple[Key, list[int]]],
-    token: str,
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-    plan_order: bool,
-    share: ChunkShare | None,
-    pool: BufferPool | None,
-    kept: Kept | None = None,
+    dsk: dict[Key, Any], source: PatchSource, output: _Output, ctx: ReadContext
 ) -> None:
-    """Add output ``out_key`` of a patch source: one read task per base array, shared.
+    """Add ``output`` of a patch source: one read task per base array, shared.
 
-    ``kept`` (a cache on a cluster): a Zarr base array's boxes are filled
+    ``ctx.kept`` (a cache on a cluster): a Zarr base array's boxes are filled
     from its kept stored blocks (``kept.block``: every one the window's
     boxes overlap), so the task runs where they live and reads nothing from
     the store.
     """
+    window, pieces, out_key, groups = output.window, output.pieces, output.key, output.groups
+    token, position = output.token, output.position
     grid = source.grid
     assert grid is not None
     if source.cut is None:  # the patches' origins
-        dsk[out_key] = (read_origins, grid, source.group[0], window.size, tuple(pieces), plan_order)
+        dsk[out_key] = (
+            read_origins, grid, source.group[0], window.size, tuple(pieces), ctx.plan_order
+        )  # fmt: skip
         return
     base = source.base
     assert base is not None
     group = id(base)
     if group not in groups:
         key = (f"dzb-patches-{token}", window.index, position)
-        array = base.array if isinstance(base, SliceSource | DaskSource) else None
-        extra: tuple[Any, ...] = ()
-        if kept is not None and isinstance(base, SliceSource):
-            ids, counts, _ = patch_ids(pieces, window.size, plan_order)
+        array = getattr(base, "array", None)  # a Zarr, numpy or dask array
+        kept: tuple[Any, ...] = ()  # the KeptBlocks, as three arguments (futures in a list)
+        if ctx.kept is not None and isinstance(base, SliceSource):
+            ids, counts, _ = patch_ids(pieces, window.size, ctx.plan_order)
             boxes = grid.boxes(ids, counts, source.group) if len(ids) else []
-            parts = _kept_parts(kept, base, kept_blocks(base.chunks, boxes), -window.index)
+            parts = _kept_parts(ctx.kept, base, kept_blocks(base.chunks, boxes), ctx.priority)
             if parts:  # every stored block the boxes reach is kept
-                extra = ([p[0] for p in parts], tuple(p[2] for p in parts),
-                         tuple(p[1] for p in parts))  # fmt: skip
+                kept = KeptBlocks([p[0] for p in parts], tuple(p[2] for p in parts),
+                                  tuple(p[1] for p in parts))  # fmt: skip
+        share = (ctx.shares or {}).get(group)
+        stored = PatchBase(base.name, base.chunks, grid, source.group)
         dsk[key] = (
-            read_patches, array, base.name, base.chunks, grid, source.group, window.size,
-            tuple(pieces), policy, scope, plan_order, share, pool, *extra,
+            read_patches, array, stored, window.size, tuple(pieces), ctx.for_tasks(), share, *kept,
         )  # fmt: skip
         groups[group] = (key, [])
     key, _ = groups[group]
@@ -465,8 +462,9 @@ def read_threads(sources: Sequence[Source]) -> int | None:
     A patch stream's window is one task per base array (its outputs share it)
     and one for the origins.
     """
-    if any(isinstance(source, PatchSource) for source in sources):
-        reads = {id(s.base) for s in sources if isinstance(s, PatchSource) and s.cut is not None}
+    patches = [_patch_read(source) for source in sources]
+    if any(read is not None for read in patches):
+        reads = {read for read in patches if read}  # the origins' (0) read nothing
         return 4 * max(len(reads), 1)
     if all(_sliced(source) for source in sources):
         return 4 * sum(_reads(source) for source in sources)
@@ -478,127 +476,53 @@ def read_threads(sources: Sequence[Source]) -> int | None:
 MEMBER_READS = 8
 
 
+@functools.singledispatch
+def _patch_read(source: Source) -> int | None:
+    """A patch source's read task (its base array's ``id``; 0: the origins), else ``None``."""
+    return None
+
+
+@_patch_read.register
+def _(source: PatchSource) -> int | None:
+    return id(source.base) if source.cut is not None else 0
+
+
+@functools.singledispatch
 def _reads(source: Source) -> int:
     """Read tasks of one array a window may run at once: a collection's members, capped."""
-    base = source.base if isinstance(source, SubsetSource) else source
-    if isinstance(base, ConcatSource):
-        return max(1, min(len(base.members), MEMBER_READS))
     return 1
 
 
+@_reads.register
+def _(source: SubsetSource) -> int:
+    return _reads(source.base)
+
+
+@_reads.register
+def _(source: ConcatSource) -> int:
+    return max(1, min(len(source.members), MEMBER_READS))
+
+
+@functools.singledispatch
 def _sliced(source: Source) -> bool:
     """Whether ``source`` is read by slicing arrays (Zarr or numpy), whatever wraps them."""
-    if isinstance(source, SourcesSource):
-        return True
-    if isinstance(source, SubsetSource):
-        return _sliced(source.base)
-    if isinstance(source, ConcatSource):
-        return all(_sliced(member) for member in source.members)
-    return isinstance(source, SliceSource)
+    return False
 
 
-def block_graph(
-    source: Source,
-    block: tuple[int, ...],
-    token: str,
-    transform: Callable[[np.ndarray], Any] | None = None,
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
-    kept: Kept | None = None,
-    priority: int = 0,
-) -> tuple[dict[Key, Any], Key]:
-    """The dask graph reading one stored block (all axes) of ``source``.
-
-    With ``transform``, a second task applies it to the block; the scheduler
-    runs it where the block was read, so only its result moves.  ``kept`` (a
-    cache on a cluster): a Zarr array's stored block (also a chunk subset's,
-    a collection member's) is cut from its kept future (:func:`cut_kept_block`;
-    ``kept.block``, at ``priority``), so the scheduler runs the block's tasks
-    where it lives and the store is read by the kept block's own task alone.
-    """
-    dsk: dict[Key, Any] = {}
-    key = (f"dzb-block-{token}", *block)
-    if isinstance(source, SubsetSource):  # the stored block, cropped to the subset's ranges
-        _add_block(dsk, key, source.base, source.block_index(block), source.block_slices(block),
-                   policy, scope, kept, priority)  # fmt: skip
-    else:
-        _add_block(dsk, key, source, block, None, policy, scope, kept, priority)
-    if transform is None:
-        return dsk, key
-    mapped = (f"dzb-map-{token}", *block)
-    dsk[mapped] = (apply_transform, transform, key)
-    return dsk, mapped
+@_sliced.register(SliceSource)
+@_sliced.register(SourcesSource)
+def _(source: Source) -> bool:
+    return True
 
 
-def _add_block(
-    dsk: dict[Key, Any],
-    key: Key,
-    source: Source,
-    block: tuple[int, ...],
-    where: tuple[slice, ...] | None,
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-    kept: Kept | None = None,
-    priority: int = 0,
-) -> None:
-    """Add task ``key``: stored ``block`` of ``source``, cropped to ``where`` if given.
-
-    ``where`` is in ``source``'s coordinates (``None``: the whole block).  A
-    collection's block is its member's block, read as that member would be.
-    """
-    if isinstance(source, ConcatSource):
-        member, local = source.member_block(block)
-        if where is not None:
-            shift = int(source.offsets[member])
-            first = slice(where[0].start - shift, where[0].stop - shift)
-            where = (first, *where[1:])
-        _add_block(dsk, key, source.members[member], local, where, policy, scope, kept,
-                   priority)  # fmt: skip
-    elif isinstance(source, SliceSource):
-        whole = source.block_slices(block)
-        where = whole if where is None else where
-        ref = None if kept is None else kept.block(source, block, priority, read_kept_part)
-        if ref is not None:
-            origin = tuple(s.start for s in ref[2])
-            dsk[key] = (
-                cut_kept_block, ref[0], origin, ref[1], source.array, source.name, block, where,
-                policy, scope,
-            )  # fmt: skip
-            return
-        dsk[key] = (read_block, source.array, source.name, block, where, policy, scope)
-    else:
-        assert isinstance(source, DaskSource)
-        block_key = (source.array.name, *block)
-        dsk.update(cull(source.graph, [block_key])[0])
-        if where is None:
-            dsk[key] = (read_block_result, block_key)
-            return
-        whole = source.block_slices(block)
-        local_part = tuple(
-            slice(w.start - s.start, w.stop - s.start) for w, s in zip(where, whole, strict=True)
-        )
-        dsk[key] = (read_block_part, block_key, local_part)
+@_sliced.register
+def _(source: SubsetSource) -> bool:
+    return _sliced(source.base)
 
 
-def shard_graph(
-    source: SliceSource,
-    blocks: Sequence[tuple[int, ...]],
-    token: str,
-    transform: Callable[[np.ndarray], Any] | None = None,
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
-) -> tuple[dict[Key, Any], Key]:
-    """The dask graph reading the inner ``blocks`` of one shard with one task.
-
-    Its result is a list of :data:`ShardItem`, one per block, in order.
-    """
-    dsk: dict[Key, Any] = {}
-    key = (f"dzb-shard-{token}", *blocks[0])
-    slices = tuple(source.block_slices(block) for block in blocks)
-    dsk[key] = (
-        read_shard, source.array, source.name, tuple(blocks), slices, policy, scope, transform
-    )  # fmt: skip
-    return dsk, key
+@_sliced.register
+def _(source: ConcatSource) -> bool:
+    return all(_sliced(member) for member in source.members)
 
 
 def _add_dask_rows(dsk: dict[Key, Any], source: DaskSource, key: Key, piece: ChunkPiece) -> None:

@@ -21,7 +21,7 @@ import collections
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zarr
@@ -33,21 +33,49 @@ from ..plan.windows import ChunkPiece, chunk_offsets
 from ..store.cache import CacheCounts
 from ..store.layout import block_key
 from ..store.policy import (
-    DEFAULT_POLICY,
     CancelScope,
     Ledger,
-    ReadPolicy,
     ReadReport,
     is_program_error,
     program_error,
 )
 from ..store.zarr_adapter import async_array, nd_buffer
-from .buffers import BufferPool
+from .context import DEFAULT_CONTEXT, ReadContext
 from .tasks import read_block, read_views, run_on_loop
 
-__all__ = ["ChunkShare", "kept_blocks", "patch_ids", "read_origins", "read_patches"]
+__all__ = [
+    "ChunkShare",
+    "KeptBlocks",
+    "PatchBase",
+    "kept_blocks",
+    "patch_ids",
+    "read_origins",
+    "read_patches",
+]
 
 Block = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchBase:
+    """What a patch window's read task reads of its base array: how errors name it, its
+    chunk sizes per axis (dask style), the stream's patch origins and the cuts read from
+    it together."""
+
+    name: str
+    chunks: tuple[tuple[int, ...], ...]
+    grid: PatchGrid
+    cuts: tuple[Cut, ...]
+
+
+class KeptBlocks(NamedTuple):
+    """A patch window's kept stored blocks (a cache on a cluster): the futures, where each
+    sits in the array, whether each was made for this window; passed to
+    :func:`read_patches` as its last three arguments (the futures a list dask resolves)."""
+
+    data: list[Any]
+    places: tuple[tuple[slice, ...], ...]
+    made: tuple[bool, ...]
 
 
 class ChunkShare:
@@ -159,17 +187,11 @@ def read_origins(
 
 def read_patches(
     array: Any,
-    name: str,
-    chunks: tuple[tuple[int, ...], ...],
-    grid: PatchGrid,
-    cuts: tuple[Cut, ...],
+    stored: PatchBase,
     size: int,
     pieces: Sequence[ChunkPiece],
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
-    plan_order: bool = False,
+    ctx: ReadContext = DEFAULT_CONTEXT,
     share: ChunkShare | None = None,
-    pool: BufferPool | None = None,
     kept: Sequence[tuple[np.ndarray, ReadReport]] | None = None,
     kept_places: Sequence[tuple[slice, ...]] = (),
     kept_made: Sequence[bool] = (),
@@ -179,25 +201,21 @@ def read_patches(
     Parameters
     ----------
     array : zarr.Array, numpy.ndarray or dask.array.Array
-        The base array.
-    name : str
-        How errors name it.
-    chunks : tuple of tuple of int
-        Its chunk sizes per axis (dask style).
-    grid : PatchGrid
-        The stream's patch origins.
-    cuts : tuple of Cut
-        What to cut at each origin; one output each, of shape
-        ``(size, *cut.size)``, in ascending patch order (or plan order).
+        The base array (an argument of its own: a cluster resolves it).
+    stored : PatchBase
+        How errors name it, its chunk sizes, the stream's
+        patch origins and what to cut at each (one output per cut, of shape
+        ``(size, *cut.size)``, in ascending patch order, or plan order).
     size : int
         Patches in the window.
     pieces : sequence of ChunkPiece
         The window's pieces over the grid's units.
+    ctx : ReadContext
+        The stream's reads (policy, scope, plan order; ``pool``: where the
+        outputs come from, the stream gives them back once cut).
     share : ChunkShare, optional
         Chunks decoded once for the windows of a sequential stream that need
         them (local reads only).
-    pool : BufferPool, optional
-        Where the outputs come from (the stream gives them back once cut).
     kept, kept_places, kept_made : optional
         A cache on a cluster: every stored block the window's boxes overlap,
         as kept (``(data, report)``: the block, or its whole axis-0 chunk
@@ -216,12 +234,14 @@ def read_patches(
         every chunk decoded, with its bytes; missing chunks, retries); with ``on_error="skip"``
         every report lists the chunks skipped and the patches they took out.
     """
-    ids, groups, where = patch_ids(pieces, size, plan_order)
+    name, chunks, grid, cuts = stored.name, stored.chunks, stored.grid, stored.cuts
+    pool = ctx.pool
+    ids, groups, where = patch_ids(pieces, size, ctx.plan_order)
     boxes = grid.boxes(ids, groups, cuts) if len(ids) else []
     bounds = [chunk_offsets(sizes) for sizes in chunks]
     dtype = np.dtype(array.dtype)
     if kept is not None and any(report.skipped for _, report in kept):
-        kept, policy = None, dataclasses.replace(policy, cache=None, cache_tokens=())
+        kept, ctx = None, ctx.uncached()
     outs = [
         np.empty((size, *cut.size), dtype=dtype)
         if pool is None
@@ -245,8 +265,8 @@ def read_patches(
             filled = [array[box] for box in part]
         elif isinstance(array, zarr.Array):
             filled, lost, mine = _read_boxes(
-                array, name, part, bounds, ledger, policy, scope, share, coverage, edges, pool,
-            )  # fmt: skip
+                array, name, part, bounds, ledger, ctx, share, coverage, edges
+            )
             bad |= lost
             done |= mine
         else:  # a dask array: the boxes in one compute, each shared block once
@@ -459,12 +479,10 @@ def _read_boxes(
     boxes: Sequence[Box],
     bounds: Sequence[np.ndarray],
     ledger: Ledger,
-    policy: ReadPolicy,
-    scope: CancelScope | None,
+    ctx: ReadContext,
     share: ChunkShare | None = None,
     coverage: Box = (),
     edges: frozenset[Block] = frozenset(),
-    pool: BufferPool | None = None,
 ) -> tuple[list[np.ndarray], set[Block], set[Block]]:
     """Fill each box from the chunks it overlaps, each chunk decoded once.
 
@@ -474,6 +492,7 @@ def _read_boxes(
     """
     spans, users = box_chunks(boxes, bounds)
     dtype = np.dtype(array.dtype)
+    pool = ctx.pool
     filled = [
         np.empty(shape, dtype=dtype) if pool is None else pool.take(shape, dtype)
         for shape in (tuple(s.stop - s.start for s in box) for box in boxes)
@@ -492,17 +511,15 @@ def _read_boxes(
     def keys() -> list[str]:
         return [key for block in spans for key in block_key(array, block)]
 
-    fast, _ = read_views(array, name, policy, ledger, keys, scope)
+    fast, _ = read_views(array, name, ctx.policy, ledger, keys, ctx.scope)
     bad: set[Block] = set()
     decoded: set[Block] = set()
     inner = async_array(fast)
     try:
         if inner is None:
             raise RuntimeError("not an asynchronous array")
-        _decode_concurrently(
-            inner, spans, users, boxes, filled, place, dtype.itemsize, scope, share, bounds,
-            decoded, coverage, edges,
-        )  # fmt: skip
+        job = _BoxJob(spans, users, boxes, filled, place, bounds, coverage, edges)
+        _decode_concurrently(inner, job, dtype.itemsize, ctx.scope, share, decoded)
     except ReadCancelledError:
         raise
     except Exception as exc:  # read again chunk by chunk, so that the error names the chunk
@@ -510,7 +527,7 @@ def _read_boxes(
             error = program_error(exc, f"a window of patches of array {name}")
             raise error from error.__cause__
         for block, span in spans.items():
-            data, report = read_block(array, name, block, span, policy, scope)
+            data, report = read_block(array, name, block, span, ctx)
             ledger.retries += report.retries
             ledger.missing.extend(report.missing_keys)
             if data is None:  # on_error="skip": its patches leave the window
@@ -521,20 +538,30 @@ def _read_boxes(
     return filled, bad, decoded
 
 
+@dataclasses.dataclass(frozen=True)
+class _BoxJob:
+    """One group of a window's boxes to fill: per chunk its span and the boxes using it
+    (``box_chunks``), the boxes and their arrays, ``place(block, data)`` copying a decoded
+    span into each box using it, the chunk bounds, the stream's ``coverage`` and the
+    window's ``edges`` (see :func:`_decode_concurrently`)."""
+
+    spans: dict[Block, Box]
+    users: dict[Block, list[int]]
+    boxes: Sequence[Box]
+    filled: list[np.ndarray]
+    place: Any
+    bounds: Sequence[np.ndarray] = ()
+    coverage: Box = ()
+    edges: frozenset[Block] = frozenset()
+
+
 def _decode_concurrently(
     inner: Any,
-    spans: dict[Block, Box],
-    users: dict[Block, list[int]],
-    boxes: Sequence[Box],
-    filled: list[np.ndarray],
-    place: Any,
+    job: _BoxJob,
     itemsize: int,
     scope: CancelScope | None,
     share: ChunkShare | None = None,
-    bounds: Sequence[np.ndarray] = (),
     decoded: set[Block] | None = None,
-    coverage: Box = (),
-    edges: frozenset[Block] = frozenset(),
 ) -> None:
     """Decode every chunk's span on Zarr's event loop.
 
@@ -552,6 +579,8 @@ def _decode_concurrently(
     or an array's end the stream never reaches is not in it).  ``decoded``
     collects the chunks this call decoded.
     """
+    spans, users, boxes, filled, place = job.spans, job.users, job.boxes, job.filled, job.place
+    bounds, coverage, edges = job.bounds, job.coverage, job.edges
     decoded = set() if decoded is None else decoded
     largest = max((np.prod([s.stop - s.start for s in span]) for span in spans.values()), default=1)
     limit = max(4, DECODE_GROUP_BYTES // max(int(largest) * itemsize, 1))

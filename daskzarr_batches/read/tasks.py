@@ -28,7 +28,7 @@ chunk, built on the array's own culled graph, and a join per array::
     (same for labels) ─────────────────────────┘
 
 Each stored chunk is decoded by exactly one task per window, which keeps only
-the rows the window needs.  :func:`block_graph` reads one stored block (all
+the rows the window needs.  ``read.blocks.block_graph`` reads one stored block (all
 axes) for chunk streams, optionally followed by a transform task.
 """
 
@@ -58,7 +58,6 @@ from ..plan.windows import ChunkPiece, Selector
 from ..store.direct import DirectLayout
 from ..store.layout import block_key
 from ..store.policy import (
-    DEFAULT_POLICY,
     NO_REPORT,
     CancelScope,
     Ledger,
@@ -72,6 +71,7 @@ from ..store.policy import (
 )
 from ..store.shards import read_shard_blocks, sharding_codec
 from ..store.zarr_adapter import sync
+from .context import DEFAULT_CONTEXT, ReadContext
 from .failures import raise_failed_read, read_named
 
 __all__ = []
@@ -110,14 +110,14 @@ def read_block(
     name: str,
     block: tuple[int, ...],
     slices: tuple[slice, ...],
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
+    ctx: ReadContext = DEFAULT_CONTEXT,
 ) -> tuple[np.ndarray | None, ReadReport]:
     """Decode one stored block, as an array the caller owns, and its report.
 
-    With ``on_error="skip"`` a block that does not decode is ``None``, and
-    the report lists it as skipped.
+    With ``on_error="skip"`` (``ctx.policy``) a block that does not decode is
+    ``None``, and the report lists it as skipped.
     """
+    policy, scope = ctx.policy, ctx.scope
     piece = _block_piece(block, slices)
     direct = _read_block_directly(array, name, block, slices, policy, scope)
     if direct is not None:
@@ -227,8 +227,7 @@ def read_shard(
     name: str,
     blocks: Sequence[tuple[int, ...]],
     slices: Sequence[tuple[slice, ...]],
-    policy: ReadPolicy = DEFAULT_POLICY,
-    scope: CancelScope | None = None,
+    ctx: ReadContext = DEFAULT_CONTEXT,
     transform: Callable[[np.ndarray], Any] | None = None,
 ) -> list[ShardItem]:
     """Read the stored blocks of one shard with one read; one item per block, in order.
@@ -242,6 +241,7 @@ def read_shard(
     skips single blocks; a read whose retries were spent is not tried again
     (:func:`~daskzarr_batches.read.failures.raise_failed_read`).
     """
+    policy, scope = ctx.policy, ctx.scope
     ledger = Ledger()
     view = policy_view(array, name, policy, ledger)
     named = [
@@ -263,7 +263,7 @@ def read_shard(
     missing = tuple(dict.fromkeys(ledger.missing))
     for number, (block, where) in enumerate(zip(blocks, slices, strict=True)):
         if outs is None:
-            item, report = read_block(array, name, block, where, policy, scope)
+            item, report = read_block(array, name, block, where, ctx)
         else:
             item = outs[number]
             report = ReadReport(

@@ -58,6 +58,15 @@ class PatchSource(Source):
         chunks = (grid.unit_sizes, *((n,) for n in shape[1:]))
         return cls(name, shape, dtype, chunks, base, grid, cut, group)
 
+    def parts(self) -> tuple[Source, ...]:
+        """The base array (none for the origins' source without one)."""
+        return () if self.base is None else (self.base,)
+
+    def with_parts(self, parts: tuple[Source, ...]) -> Source:
+        """This output cut from ``parts[0]``."""
+        (base,) = parts
+        return replace(self, base=base)
+
     def sized(self, unit_patches: int) -> PatchSource:
         """The same source with the grid's units at most ``unit_patches`` patches."""
         assert self.grid is not None

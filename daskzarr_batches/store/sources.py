@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
@@ -36,6 +36,9 @@ from ..errors import (
     ArgumentValueError,
 )
 from .zarr_adapter import unwrapped_store
+
+if TYPE_CHECKING:
+    from .collections import ConcatSource
 
 __all__ = ["DaskSource", "SliceSource", "Source", "SourceLike", "as_source", "dim_names"]
 
@@ -75,6 +78,54 @@ class Source:
         """Decoded bytes of one sample (one row of axis 0)."""
         return math.prod(self.shape[1:]) * self.dtype.itemsize
 
+    @property
+    def carries_data(self) -> bool:
+        """Whether pickling the source copies its array's data (sent to workers once)."""
+        return False
+
+    @property
+    def sliced(self) -> bool:
+        """Whether this is a stored Zarr or numpy array, read by slicing it in a task."""
+        return False
+
+    @property
+    def joins_members(self) -> bool:
+        """Whether a window of this source is read through a collection, members joined."""
+        return any(part.joins_members for part in self.parts())
+
+    def read_collection(self) -> ConcatSource | None:
+        """The collection a window of this source is read from, member by member, if any.
+
+        A collection itself, or the collection a chunk subset is cut from.
+        """
+        return None
+
+    def member_offsets(self) -> tuple[int, ...]:
+        """Where each member starts, for a collection of several; empty otherwise."""
+        return ()
+
+    def sized(self, unit_patches: int) -> Source:
+        """This source with units that fit a window of ``unit_patches`` rows (patches only)."""
+        return self
+
+    def parts(self) -> tuple[Source, ...]:
+        """The sources this one reads: a subset's or patch's base, a collection's members.
+
+        None for a source that is itself a stored array (or computed, as provenance).
+        """
+        return ()
+
+    def with_parts(self, parts: tuple[Source, ...]) -> Source:
+        """This source reading ``parts`` (as :meth:`parts` lists them) instead."""
+        return self
+
+    def stored_sources(self) -> list[Source]:
+        """The sources of the stored arrays beneath, each as far down as it goes."""
+        parts = self.parts()
+        if not parts:
+            return [self]
+        return [stored for part in parts for stored in part.stored_sources()]
+
     def blocks(self) -> Iterator[tuple[int, ...]]:
         """Block indices of every non-empty stored chunk, in C order."""
         return itertools.product(
@@ -107,6 +158,11 @@ class SliceSource(Source):
     array: Any = field(repr=False, default=None)
     token: str = field(repr=False, default="")
     shards: tuple[int, ...] | None = None
+
+    @property
+    def sliced(self) -> bool:
+        """A Zarr or numpy array: read by slicing it."""
+        return True
 
     @property
     def stored(self) -> bool:

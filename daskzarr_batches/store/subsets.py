@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from ..errors import ArgumentTypeError
 from ..plan.splits import Ranges, cut_at_chunks, merge_ranges
 from ..plan.windows import ChunkPiece, chunk_offsets
 from .sources import Source, SourceLike, as_source
+
+if TYPE_CHECKING:
+    from .collections import ConcatSource
 
 __all__ = ["ChunkSubset", "SubsetSource", "subset_source"]
 
@@ -41,6 +44,19 @@ class SubsetSource(Source):
     axis: int = 0
     spans: tuple[tuple[int, int, int], ...] = ()
     ranges: Ranges = ()
+
+    def read_collection(self) -> ConcatSource | None:
+        """The collection this subset is cut from, if it is cut from one."""
+        return self.base.read_collection()
+
+    def parts(self) -> tuple[Source, ...]:
+        """The base array this subset reads in place."""
+        return (self.base,)
+
+    def with_parts(self, parts: tuple[Source, ...]) -> Source:
+        """This subset of ``parts[0]``."""
+        (base,) = parts
+        return replace(self, base=base)
 
     def base_piece(self, piece: ChunkPiece) -> ChunkPiece:
         """Axis-0 ``piece`` of this source as a piece of the base array's chunk.

@@ -33,11 +33,8 @@ from ..errors import (
 from ..execute.runners import Runner
 from ..plan.quality import LabelCounter, QualityCounter, ShuffleQuality
 from ..plan.summary import read_amplification
-from ..store.collections import ConcatSource
-from ..store.patches import PatchSource
 from ..store.policy import ReadPolicy, ReadReport, is_program_error, program_error
 from ..store.sources import Source
-from ..store.subsets import SubsetSource
 
 __all__ = ["SkippedChunk", "Stream", "StreamStats", "T"]
 
@@ -448,11 +445,7 @@ def stored_sources(source: Source) -> list[Source]:
     A chunk subset's or a patch source's base, a collection's members (each
     as far down as it goes); any other source itself.
     """
-    if isinstance(source, SubsetSource | PatchSource) and source.base is not None:
-        return stored_sources(source.base)
-    if isinstance(source, ConcatSource):
-        return [stored for member in source.members for stored in stored_sources(member)]
-    return [source]
+    return source.stored_sources()
 
 
 def stored_arrays(sources: Sequence[Source]) -> list[Any]:

@@ -33,13 +33,15 @@ from ..plan.quality import LABEL_MIXING_WARNING, LabelCounter
 from ..plan.summary import PlanSummary
 from ..plan.windows import Window
 from ..read.buffers import shared_pool
+from ..read.context import ReadContext
 from ..read.graphs import (
     count_tasks,
     read_threads,
     window_graph,
 )
+from ..read.kept import read_kept_chunk
 from ..read.patches import ChunkShare
-from ..read.window import read_kept_chunk, release_free_memory
+from ..read.window import release_free_memory
 from ..store.cache import ChunkCache, array_token, chunk_name, kept_part, rows_name
 from ..store.collections import ConcatSource
 from ..store.layout import chunk_grid
@@ -383,19 +385,13 @@ class BatchStream(Stream[Any]):
             None if policy.cache is None else runner.keeper(policy.cache, read_kept_chunk, policy)
         )
 
+        ctx = ReadContext(
+            policy, runner.scope, runner.plan_order, spec.decode_bytes, pool, shares, kept
+        )
+
         def submit(window: Window, offset: int) -> Any:
-            dsk, key = window_graph(
-                sources,
-                window,
-                f"{token}-{offset}",  # unique: a wrapped share meets a window again
-                policy,
-                runner.scope,
-                runner.plan_order,
-                spec.decode_bytes,
-                shares,
-                pool,
-                kept,
-            )
+            # the token is unique: a wrapped share meets a window again
+            dsk, key = window_graph(sources, window, f"{token}-{offset}", ctx)
             return stream._submit(dsk, key, -window.index, lambda w=window: stream._where(w))
 
         return submit

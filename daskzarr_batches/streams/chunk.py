@@ -7,7 +7,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -18,12 +18,13 @@ from ..errors import (
     warn_caller,
 )
 from ..execute.runners import make_runner
-from ..read.graphs import (
+from ..read.blocks import (
     block_graph,
     shard_graph,
 )
+from ..read.context import ReadContext
+from ..read.kept import read_kept_chunk
 from ..read.tasks import ShardItem
-from ..read.window import read_kept_chunk
 from ..store.collections import ConcatSource
 from ..store.layout import blocks_by_shard
 from ..store.sources import SliceSource, Source
@@ -73,9 +74,9 @@ def _is_local(source: Source) -> bool:
     """Whether ``source`` is read without request latency: a numpy or dask array, or a
     Zarr array on a local store (a wrapper store may add latency: it is not local)."""
     for stored in stored_sources(source):
-        if not isinstance(stored, SliceSource):
+        if not stored.sliced:
             continue  # a dask array computes its own graph
-        store = getattr(stored.array, "store", None)
+        store = getattr(getattr(stored, "array", None), "store", None)
         if store is not None and type(store).__name__ not in _LOCAL_STORES:
             return False
     return True
@@ -115,7 +116,7 @@ class ChunkStream(Stream[Any]):
         )
         # reads wait on the store in their threads, so a Zarr or numpy source gets one
         # thread per read in flight; a dask array computes its graph on one per CPU
-        sliced = all(isinstance(stored, SliceSource) for stored in stored_sources(source))
+        sliced = all(stored.sliced for stored in stored_sources(source))
         threads = concurrency if sliced else os.cpu_count() or 1
         runner = make_runner(read.client, in_flight=concurrency, read_workers=threads)
         # reads in flight and store requests share the one number (io_concurrency)
@@ -160,16 +161,16 @@ class ChunkStream(Stream[Any]):
         units, transform, scope = self._units, self._task_transform, self._runner.scope
         policy, token, sharded = self.policy, self._token, self._sharded
         stream = weakref.proxy(self)
+        ctx = ReadContext(policy, scope, kept=kept)
 
         def submit(number: int) -> Any:
             unit = units[number]
             if not sharded:
-                dsk, key = block_graph(
-                    source, unit[0], token, transform, policy, scope, kept, -number
-                )
+                here = ctx.narrowed(priority=-number)
+                dsk, key = block_graph(source, unit[0], token, transform, here)
             else:
-                assert isinstance(source, SliceSource)
-                dsk, key = shard_graph(source, unit, token, transform, policy, scope)
+                sharded_source = cast(SliceSource, source)  # only a Zarr array is sharded
+                dsk, key = shard_graph(sharded_source, unit, token, transform, ctx)
             return stream._submit(dsk, key, -number, lambda u=unit: stream._where_unit(u))
 
         return submit

@@ -23,9 +23,9 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
 from ..plan.windows import Window
+from ..read.context import ReadContext
 from ..read.graphs import window_graph
 from ..read.tasks import Key, window_block
-from ..store.collections import ConcatSource
 from ..store.policy import ReadPolicy
 from ..store.sources import Source
 from .patch import Coords
@@ -64,9 +64,8 @@ def epoch_arrays(
     reads: dict[Key, Any] = {}
     windows_read: list[tuple[Key, np.ndarray | None, int]] = []
     for window in windows:
-        dsk, key = window_graph(
-            sources, window, f"epoch-{token}", policy, None, plan_order, decode_bytes
-        )
+        ctx = ReadContext(policy, None, plan_order, decode_bytes)
+        dsk, key = window_graph(sources, window, f"epoch-{token}", ctx)
         reads.update(dsk)
         order = None if plan_order else window.gather_index()
         windows_read.append((key, order, window.size))
@@ -92,10 +91,7 @@ def epoch_arrays(
 
 def _joins_members(source: Source) -> bool:
     """Whether ``source`` reads through a collection (its members' reads joined)."""
-    if isinstance(source, ConcatSource):
-        return True
-    base = getattr(source, "base", None)  # a chunk subset's or a patch source's
-    return isinstance(base, Source) and _joins_members(base)
+    return source.joins_members  # a collection, or a subset or patches of one
 
 
 def pack_arrays(template: Any, flat: Sequence[da.Array]) -> Any:

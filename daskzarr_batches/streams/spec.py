@@ -47,7 +47,7 @@ from ..plan.quality import DEFAULT_SHUFFLE_QUALITY, smallest_buffer
 from ..plan.sampling import ClassSampler
 from ..plan.windows import ShuffleMode, chunk_offsets, sample_units
 from ..store.cache import ChunkCache
-from ..store.collections import ConcatSource, MixSource, SourcesSource, sources_source
+from ..store.collections import MixSource, SourcesSource, sources_source
 from ..store.layout import shard_layout
 from ..store.open import open_array
 from ..store.patches import PatchSource
@@ -862,8 +862,8 @@ def _check_labels(labels: object, sources: tuple[Source, ...], roles: tuple[str,
 
 def _provenance(first: Source, role: str) -> SourcesSource:
     """The ``return_sources`` output of a stream whose first array is ``first``."""
-    collection = first.base if isinstance(first, SubsetSource) else first
-    if not isinstance(collection, ConcatSource):
+    collection = first.read_collection()
+    if collection is None:
         raise ArgumentValueError(
             f"return_sources=True needs a collection (concat or open_collection), but "
             f"{role} is {first.name}; a single array's samples come from that array"
@@ -873,15 +873,12 @@ def _provenance(first: Source, role: str) -> SourcesSource:
 
 def _joined(source: Source) -> bool:
     """Whether a window of ``source`` is read per member and joined (a collection)."""
-    base = source.base if isinstance(source, SubsetSource) else source
-    return isinstance(base, ConcatSource)
+    return source.read_collection() is not None
 
 
 def _members(source: Source) -> tuple[int, ...]:
     """A collection's member offsets (for the source entropy); empty for one array."""
-    if isinstance(source, ConcatSource) and len(source.members) > 1:
-        return tuple(int(v) for v in source.offsets)
-    return ()
+    return source.member_offsets()
 
 
 def _quality_target(value: object) -> float:
@@ -899,7 +896,7 @@ def _quality_target(value: object) -> float:
 
 
 def _sized(source: Source, rows: int) -> Source:
-    return source.sized(rows) if isinstance(source, PatchSource) else source
+    return source.sized(rows)
 
 
 def row_source(array: object, role: str) -> Source:

@@ -349,7 +349,7 @@ def run_bench(
                 "features": _describe("features", x),
                 "labels": _describe("labels", y),
             }
-            epochs = _run_epochs(x, y, settings, progress)
+            epochs = _run_epochs(x, y, settings, progress, out, data, where, as_json)
     else:
         x = _open(store, array, storage_options, backend, "--array")
         y = None if labels is None else _open(store, labels, storage_options, backend, "--labels")
@@ -359,18 +359,38 @@ def run_bench(
             "features": _describe(array or "", x),
             "labels": None if y is None else _describe(labels or "", y),
         }
-        epochs = _run_epochs(x, y, settings, progress)
-    summary = {
+        epochs = _run_epochs(x, y, settings, progress, out, data, where, as_json)
+    summary = _summary(data, settings, where, epochs, paired=y is not None)
+    if as_json:
+        print(json.dumps(summary, indent=2), file=out)
+    else:  # the header went out before the epochs ran
+        print(format_summary(summary, epochs, header=False), file=out)
+    return summary
+
+
+def _summary(
+    data: dict[str, Any],
+    settings: BenchSettings,
+    where: str,
+    epochs: Sequence[EpochResult],
+    *,
+    paired: bool,
+    batches: int | None = None,
+) -> dict[str, Any]:
+    """What ``--json`` prints (``batches``: per epoch, before the epochs ran)."""
+    return {
         "data": data,
         "stream": {
-            "function": settings.function_name(y is not None),
-            "call": settings.describe(y is not None),
+            "function": settings.function_name(paired),
+            "call": settings.describe(paired),
             "batch_size": settings.batch_size,
             "shuffle": settings.shuffle,
             "shuffle_buffer_size": settings.shuffle_buffer_size,
             "memory_budget": settings.memory_budget,
             "seed": None if settings.shuffle == "none" else settings.seed,
-            "batches_per_epoch": epochs[0].batches if epochs else 0,
+            "batches_per_epoch": batches
+            if batches is not None
+            else (epochs[0].batches if epochs else 0),
             "cache": None if settings.cache is None else _describe_cache(settings.cache),
         },
         "computing_on": where,
@@ -379,11 +399,6 @@ def run_bench(
         "total": EpochResult.total(epochs).to_json(),
         "spread": _spread(epochs),
     }
-    if as_json:
-        print(json.dumps(summary, indent=2), file=out)
-    else:
-        print(format_summary(summary, epochs), file=out)
-    return summary
 
 
 def _cpu_of(client: Any) -> str:
@@ -489,16 +504,44 @@ def _describe(path: str, array: Any) -> dict[str, Any]:
 
 
 def _run_epochs(
-    x: Any, y: Any, settings: BenchSettings, progress: Callable[..., Any] | None
+    x: Any,
+    y: Any,
+    settings: BenchSettings,
+    progress: Callable[..., Any] | None,
+    out: TextIO,
+    data: dict[str, Any],
+    where: str,
+    as_json: bool,
 ) -> list[EpochResult]:
+    """The epochs; the summary's header (data, arrays, stream) goes to ``out`` first.
+
+    It is printed once the first stream is made (so a bad setting is its error alone),
+    before that stream is read.
+    """
+    printed: list[bool] = []
+
+    def announce() -> None:
+        if as_json or printed:
+            return
+        printed.append(True)
+        batches = -(-int(x.shape[0]) // settings.batch_size)
+        planned = _summary(data, settings, where, [], paired=y is not None, batches=batches)
+        tqdm.write(_header(planned), file=out)  # above a live bar, not through it
+        out.flush()
+
     results = []
     for epoch in range(settings.epochs):
-        results.append(_run_epoch(x, y, settings, epoch, progress))
+        results.append(_run_epoch(x, y, settings, epoch, progress, announce))
     return results
 
 
 def _run_epoch(
-    x: Any, y: Any, settings: BenchSettings, epoch: int, progress: Callable[..., Any] | None
+    x: Any,
+    y: Any,
+    settings: BenchSettings,
+    epoch: int,
+    progress: Callable[..., Any] | None,
+    announce: Callable[[], None] = lambda: None,
 ) -> EpochResult:
     n = int(x.shape[0])
     bar = (
@@ -524,9 +567,13 @@ def _run_epoch(
 
     with bar:
         cpu = _cpu_now(settings.client)
-        seconds, stats = time_epoch(
-            lambda: settings.make_stream(x, y, epoch), on_item=on_item if live else None
-        )
+
+        def make() -> BatchStream:
+            stream = settings.make_stream(x, y, epoch)
+            announce()
+            return stream
+
+        seconds, stats = time_epoch(make, on_item=on_item if live else None)
         cpu = _cpu_now(settings.client) - cpu
         if live:  # the final numbers, also for an epoch shorter than the bar's refresh
             bar.set_postfix_str(_rates(stats, seconds))
@@ -572,8 +619,21 @@ def _rates(stats: Any, elapsed: float) -> str:
     )
 
 
-def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> str:
-    """The summary as text: data, stream, then one line per epoch and the total."""
+def format_summary(
+    summary: dict[str, Any], epochs: Sequence[EpochResult], *, header: bool = True
+) -> str:
+    """The summary as text: data, stream, then one line per epoch and the total.
+
+    ``header=False`` leaves out the lines up to the table (``run_bench``
+    printed them before the epochs ran).
+    """
+    lines = _header(summary).split("\n") if header else []
+    lines.append("")
+    return _table(summary, epochs, summary["stream"].get("cache"), lines)
+
+
+def _header(summary: dict[str, Any]) -> str:
+    """The lines before the table: data, arrays, stream, scheduler, cache."""
     data = summary["data"]
 
     def array_line(role: str, described: dict[str, Any]) -> str:
@@ -601,7 +661,13 @@ def format_summary(summary: dict[str, Any], epochs: Sequence[EpochResult]) -> st
         disk = "" if cache["disk"] is None else f" (at most {cache['disk']:,} bytes)"
         where = "" if cache["directory"] is None else f", directory {cache['directory']}{disk}"
         lines.append(f"cache:        ChunkCache, memory {cache['memory']:,} bytes{where}")
-    lines.append("")
+    return "\n".join(lines)
+
+
+def _table(
+    summary: dict[str, Any], epochs: Sequence[EpochResult], cache: Any, lines: list[str]
+) -> str:
+    """``lines`` followed by the table of epochs, the spread, the CPU note and counters."""
     header = ["epoch", "batches", "samples", "seconds", "samples/s", "MB/s", "cpu-s/GB"]
     header += ["read amp", "wait"]
     header.append("first batch")

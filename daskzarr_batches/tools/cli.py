@@ -1,9 +1,10 @@
 """The command line: ``daskzarr-batches COMMAND`` (or ``python -m daskzarr_batches COMMAND``).
 
-Three commands: ``demo`` (``tools.demo``: the README's example data, streamed
+Four commands: ``demo`` (``tools.demo``: the README's example data, streamed
 three ways), ``info`` (``tools.info``: what a store holds,
-``--check`` reads every chunk) and ``bench`` (``tools.bench``: epochs of a stream,
-timed).  Adapters on top of the public API: they import only what
+``--check`` reads every chunk), ``bench`` (``tools.bench``: epochs of a stream,
+timed) and ``shuffle`` (``write_shuffled``: a seeded, exactly shuffled copy,
+resumable).  Adapters on top of the public API: they import only what
 ``daskzarr_batches`` exports.  ``info`` and ``bench`` show tqdm progress bars
 on stderr when it is a terminal (never with ``--quiet``), and report a
 library error (``DaskZarrBatchesError``) as one line,
@@ -11,7 +12,9 @@ library error (``DaskZarrBatchesError``) as one line,
 usage error too.  ``bench --missing warn`` reports chunks absent from the
 store (``MissingChunksWarning``) as one line too, ``daskzarr-batches: warning:
 ...``, in its own words (the default ``--missing fill`` counts them only).
-
+A library message is printed in the command's words (:func:`_in_cli_words`):
+its flags instead of the keywords (``--overwrite``, not ``overwrite=True``) and
+a store as the user gave it (``x.zarr``, not ``file://x.zarr``).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _shuffle_command(args, out, err)
             return _bench_command(args, out, err)
         except DaskZarrBatchesError as exc:
-            _error(err, exc)
+            _error(err, _in_cli_words(str(exc), args))
             return 2
         except _ConnectError as exc:
             _error(err, exc)
@@ -100,6 +103,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+
+
+#: a library message's keywords -> the flags that set them (``shuffle``, ``bench``)
+_FLAG_WORDS = (
+    (re.compile(r"pass overwrite=True"), "pass --overwrite"),
+    (re.compile(r"resume=True to complete it or overwrite=True"), "--overwrite"),
+    (re.compile(r"pass missing='fill' or 'warn'"), "pass --missing fill or --missing warn"),
+)
+
+
+def _in_cli_words(message: str, args: argparse.Namespace) -> str:
+    """A library message as the command's user reads it: flags, and stores as given.
+
+    ``write_shuffled``'s refusals name its keywords (``overwrite=True``,
+    ``job_id``); the command sets them with ``--overwrite`` and ``--seed``.  A
+    local store opened through fsspec is named ``file://PATH``; the user gave
+    ``PATH``, so the prefix goes unless the user typed a ``file://`` URL.
+    """
+    for pattern, words in _FLAG_WORDS:
+        message = pattern.sub(words, message)
+    seed = re.search(r"its seed was (\d+), this job's is \d+", message)
+    resume = (
+        f"--seed {seed[1]} to resume"
+        if seed
+        else "the same --seed, --array, --labels and STORE to resume"
+    )
+    message = message.replace("the same job_id / input to resume", resume)
+    given = getattr(args, "store", None)
+    stores = [given] if isinstance(given, str) else list(given or [])
+    stores += [getattr(args, "out", None) or ""]
+    if not any(str(store).startswith("file://") for store in stores):
+        message = re.sub(r"\bfile://(?=\S)", "", message)
+    return message
 
 
 def _error(err: TextIO, message: object) -> None:
@@ -532,7 +568,7 @@ def _bench_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             retries=args.retries,
             cache=_cache(args.cache_dir, args.cache_memory),
         )
-        with _missing_chunks_reported(err) as summary:
+        with _missing_chunks_reported(err, args) as summary:
             summary.update(
                 run_bench(
                     out,
@@ -562,7 +598,7 @@ def _cache(directory: str | None, memory: str | None) -> ChunkCache | None:
 
 
 @contextlib.contextmanager
-def _missing_chunks_reported(err: TextIO) -> Iterator[dict[str, Any]]:
+def _missing_chunks_reported(err: TextIO, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """Report the streams' ``MissingChunksWarning`` as one line on ``err``, at the end.
 
     Yields a dict to fill with ``run_bench``'s summary, whose epochs give the
@@ -590,13 +626,13 @@ def _missing_chunks_reported(err: TextIO) -> Iterator[dict[str, Any]]:
                 epochs = summary.get("epochs") or []
                 count = max((e["chunks_missing"] for e in epochs), default=first.count)
                 each = " in each epoch" if len(epochs) > 1 else ""
-                print(
+                message = (
                     f"{PROG}: warning: {count} chunk{'s were' if count != 1 else ' was'} "
                     f"missing from the store{each} and read as the fill value (first: "
                     f"{first.key!r} of array {first.array}); --missing fill (the default) "
-                    "reads them silently, --missing error fails",
-                    file=err,
+                    "reads them silently, --missing error fails"
                 )
+                print(_in_cli_words(message, args), file=err)
 
 
 def _demo_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
