@@ -1,7 +1,12 @@
 """Stream numpy minibatches and per-chunk blocks out of chunked Zarr arrays.
 
 Built on dask (one machine) and dask.distributed (clusters).  The public
-surface is everything in ``__all__``; the subpackages are the implementation,
+surface is everything in ``__all__`` (listed, grouped, in ``docs/index.md``):
+the streams, the ``Loader``, per-chunk jobs and writes, the cache, collections,
+splits, ``ReadOptions`` and the errors and warnings.  What a plan is made of
+(``StreamSpec``, ``EpochPlan``, ``Window``, ``PlanSummary``, the ``DEFAULT_*``
+sizes) is for inspection, in ``daskzarr_batches.plan``.  The subpackages are
+the implementation,
 split by what each part knows and importing one way, bottom to top
 (``docs/architecture.md``, checked by ``tests/tools/test_layers.py``):
 
@@ -40,11 +45,7 @@ from .errors import (
 )
 from .loader import Loader
 from .mapreduce import Moments, feature_moments, map_chunks, reduce_chunks
-from .plan.epoch import EpochPlan
-from .plan.quality import ShuffleQuality
 from .plan.sampling import ClassSampler
-from .plan.summary import PlanSummary, WindowSummary
-from .plan.windows import ChunkPiece, Window
 from .store.cache import ChunkCache
 from .store.collections import Collection, Mixture, concat, mix, open_collection
 from .store.open import open_array
@@ -62,13 +63,7 @@ from .streams.constructors import (
     plan_epoch,
     shuffled_batch_stream,
 )
-from .streams.spec import (
-    DEFAULT_IO_CONCURRENCY,
-    DEFAULT_MEMORY_BUDGET,
-    DEFAULT_PREFETCH,
-    DEFAULT_WINDOW_BYTES,
-    StreamSpec,
-)
+from .streams.spec import ReadOptions
 from .streams.splits import chunk_split
 from .streams.timing import time_epoch
 from .writes import WriteStats, map_to_zarr, shuffle_order, write_shuffled
@@ -76,17 +71,12 @@ from .writes import WriteStats, map_to_zarr, shuffle_order, write_shuffled
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_IO_CONCURRENCY",
-    "DEFAULT_MEMORY_BUDGET",
-    "DEFAULT_PREFETCH",
-    "DEFAULT_WINDOW_BYTES",
     "ArgumentTypeError",
     "ArgumentValueError",
     "ArrayNotFoundError",
     "BatchStream",
     "CacheWarning",
     "ChunkCache",
-    "ChunkPiece",
     "ChunkReadError",
     "ChunkStream",
     "ChunkSubset",
@@ -94,7 +84,6 @@ __all__ = [
     "Collection",
     "CorruptChunkError",
     "DaskZarrBatchesError",
-    "EpochPlan",
     "InvalidMetadataError",
     "LengthMismatchError",
     "Loader",
@@ -103,20 +92,16 @@ __all__ = [
     "MissingChunksWarning",
     "Mixture",
     "Moments",
-    "PlanSummary",
+    "ReadOptions",
     "ResumeMismatchError",
-    "ShuffleQuality",
     "ShuffleQualityWarning",
     "SkippedChunk",
     "SkippedChunksWarning",
     "StoreGoneError",
     "Stream",
     "StreamFailedError",
-    "StreamSpec",
     "StreamStats",
-    "Window",
     "WindowError",
-    "WindowSummary",
     "WindowTimeoutError",
     "WriteStats",
     "__version__",

@@ -84,7 +84,8 @@ class LengthMismatchError(ArgumentValueError):
 class ResumeMismatchError(ArgumentValueError):
     """An output exists but was written by another job: a resume would mix two results.
 
-    Raised by :func:`map_to_zarr` and :func:`write_shuffled` when the
+    Raised by [`map_to_zarr`][daskzarr_batches.map_to_zarr] and
+    [`write_shuffled`][daskzarr_batches.write_shuffled] when the
     fingerprint in the output's attributes (job, ``func``, input and its
     contents, seed) or its shape, dtype or grid differ from this call's; the
     message names what changed.  ``overwrite=True`` starts over.
@@ -101,7 +102,8 @@ class ArrayNotFoundError(DaskZarrBatchesError, KeyError, FileNotFoundError):
 class InvalidMetadataError(DaskZarrBatchesError, ValueError):
     """A Zarr metadata document cannot be parsed.
 
-    Raised by :func:`open_array` when ``zarr.json`` (format 3) or ``.zarray``,
+    Raised by [`open_array`][daskzarr_batches.open_array] when ``zarr.json`` (format 3) or
+    ``.zarray``,
     ``.zgroup``, ``.zattrs`` (format 2) on the way to the array is not JSON,
     not a JSON object, or lacks fields Zarr requires.  The message names the
     store and the document; Zarr's own error, if any, is chained as
@@ -152,7 +154,8 @@ class CorruptChunkError(ChunkReadError):
 
     The message names the array, the chunk's key and its samples; the codec's
     error is chained as ``__cause__``.  With ``on_error="skip"`` the chunk's
-    samples leave the epoch instead (see :class:`SkippedChunksWarning`).
+    samples leave the epoch instead (see
+    [`SkippedChunksWarning`][daskzarr_batches.SkippedChunksWarning]).
     """
 
 
@@ -242,7 +245,7 @@ class StreamFailedError(DaskZarrBatchesError, RuntimeError):
 
 
 class LoaderBusyError(DaskZarrBatchesError, RuntimeError):
-    """A :class:`Loader` was iterated again while an iteration of it is running.
+    """A [`Loader`][daskzarr_batches.Loader] was iterated again while an iteration of it is running.
 
     Two iterations at once (two threads, or a second ``for`` loop while the
     first one's iterator is still alive) would each yield the same epoch and

@@ -38,7 +38,7 @@ from .store.cache import ChunkCache
 from .store.collections import ConcatSource
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
-from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency
+from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency, read_options
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
 
@@ -67,6 +67,7 @@ def map_chunks(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> ChunkStream:
     """Stream ``func(chunk)`` for every stored chunk of ``array``.
 
@@ -91,7 +92,8 @@ def map_chunks(
     concurrency : int, optional
         The former name of ``io_concurrency``; prefer ``io_concurrency``.
     io_concurrency : int, optional
-        Reads in flight, as for :func:`chunk_stream` (a sharded array is read
+        Reads in flight, as for [`chunk_stream`][daskzarr_batches.chunk_stream] (a sharded array
+        is read
         one shard per read, ``func`` applied to each inner chunk); locally
         at most one ``func`` call per CPU runs at once, whatever the value.
         Default: one per CPU on a local store, 16 on others (fewer for large
@@ -100,12 +102,19 @@ def map_chunks(
         Yield ``(block_index, result)`` tuples.
     cache : ChunkCache, optional
         Decoded chunks served from (and kept in) this cache, as for
-        :func:`chunk_stream`: a second pass over the array reads it.
+        [`chunk_stream`][daskzarr_batches.chunk_stream]: a second pass over the array reads it.
     timeout : float, optional
         Seconds to wait for one result before raising
-        :class:`WindowTimeoutError`.
-    missing, on_error, retries
-        The read policy, as for :func:`batch_stream`: chunks absent from the
+        [`WindowTimeoutError`][daskzarr_batches.WindowTimeoutError].
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
+        The read policy, as for [`batch_stream`][daskzarr_batches.batch_stream]: chunks absent
+        from the
         store, chunks that do not decode (with ``"skip"``, ``func`` does not
         see them), retries after transient faults.
 
@@ -130,11 +139,12 @@ def map_chunks(
     """
     if not callable(func):
         raise ArgumentTypeError(f"func must be callable, got {func!r}")
-    read = ReadOptions(
-        client, timeout, missing, on_error, retries,
-        merged_io_concurrency(concurrency, io_concurrency), cache,
+    options = read_options(
+        read, client=client, timeout=timeout, missing=missing, on_error=on_error,
+        retries=retries, io_concurrency=merged_io_concurrency(concurrency, io_concurrency),
+        cache=cache,
     )  # fmt: skip
-    return build_chunk_stream(ChunkSpec(array, ordered, with_index, read), transform=func)
+    return build_chunk_stream(ChunkSpec(array, ordered, with_index, options), transform=func)
 
 
 def reduce_chunks(
@@ -151,10 +161,12 @@ def reduce_chunks(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> R:
     """Reduce ``func(chunk)`` over every stored chunk with ``combine``.
 
-    ``func`` runs per chunk where the chunk is read (see :func:`map_chunks`);
+    ``func`` runs per chunk where the chunk is read (see
+    [`map_chunks`][daskzarr_batches.map_chunks]);
     ``combine`` runs on the caller in a pairwise tree over the results in
     chunk order (see the module docstring), so the result is deterministic:
     the same for every scheduler and concurrency, and equal to a left fold
@@ -169,10 +181,17 @@ def reduce_chunks(
         chunks before ``right``'s.
     array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
     initial : optional
-        Placed before the first result, as in :func:`functools.reduce`; it is
+        Placed before the first result, as in `functools.reduce`; it is
         also the result for an array without chunks.
-    client, concurrency, io_concurrency, timeout, missing, on_error, retries, cache
-        As for :func:`map_chunks`.
+    concurrency : int, optional
+        As for [`map_chunks`][daskzarr_batches.map_chunks].
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
 
     Returns
     -------
@@ -185,7 +204,7 @@ def reduce_chunks(
         ``array`` has no chunks (a zero-length axis) and no ``initial`` was
         given.
     WindowError, WindowTimeoutError
-        As for :func:`map_chunks`.
+        As for [`map_chunks`][daskzarr_batches.map_chunks].
 
     Examples
     --------
@@ -212,6 +231,7 @@ def reduce_chunks(
         retries=retries,
         io_concurrency=io_concurrency,
         cache=cache,
+        read=read,
     ) as results:
         name = results.source.name
         for result in results:
@@ -256,7 +276,8 @@ class _PairwiseFold(Generic[R]):
 class Moments:
     """Count, mean and sum of squared deviations of samples, per feature.
 
-    Mergeable exactly: :meth:`merge` is Chan, Golub and LeVeque's pairwise
+    Mergeable exactly: [`merge`][daskzarr_batches.Moments.merge] is Chan, Golub and LeVeque's
+    pairwise
     update (the parallel form of Welford's algorithm), so partial moments of
     chunks computed anywhere combine into those of the whole array without a
     second pass and without the cancellation of ``E[x**2] - E[x]**2``.
@@ -344,10 +365,11 @@ def feature_moments(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> Moments:
     """Per-feature count, mean and variance of ``array``'s samples, in one pass.
 
-    Each chunk's :class:`Moments` is computed where the chunk is read; the
+    Each chunk's [`Moments`][daskzarr_batches.Moments] is computed where the chunk is read; the
     client merges them (pairwise, deterministically) per block of features
     and joins the feature blocks, so arrays chunked along feature axes work
     too.
@@ -356,8 +378,15 @@ def feature_moments(
     ----------
     array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0, features along the other axes.
-    client, concurrency, io_concurrency, timeout, missing, on_error, retries, cache
-        As for :func:`map_chunks`.
+    concurrency : int, optional
+        As for [`map_chunks`][daskzarr_batches.map_chunks].
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
 
     Returns
     -------
@@ -385,6 +414,7 @@ def feature_moments(
         retries=retries,
         io_concurrency=io_concurrency,
         cache=cache,
+        read=read,
     ) as results:
         source = results.source
         shape, dtype = source.shape, source.dtype

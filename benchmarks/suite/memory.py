@@ -20,6 +20,7 @@ import psutil
 import zarr
 
 import daskzarr_batches as dzb
+import daskzarr_batches.plan as dzplan
 
 from . import ROOT
 from .dataset import Dataset, make_dataset
@@ -86,7 +87,7 @@ def memory_cases(
     """Buffered at 1x and 4x the dataset, exact with and without a fixed mmap threshold,
     and (``sweep``) the exact-shuffle budget sweep (:func:`exact_sweep`)."""
     big = make_dataset(data_dir, 4 * ds.rows, ds.cols, ds.chunk_rows)
-    prefetch = dzb.DEFAULT_PREFETCH
+    prefetch = dzplan.DEFAULT_PREFETCH
     window_bytes = buffer_rows * ds.row_bytes
     bound = 1.5 * (prefetch + 1) * window_bytes + 300 * MiB
     cases = {

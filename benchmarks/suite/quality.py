@@ -24,11 +24,12 @@ import numpy as np
 import zarr
 
 import daskzarr_batches as dzb
+import daskzarr_batches.plan as dzplan
 
 from ..internals import buffer_estimate
 
 
-def shuffle_order(plan: dzb.EpochPlan) -> np.ndarray:
+def shuffle_order(plan: dzplan.EpochPlan) -> np.ndarray:
     return np.concatenate([np.asarray(w.samples) for w in plan.windows()])
 
 
@@ -51,7 +52,7 @@ def neighbour_entropy(order: np.ndarray, bins: int = 256, n: int | None = None) 
     return float(-(p * np.log2(p)).sum())
 
 
-def stream_plan(x: zarr.Array, buffer_rows: int | None) -> dzb.EpochPlan:
+def stream_plan(x: zarr.Array, buffer_rows: int | None) -> dzplan.EpochPlan:
     """The plan a shuffled stream follows (the stream is closed unread)."""
     stream = dzb.shuffled_batch_stream(x, 256, seed=0, shuffle_buffer_size=buffer_rows)
     stream.close()

@@ -49,10 +49,12 @@ from ..streams.spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PATCH_WINDOW_BYTES,
     DEFAULT_WINDOW_BYTES,
+    ReadOptions,
     StreamSpec,
     flag,
     non_negative_int,
     positive_int,
+    read_options,
     shuffle_mode,
 )
 from .state import _size, _validated_states
@@ -72,12 +74,14 @@ class Loader:
         ``xarray.DataArray`` (its data, samples along its first dimension) or
         a path or URL (``str`` or ``os.PathLike``, opened with ``open_array``),
         all with the same length along axis 0 (else
-        :class:`LengthMismatchError` naming each).  Batches come back in the
+        [`LengthMismatchError`][daskzarr_batches.LengthMismatchError] naming each).  Batches come
+        back in the
         same structure: an array, a tuple, or a dict with the same names.  A
         ``ChunkSubset`` of ``chunk_split`` stands for its data (a subset of a
         tuple or dict of arrays for that structure) and reads only its chunks.  An
         ``xarray.Dataset`` is the dict of its data variables by name.  A
-        :class:`Collection` (:func:`concat`, :func:`open_collection`) is one
+        [`Collection`][daskzarr_batches.Collection] ([`concat`][daskzarr_batches.concat],
+        [`open_collection`][daskzarr_batches.open_collection]) is one
         array of many members; ``concat`` of dicts gives a dict of them.
     batch_size : int
         Samples per batch.
@@ -85,19 +89,28 @@ class Loader:
         Shuffle each epoch: exactly (``shuffle_buffer_size=None``) or through
         a buffer of ``shuffle_buffer_size`` samples (or, given as a string
         such as ``"256MiB"``, the samples that many bytes hold), as
-        :func:`shuffled_batch_stream`.
-    shuffle_buffer_size, shuffle_quality, memory_budget, window_bytes, prefetch, \
-client, timeout, missing, on_error, retries, io_concurrency, cache
-        As for the stream constructors (``window_bytes=None``: 32 MiB, or
-        16 MiB for patches, as ``patch_stream``).
+        [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+    shuffle_buffer_size : int or str, optional
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+    shuffle_quality : float, optional
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+    memory_budget : int, default DEFAULT_MEMORY_BUDGET
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+    window_bytes : int, optional
+        As for [`batch_stream`][daskzarr_batches.batch_stream]; ``None``: 32 MiB,
+        or 16 MiB for patches, as [`patch_stream`][daskzarr_batches.patch_stream].
+    prefetch : int, optional
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
     seed : int, default 0
         The shuffle's seed; the order of epoch ``e`` comes from ``(seed, e)``
         exactly as the streams' ``seed=``, ``epoch=`` do.
     drop_remainder : bool, default False
         Drop this rank's short last batch.
-    rank, world_size : int, default 0, 1
+    rank : int, default 0
         This process's share of each epoch: the epoch's order is drawn once
         for all ranks and cut into ``world_size`` equal, consecutive shares.
+    world_size : int, default 1
+        See ``rank``.
     even_batches : bool, default True
         ``True``: every share has ``ceil(n / world_size)`` samples, the last
         ones padded by repeating the epoch's first samples; ``False``: every
@@ -107,11 +120,28 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         Applied to each batch (in its structure) in this process, after it is
         cut: normalisation, dtype or device conversion.  It does not change
         which samples a batch holds.
-    input_dims, input_overlap, target_offset, target_dims, target_data, return_origins
+    input_dims : Mapping[Any, int], optional
         Samples are N-D patches (and forecast pairs), as for
-        :func:`patch_stream`: ``arrays`` is then its ``data`` (an
+        [`patch_stream`][daskzarr_batches.patch_stream]: ``arrays`` is then its ``data`` (an
         ``xarray.Dataset`` gives a dict of patch batches), and epochs, ranks,
         resume and ``transform`` work on patches as on rows.
+    input_overlap : Mapping[Any, int], optional
+        See ``input_dims``.
+    target_offset : Mapping[Any, int], optional
+        See ``input_dims``.
+    target_dims : Mapping[Any, int], optional
+        See ``input_dims``.
+    target_data : Any, optional
+        See ``input_dims``.
+    return_origins : bool, default False
+        See ``input_dims``.
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
     return_sources : bool, default False
         For collections: each batch also carries ``sources``, an int64
         ``(batch, 2)`` array of each sample's member and position within it;
@@ -147,8 +177,9 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
     of skipped chunks from the start of its own share, so every rank takes
     ``len()`` steps (``stats.samples_filled``); with one rank the epoch ends
     earlier instead.  A second iteration while one is running raises
-    :class:`LoaderBusyError`; after an iteration raised, its next ``next()``
-    raises :class:`StreamFailedError`.
+    [`LoaderBusyError`][daskzarr_batches.LoaderBusyError]; after an iteration raised, its next
+    ``next()``
+    raises [`StreamFailedError`][daskzarr_batches.StreamFailedError].
     """
 
     def __init__(
@@ -175,6 +206,7 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         retries: int = DEFAULT_RETRIES,
         io_concurrency: int | None = None,
         cache: ChunkCache | None = None,
+        read: ReadOptions | None = None,
         input_dims: Mapping[Any, int] | None = None,
         input_overlap: Mapping[Any, int] | None = None,
         target_offset: Mapping[Any, int] | None = None,
@@ -232,14 +264,17 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
             memory_budget=memory_budget,
             window_bytes=window_bytes,
             prefetch=prefetch,
-            client=client,
-            timeout=timeout,
             roles=roles or (),
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             layout=layout,
             return_sources=return_sources,
             sampler=sampler,
@@ -314,7 +349,8 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
             self._busy.release()
 
     def stream(self) -> BatchStream:
-        """The :class:`BatchStream` of what is left of this rank's current epoch.
+        """The [`BatchStream`][daskzarr_batches.BatchStream] of what is left of this rank's
+        current epoch.
 
         It walks this rank's share from the position the loader has reached;
         with ``world_size > 1`` it fills the samples of chunks skipped as
@@ -392,7 +428,8 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`, possibly of another process).
+        """Continue from ``state`` (from [`state_dict`][daskzarr_batches.Loader.state_dict],
+        possibly of another process).
 
         With the same ``world_size`` this rank continues its own share from
         where it was (give this rank's state, or the list of every rank's).

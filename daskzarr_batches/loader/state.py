@@ -2,8 +2,8 @@
 
 Every field is checked (type, range, consistency with the loader's data and
 order, the rank and the worker part); a bad one raises a library error naming
-it.  Version-1 states (before positions were recorded) load as
-``position = batches * batch_size``.
+it.  Only the current version (2) is read: 0.1 was never released with another, and a
+state of any other version is refused with an error that says so.
 """
 
 from __future__ import annotations
@@ -43,10 +43,9 @@ _IDENTITY = (
 _PROGRESS = ("version", "epoch", "batches", "rank", "world_size", "resumed")
 
 
-_FIELDS = {
-    1: {*_PROGRESS, *_IDENTITY},
-    2: {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error"},
-}
+#: the version ``Loader.state_dict()`` writes (``epochs.STATE_VERSION``), the only one read
+_VERSION = 2
+_FIELDS = {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error"}
 
 
 def _validated_states(state: Any, loader: Loader) -> list[dict[str, Any]]:
@@ -74,12 +73,17 @@ def _validated_states(state: Any, loader: Loader) -> list[dict[str, Any]]:
 def _validated(state: Mapping[str, Any], loader: Loader) -> dict[str, Any]:
     """One state's fields, each checked (type, range, this loader's order), or raise."""
     version = state.get("version")
-    if type(version) is not int or version not in _FIELDS:
+    if type(version) is int and 0 < version < _VERSION:
         raise ArgumentValueError(
-            f"state['version']={reprlib.repr(version)}: not a Loader state (versions "
-            f"{sorted(_FIELDS)})"
+            f"state['version']={version}: a Loader state of an older format, which this "
+            f"version does not read (it reads version {_VERSION}, what state_dict() "
+            "writes); save the state again with this version, or restart the epoch"
         )
-    fields = _FIELDS[version]
+    if type(version) is not int or version != _VERSION:
+        raise ArgumentValueError(
+            f"state['version']={reprlib.repr(version)}: not a Loader state (version {_VERSION})"
+        )
+    fields = _FIELDS
     lacking = sorted(fields - set(state))
     if lacking:
         raise ArgumentValueError(f"the Loader state lacks the field(s) {lacking}")
@@ -110,17 +114,13 @@ def _validated(state: Mapping[str, Any], loader: Loader) -> dict[str, Any]:
             f"state['rank']={out['rank']} is not below state['world_size']={out['world_size']}"
         )
     out["resumed"] = _ranges(state["resumed"], loader.spec.n_samples)
-    if version == 1:  # before positions were recorded: exact unless chunks were skipped
-        out["position"] = out["batches"] * loader.spec.batch_size
-        out["worker"], out["on_error"] = None, "raise"
-    else:
-        out["position"] = _count(state, "position")
-        out["worker"] = state["worker"]
-        out["on_error"] = state["on_error"]
-        if out["on_error"] not in ("raise", "skip"):
-            raise ArgumentValueError(
-                f"state['on_error']={reprlib.repr(out['on_error'])} is not 'raise' or 'skip'"
-            )
+    out["position"] = _count(state, "position")
+    out["worker"] = state["worker"]
+    out["on_error"] = state["on_error"]
+    if out["on_error"] not in ("raise", "skip"):
+        raise ArgumentValueError(
+            f"state['on_error']={reprlib.repr(out['on_error'])} is not 'raise' or 'skip'"
+        )
     out["base"] = _worker(out["worker"], loader)
     return out
 

@@ -150,7 +150,7 @@ class EpochPlan:
     n_samples : int
         Length of axis 0 (shared by every array of the stream).
     offsets : tuple of ndarray
-        Axis-0 chunk offsets of each array (see :func:`chunk_offsets`).
+        Axis-0 chunk offsets of each array (see `chunk_offsets`).
     batch_size : int
         Samples per batch.
     drop_remainder : bool
@@ -167,27 +167,31 @@ class EpochPlan:
     epoch : int
         Epoch number mixed into the seed, so epochs differ but repeat.
     row_bytes : tuple of int, optional
-        Decoded bytes of one sample of each array; lets :meth:`summary`
+        Decoded bytes of one sample of each array; lets
+        [`summary`][daskzarr_batches.plan.EpochPlan.summary]
         report bytes (empty: bytes are reported as 0).
     shards : tuple of ShardLayout or None, optional
         How each array's chunks are stored (``None``: not a stored array,
         e.g. numpy; empty: unknown).  Sequential and buffered windows are
         made of whole shards when a shard fits the window (see
-        :func:`shard_units`), and :meth:`summary` counts shards and store
+        `shard_units`), and [`summary`][daskzarr_batches.plan.EpochPlan.summary] counts shards and
+        store
         requests.
     ramp : bool, default True
         Whether the first sequential window is split into windows of 1, 1,
-        2, 4, ... units (:func:`ramp_split`), so that the first batch waits
+        2, 4, ... units (`ramp_split`), so that the first batch waits
         for one unit's read.  Buffered windows are not ramped (the first
         batch would mix one chunk), nor are exact windows
         (a small window of a uniform permutation still touches nearly every
         chunk, so it would cost a read of the data and save no time).
     members : tuple of int, optional
-        A collection's member offsets (``[0, len0, ..., n]``): :meth:`summary`
+        A collection's member offsets (``[0, len0, ..., n]``):
+        [`summary`][daskzarr_batches.plan.EpochPlan.summary]
         then reports the source entropy of the batches (``plan.quality``).
     sampler : ClassSampler, optional
         Class-balanced or weighted sampling: the epoch is the sampler's draws
-        from :meth:`rng` (``n_samples`` of them, ids over its labels),
+        from [`rng`][daskzarr_batches.plan.EpochPlan.rng] (``n_samples`` of them, ids over its
+        labels),
         cut into windows of ``window_rows`` read like the exact shuffle's.
     """
 
@@ -236,12 +240,13 @@ class EpochPlan:
         Returns
         -------
         PlanSummary
-            One :class:`WindowSummary` per window and the epoch's totals.
+            One [`WindowSummary`][daskzarr_batches.plan.WindowSummary] per window and the epoch's
+            totals.
         """
         return epoch_figures.summary(self, task_count)
 
     def quality_counter(self) -> QualityCounter:
-        """An empty :class:`QualityCounter` for this epoch's ids (and members, batches)."""
+        """An empty `QualityCounter` for this epoch's ids (and members, batches)."""
         ids = self.n_samples if self.mix is None else sum(self.mix.lengths)  # ids span all sources
         if self.sampler is not None:
             ids = self.sampler.n_ids  # draws over the labelled samples
@@ -291,7 +296,8 @@ class EpochPlan:
             position += len(samples)
 
     def window_samples(self) -> Iterator[range | SampleIds]:
-        """Each window's sample ids in delivery order, as :meth:`windows` gives them,
+        """Each window's sample ids in delivery order, as
+        [`windows`][daskzarr_batches.plan.EpochPlan.windows] gives them,
         without their chunk pieces (lazily)."""
         for samples, _ in self._truncate(self._orders()):
             yield samples
@@ -319,14 +325,17 @@ class EpochPlan:
         A sequential order is the same however it is cut, so its windows are
         ramped again from ``first`` (a rank's share or a resumed epoch starts
         with a one-unit window too) and numbered from ``index``; from 0 to
-        :attr:`n_used` they are :meth:`windows`.  A shuffled order depends on
+        [`n_used`][daskzarr_batches.plan.EpochPlan.n_used] they are
+        [`windows`][daskzarr_batches.plan.EpochPlan.windows].  A shuffled order depends on
         its windows, so they are the epoch's own, a window a range starts or
-        ends inside cut to its part (:meth:`part`).
+        ends inside cut to its part ([`part`][daskzarr_batches.plan.EpochPlan.part]).
 
         Parameters
         ----------
-        first, end : int
+        first : int
             Epoch positions, ``0 <= first <= end <= n_used``.
+        end : int
+            See ``first``.
         index : int, default 0
             Index of the first sequential window.
         """
@@ -420,12 +429,13 @@ class EpochPlan:
         """A buffered epoch's neighbour entropy given its windows, in expectation.
 
         The epoch's windows are its own (this ``(seed, epoch)``'s unit
-        permutation, grouped as :meth:`windows` groups it); only each
+        permutation, grouped as [`windows`][daskzarr_batches.plan.EpochPlan.windows] groups it);
+        only each
         window's row shuffle is taken in expectation: a window of ``R`` rows
         whose first ``m`` are delivered has ``m - 1`` neighbour pairs, each an
         ordered pair of two of its rows drawn uniformly, and a window's first
         row follows the previous window's last.  The histogram is summed in
-        closed form over pairs of units (:func:`pair_bins`), so it costs per
+        closed form over pairs of units (`pair_bins`), so it costs per
         pair of units in a window, not per row (for 10**8 samples in 24,415
         chunks and buffers of 8 chunks, 0.2 M pairs), in batches of about
         2**20 pairs.  The realised figure
@@ -440,13 +450,14 @@ class EpochPlan:
         """A buffered epoch's batch mixing given its windows, in expectation.
 
         The epoch's own windows (this ``(seed, epoch)``'s unit permutation,
-        grouped as :meth:`windows` groups it); each batch is taken as
+        grouped as [`windows`][daskzarr_batches.plan.EpochPlan.windows] groups it); each batch is
+        taken as
         ``batch_size`` rows drawn from its window (the window's row shuffle in
         expectation, a batch straddling two windows counted in the first),
         whose expected bits over the strata are those of binomial counts of
-        the window's strata shares (:func:`expected_batch_bits`).  The mean
+        the window's strata shares (`expected_batch_bits`).  The mean
         over the delivered batches, weighted by the batches each window
-        delivers, over an exact shuffle's (:func:`exact_mixing_bits`), at most
+        delivers, over an exact shuffle's (`exact_mixing_bits`), at most
         1: what ``shuffle_buffer_size="auto"`` holds a candidate buffer to.
         Costs per unit and distinct strata share, never per row.  ``None``:
         not a buffered row order.

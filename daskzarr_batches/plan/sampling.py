@@ -27,7 +27,7 @@ __all__ = ["ClassSampler"]
 class ClassSampler:
     """Draw each epoch's samples by class: class-balanced or weighted, with or without replacement.
 
-    Give it to :class:`Loader` (``sampler=``) with ``shuffle=True``: each
+    Give it to [`Loader`][daskzarr_batches.Loader] (``sampler=``) with ``shuffle=True``: each
     epoch is then ``num_samples`` sample ids drawn from the epoch's seeded
     generator, read like the exact shuffle's windows, with ranks, workers and
     ``state_dict`` / ``load_state_dict`` resume as for any other order.

@@ -40,7 +40,7 @@ def read_amplification(bytes_read: int, bytes_yielded: int) -> float:
 
 @dataclass(frozen=True)
 class WindowSummary:
-    """One window of a :class:`PlanSummary`.
+    """One window of a [`PlanSummary`][daskzarr_batches.plan.PlanSummary].
 
     Attributes
     ----------
@@ -91,8 +91,9 @@ class WindowSummary:
 class PlanSummary:
     """An epoch's plan in numbers: per window and totals.
 
-    Made by :meth:`EpochPlan.summary`, ``BatchStream.summary()`` and
-    :func:`plan_epoch`; nothing is read to make it.
+    Made by [`EpochPlan.summary`][daskzarr_batches.plan.EpochPlan.summary],
+    ``BatchStream.summary()`` and
+    [`plan_epoch`][daskzarr_batches.plan_epoch]; nothing is read to make it.
 
     Attributes
     ----------
@@ -114,7 +115,7 @@ class PlanSummary:
         made (chunks the epoch itself puts in the cache are not counted).
     quality : ShuffleQuality or None
         How well mixed the epoch's order is, beside an exact shuffle (from the
-        planned sample ids: :mod:`~daskzarr_batches.plan.quality`).
+        planned sample ids: `quality`).
     buffer_figure : float or None
         ``shuffle_buffer_size="auto"``: the batch mixing the chosen buffer
         was held to, this epoch's own given its windows (``quality.mixing``
@@ -159,7 +160,7 @@ class PlanSummary:
 
     @property
     def requests(self) -> int:
-        """Store requests of the epoch, estimated (see :attr:`WindowSummary.requests`)."""
+        """Store requests of the epoch, estimated (see `WindowSummary.requests`)."""
         return sum(w.requests for w in self.windows)
 
     @property
@@ -174,7 +175,7 @@ class PlanSummary:
         Patch streams: ``bytes_decoded / bytes_distinct``, how often each
         stored chunk the epoch needs is decoded (1.00: once).
         ``0.0`` for an epoch that reads and yields nothing, ``inf`` for one
-        that reads chunks but yields nothing (see :func:`read_amplification`).
+        that reads chunks but yields nothing (see `read_amplification`).
         """
         if self.bytes_distinct is not None:
             return read_amplification(self.bytes_decoded, self.bytes_distinct)

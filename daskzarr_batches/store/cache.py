@@ -164,7 +164,8 @@ class ChunkCache:
     futures this object holds (in the workers' memory, spilled by dask
     under pressure), up to ``memory`` bytes in total, least recently used
     released first; the tasks cutting windows, blocks or patches depend on
-    them and run where they live.  :meth:`clear`, or dropping the cache,
+    them and run where they live.  [`clear`][daskzarr_batches.ChunkCache.clear], or dropping the
+    cache,
     releases them.  It holds chunks as
     decoded (the codecs' output), keyed so that an array rewritten (with
     other metadata, or in place with the same) is never served from it: each
@@ -172,7 +173,8 @@ class ChunkCache:
     (an ``os.stat`` per stored chunk on a local store, one listing on an object
     store).  **An array in a** ``MemoryStore`` **rewritten in place with the
     same metadata is not detected**, nor one in a store of your own ``Store``
-    class (it gets its metadata's version alone): call :meth:`clear` after
+    class (it gets its metadata's version alone): call
+    [`clear`][daskzarr_batches.ChunkCache.clear] after
     such a write.
 
     Raises
@@ -251,7 +253,7 @@ class ChunkCache:
         return self.directory is not None and self._path(key).exists()
 
     def holds(self, token: str, names: Iterable[str]) -> bool:
-        """Whether every chunk ``names`` (store-side names, :func:`chunk_name`) is held.
+        """Whether every chunk ``names`` (store-side names, `chunk_name`) is held.
 
         Looks at the memory and the directory's file names only (no file is
         read or checked), so a plan can say what the cache holds without I/O
@@ -270,7 +272,8 @@ class ChunkCache:
     def take_write_error(self) -> str | None:
         """Why the directory could not be written, the first time it is asked (else ``None``).
 
-        Streams ask on the consumer's side and warn (:class:`CacheWarning`),
+        Streams ask on the consumer's side and warn
+        ([`CacheWarning`][daskzarr_batches.CacheWarning]),
         once per cache in a process; the reads never warn from their threads.
         """
         with self._lock:

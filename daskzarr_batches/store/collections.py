@@ -48,11 +48,17 @@ OPEN_THREADS = 32
 class Collection(SourceLike):
     """Arrays joined end to end along axis 0: one dataset of many arrays or stores.
 
-    Made by :func:`concat` and :func:`open_collection`; pass it wherever an
-    array is accepted (the batch stream constructors, :class:`Loader`,
-    :func:`plan_epoch`, :func:`count_batches`, :func:`chunk_stream`,
-    :func:`map_chunks`, :func:`reduce_chunks`, :func:`feature_moments`,
-    :func:`chunk_split`).  Streams read each member in place: its own chunks
+    Made by [`concat`][daskzarr_batches.concat] and
+    [`open_collection`][daskzarr_batches.open_collection]; pass it wherever an
+    array is accepted (the batch stream constructors, [`Loader`][daskzarr_batches.Loader],
+    [`plan_epoch`][daskzarr_batches.plan_epoch],
+    [`count_batches`][daskzarr_batches.count_batches],
+    [`chunk_stream`][daskzarr_batches.chunk_stream],
+    [`map_chunks`][daskzarr_batches.map_chunks],
+    [`reduce_chunks`][daskzarr_batches.reduce_chunks],
+    [`feature_moments`][daskzarr_batches.feature_moments],
+    [`chunk_split`][daskzarr_batches.chunk_split]).  Streams read each member in place: its own
+    chunks
     are the collection's chunks, so windows mix chunks of different members,
     and each chunk is decoded once per window as for one array.
 
@@ -117,7 +123,7 @@ class Collection(SourceLike):
         return self._concat("collection").provenance(np.asarray(samples))
 
     def describe(self, role: str) -> Source:
-        """The :class:`ConcatSource` streams read."""
+        """The `ConcatSource` streams read."""
         return self._concat(role)
 
     def __repr__(self) -> str:
@@ -184,8 +190,8 @@ def concat(datas: Sequence[Any]) -> Any:
     Returns
     -------
     Collection, or a dict / tuple of Collection
-        One :class:`Collection` for arrays; for dicts, a dict of one
-        collection per name (what :class:`Loader` takes for dict batches);
+        One [`Collection`][daskzarr_batches.Collection] for arrays; for dicts, a dict of one
+        collection per name (what [`Loader`][daskzarr_batches.Loader] takes for dict batches);
         for tuples, a tuple of collections (``paired_batch_stream(*pairs, ...)``).
 
     Raises
@@ -279,7 +285,8 @@ def open_collection(
     codec_pipeline: str | None = None,
     threads: int = OPEN_THREADS,
 ) -> Collection:
-    """Open many Zarr stores as one :class:`Collection` (their metadata read concurrently).
+    """Open many Zarr stores as one [`Collection`][daskzarr_batches.Collection] (their metadata
+    read concurrently).
 
     Parameters
     ----------
@@ -291,7 +298,7 @@ def open_collection(
     storage_options : dict, optional
         Passed to fsspec for URLs (credentials, endpoint, ...).
     codec_pipeline : {"auto", "zarrs", "zarr"}, optional
-        As for :func:`open_array`.
+        As for [`open_array`][daskzarr_batches.open_array].
     threads : int, default ``OPEN_THREADS``
         Stores opened at once; each opening waits on its metadata reads.
 
@@ -303,10 +310,10 @@ def open_collection(
     ------
     ArgumentValueError
         A glob that matches nothing, an empty list, or members that do not
-        join (see :func:`concat`).
+        join (see [`concat`][daskzarr_batches.concat]).
     ArrayNotFoundError
         A store without the array (the first such member, as
-        :func:`open_array` names it).
+        [`open_array`][daskzarr_batches.open_array] names it).
     """
     if isinstance(urls_or_glob, str | os.PathLike):
         pattern = os.fspath(urls_or_glob)
@@ -345,9 +352,9 @@ def open_collection(
 
 
 class Mixture(Collection):
-    """A seeded mixture of datasets by weight; made by :func:`mix`.
+    """A seeded mixture of datasets by weight; made by [`mix`][daskzarr_batches.mix].
 
-    A :class:`Collection` of its sources (``members``) whose epoch order
+    A [`Collection`][daskzarr_batches.Collection] of its sources (``members``) whose epoch order
     draws from each source by its weight, each source in its own order.
 
     Attributes
@@ -423,16 +430,16 @@ def mix(
     Each epoch draws from source ``k`` a share ``weights[k]`` of its samples
     (to within a sample or two per source in every window), each source in
     the order its own stream would give (the stream's ``shuffle``: sequential,
-    buffered or exact; seeded by :func:`~daskzarr_batches.plan.mix.mix_seed`),
+    buffered or exact; seeded by `mix_seed`),
     the interleave drawn per ``(seed, epoch)``.  Pass the result wherever an
-    array is accepted (:class:`Loader`, the batch stream constructors,
-    :func:`plan_epoch`); ``return_sources=True`` gives each sample's source
+    array is accepted ([`Loader`][daskzarr_batches.Loader], the batch stream constructors,
+    [`plan_epoch`][daskzarr_batches.plan_epoch]); ``return_sources=True`` gives each sample's source
     and position in it.
 
     Parameters
     ----------
     sources : sequence
-        The datasets: arrays or stores (as :func:`concat` takes them), or
+        The datasets: arrays or stores (as [`concat`][daskzarr_batches.concat] takes them), or
         each a dict / tuple of paired arrays (then a dict / tuple of
         mixtures, drawn together, is returned).
     weights : sequence of float
@@ -457,7 +464,7 @@ def mix(
     ArgumentValueError, ArgumentTypeError
         Weights that do not match the sources or are not positive, an
         unknown ``stop``, ``"never"`` without ``samples_per_epoch``, an
-        empty source, or sources that do not join (:func:`concat`).
+        empty source, or sources that do not join ([`concat`][daskzarr_batches.concat]).
     """
     from ..plan.mix import STOP_RULES
 

@@ -118,10 +118,12 @@ def subset_source(base: Source, axis: int, ranges: Ranges, index: int) -> Subset
 class ChunkSubset(SourceLike):
     """Whole stored chunks of some data along one axis: one part of a chunk-aligned split.
 
-    Made by :func:`~daskzarr_batches.chunk_split`; pass it wherever the data
-    itself is accepted (the stream constructors, :func:`plan_epoch`,
-    :class:`Loader`, :func:`chunk_stream`, :func:`map_chunks`,
-    :func:`reduce_chunks`, :func:`feature_moments`).  A stream over a subset
+    Made by [`chunk_split`][daskzarr_batches.chunk_split]; pass it wherever the data
+    itself is accepted (the stream constructors, [`plan_epoch`][daskzarr_batches.plan_epoch],
+    [`Loader`][daskzarr_batches.Loader], [`chunk_stream`][daskzarr_batches.chunk_stream],
+    [`map_chunks`][daskzarr_batches.map_chunks],
+    [`reduce_chunks`][daskzarr_batches.reduce_chunks],
+    [`feature_moments`][daskzarr_batches.feature_moments]).  A stream over a subset
     reads only the subset's chunks, in place.
 
     Attributes
@@ -222,7 +224,7 @@ class ChunkSubset(SourceLike):
         return self._data.keys()
 
     def describe(self, role: str) -> Source:
-        """The :class:`SubsetSource` streams read (one array only)."""
+        """The `SubsetSource` streams read (one array only)."""
         if self.paired:
             what = "dict" if isinstance(self._data, Mapping) else "tuple"
             raise ArgumentTypeError(

@@ -133,7 +133,7 @@ class StreamStats:
         Chunks left out because they do not decode (``on_error="skip"``).
     samples_filled : int
         Samples yielded in place of skipped ones so that a rank keeps its
-        steps: a :class:`Loader` with ``world_size > 1`` fills the shortfall
+        steps: a [`Loader`][daskzarr_batches.Loader] with ``world_size > 1`` fills the shortfall
         of skipped chunks from the start of the rank's own share, as
         ``even_batches`` pads.
     time_to_first_batch : float or None
@@ -223,7 +223,8 @@ class Stream(abc.ABC, Generic[T]):
     One pass: once exhausted (or closed) it stays exhausted, as Python's
     iterators do.  Once ``next()`` has raised an error (a chunk that cannot
     be read, a timeout, an interrupt), every later ``next()`` raises
-    :class:`StreamFailedError` naming it: an epoch cut short never looks
+    [`StreamFailedError`][daskzarr_batches.StreamFailedError] naming it: an epoch cut short never
+    looks
     finished.  ``next()`` may be called from several threads: calls are
     serialised, and each item goes to exactly one caller.
 

@@ -184,8 +184,9 @@ class BatchStream(Stream[Any]):
     """Batches along axis 0, computed window by window from an epoch plan.
 
     Yields one ``numpy.ndarray`` per batch, or a tuple of them (one per
-    array) for paired streams.  Created by :func:`batch_stream` and friends
-    from a :class:`StreamSpec`.
+    array) for paired streams.  Created by [`batch_stream`][daskzarr_batches.batch_stream] and
+    friends
+    from a [`StreamSpec`][daskzarr_batches.plan.StreamSpec].
 
     Attributes
     ----------
@@ -209,7 +210,7 @@ class BatchStream(Stream[Any]):
     Notes
     -----
     ``positions``, ``start``, ``quota`` and ``fill`` are how a
-    :class:`Loader` runs a rank's share and resumes it: the stream walks the
+    [`Loader`][daskzarr_batches.Loader] runs a rank's share and resumes it: the stream walks the
     offsets ``start, start + 1, ...`` of ``positions``; it stops after
     ``quota`` samples (all of them: ``None``); with ``fill=True`` it goes on
     past the end of ``positions``, wrapping around to their start, until it
@@ -492,7 +493,7 @@ class BatchStream(Stream[Any]):
         ArgumentValueError
             The stream was made with ``on_error="skip"`` (a dask array's block
             sizes are known before it is read; use ``on_error="raise"``), or
-            is a :class:`Loader`'s rank share kept to a quota.
+            is a [`Loader`][daskzarr_batches.Loader]'s rank share kept to a quota.
 
         Notes
         -----
@@ -541,7 +542,8 @@ class BatchStream(Stream[Any]):
             Chunks read, decoded bytes, bytes held, samples, batches and dask
             tasks per window; read amplification, peak window bytes and task
             count for the epoch.  About ``prefetch + 1`` windows are held at
-            once.  The same as :func:`plan_epoch` with this stream's arguments.
+            once.  The same as [`plan_epoch`][daskzarr_batches.plan_epoch] with this stream's
+            arguments.
         """
         return _summary(self.spec, shared=not self._runner.plan_order)
 

@@ -83,7 +83,8 @@ def _is_local(source: Source) -> bool:
 
 
 class ChunkStream(Stream[Any]):
-    """One item per stored chunk; created by :func:`chunk_stream` and :func:`map_chunks`.
+    """One item per stored chunk; created by [`chunk_stream`][daskzarr_batches.chunk_stream] and
+    [`map_chunks`][daskzarr_batches.map_chunks].
 
     Without ``transform`` an item is the chunk itself; with one it is
     ``transform(chunk)``, computed in the task that read the chunk (on a
@@ -92,7 +93,7 @@ class ChunkStream(Stream[Any]):
     Each read task reads one *unit*: one stored block, or, for a sharded Zarr
     array, every inner block of one shard with one read, whose blocks are
     then handed out one by one.  At most ``io_concurrency`` units are in
-    flight or held (``io_concurrency=None``: :func:`_default_io_concurrency`
+    flight or held (``io_concurrency=None``: `_default_io_concurrency`
     for the array's store); the stream's store requests are capped at the
     same number.
     """

@@ -38,6 +38,7 @@ from .spec import (
     flag,
     merged_io_concurrency,
     positive_int,
+    read_options,
     row_source,
     shuffle_mode,
 )
@@ -100,6 +101,7 @@ def chunk_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> ChunkStream:
     """Stream one numpy array per stored chunk, over the whole chunk grid.
 
@@ -120,9 +122,16 @@ def chunk_stream(
         Compute on this cluster; default: dask's active scheduler.
     timeout : float, optional
         Seconds to wait for one chunk before raising
-        :class:`WindowTimeoutError`.
-    missing, on_error, retries
-        The read policy, as for :func:`batch_stream`; a skipped chunk is not
+        [`WindowTimeoutError`][daskzarr_batches.WindowTimeoutError].
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
+        The read policy, as for [`batch_stream`][daskzarr_batches.batch_stream]; a skipped chunk
+        is not
         yielded.
     io_concurrency : int, optional
         Reads kept in flight (at most this many; each is one store request
@@ -141,7 +150,7 @@ def chunk_stream(
         Serve decoded chunks from this cache when it holds them and keep the
         chunks read from the store in it, so later epochs (and other streams
         sharing it) read memory or a local disk instead of the store; see
-        :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
+        [`ChunkCache`][daskzarr_batches.ChunkCache].  ``stats.cache_hits`` / ``cache_misses`` count.
         Sharded arrays keep their inner chunks.
 
     Returns
@@ -151,11 +160,12 @@ def chunk_stream(
         ``close()``, context-manager use and ``.stats``.  Edge chunks are
         cropped to the array; every chunk is an array the caller owns.
     """
-    read = ReadOptions(
-        client, timeout, missing, on_error, retries,
-        merged_io_concurrency(concurrency, io_concurrency), cache,
+    options = read_options(
+        read, client=client, timeout=timeout, missing=missing, on_error=on_error,
+        retries=retries, io_concurrency=merged_io_concurrency(concurrency, io_concurrency),
+        cache=cache,
     )  # fmt: skip
-    return build_chunk_stream(ChunkSpec(array, ordered, with_index, read))
+    return build_chunk_stream(ChunkSpec(array, ordered, with_index, options))
 
 
 def batch_stream(
@@ -172,6 +182,7 @@ def batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     return_sources: bool = False,
 ) -> BatchStream:
     """Stream minibatches along axis 0, in order.
@@ -201,20 +212,26 @@ def batch_stream(
         dask's configuration points at one, else the local threaded scheduler.
     timeout : float, optional
         Seconds to wait for one window before raising
-        :class:`WindowTimeoutError`; ``None`` or ``float("inf")`` wait
+        [`WindowTimeoutError`][daskzarr_batches.WindowTimeoutError]; ``None`` or ``float("inf")``
+        wait
         forever.
     missing : {"fill", "warn", "error"}, default "fill"
         Chunks absent from the store are read as the fill value, as the Zarr
         spec says (Zarr leaves a chunk that is all fill value unwritten by
         default), counted in ``stream.stats.chunks_missing`` (``"fill"``),
-        the same with one :class:`MissingChunksWarning` per stream naming how
+        the same with one [`MissingChunksWarning`][daskzarr_batches.MissingChunksWarning] per
+        stream naming how
         many and the first key (``"warn"``: where every chunk should be
-        stored), or raise :class:`MissingChunkError` (``"error"``).  An array
-        gone from its store raises :class:`StoreGoneError` whatever this says.
+        stored), or raise [`MissingChunkError`][daskzarr_batches.MissingChunkError] (``"error"``).
+         An array
+        gone from its store raises [`StoreGoneError`][daskzarr_batches.StoreGoneError] whatever
+        this says.
     on_error : {"raise", "skip"}, default "raise"
-        Chunks whose bytes do not decode raise :class:`CorruptChunkError`
+        Chunks whose bytes do not decode raise
+        [`CorruptChunkError`][daskzarr_batches.CorruptChunkError]
         from ``next()``; with ``"skip"`` their samples leave the epoch (from
-        every array of a paired stream), a :class:`SkippedChunksWarning`
+        every array of a paired stream), a
+        [`SkippedChunksWarning`][daskzarr_batches.SkippedChunksWarning]
         names them and ``stats.skipped`` lists them; the stream then yields
         fewer samples than ``len()`` promised.
     retries : int, default 3
@@ -235,10 +252,15 @@ def batch_stream(
         Serve decoded chunks from this cache when it holds them and keep the
         chunks read from the store in it, so later epochs (and other streams
         sharing it) read memory or a local disk instead of the store; see
-        :class:`ChunkCache`.  ``stats.cache_hits`` / ``cache_misses`` count.
+        [`ChunkCache`][daskzarr_batches.ChunkCache].  ``stats.cache_hits`` / ``cache_misses`` count.
         Sharded arrays keep their inner chunks.
+    read : ReadOptions, optional
+        The read keywords above (``client`` ... ``cache``, the fields of
+        [`ReadOptions`][daskzarr_batches.ReadOptions]) as one value, to share
+        one set across streams; a flat one given beside it must agree with it.
     return_sources : bool, default False
-        For a collection (:func:`concat`, :func:`open_collection`): each item
+        For a collection ([`concat`][daskzarr_batches.concat],
+        [`open_collection`][daskzarr_batches.open_collection]): each item
         is ``(batch, sources)``, ``sources`` an int64 array of shape
         ``(batch, 2)``: the member each sample comes from and its position
         within that member (paired streams: the last element of the tuple).
@@ -260,13 +282,16 @@ def batch_stream(
             drop_remainder=drop_remainder,
             prefetch=prefetch,
             window_bytes=window_bytes,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             return_sources=return_sources,
         )
     )
@@ -276,7 +301,7 @@ def shuffled_batch_stream(
     array: Any,
     batch_size: int,
     *,
-    seed: int | None = None,
+    seed: int | None = 0,
     shuffle_buffer_size: int | str | None = None,
     shuffle_quality: float | None = None,
     drop_remainder: bool = False,
@@ -290,6 +315,7 @@ def shuffled_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     return_sources: bool = False,
 ) -> BatchStream:
     """Stream minibatches of shuffled samples.
@@ -302,10 +328,12 @@ def shuffled_batch_stream(
         Samples along axis 0 (a mixture: the samples it draws per epoch).
     batch_size : int
         Samples per batch.
-    seed : int, optional
+    seed : int or None, default 0
         Makes the order repeatable: the same ``(seed, epoch)`` gives the same
-        batches across runs, processes, prefetch, concurrency and scheduler.
-        ``None`` draws fresh entropy (see the stream's ``.seed`` to repeat it).
+        batches across runs, processes, prefetch, concurrency and scheduler
+        (0, as every ``seed`` of the package: a run repeats unless asked not
+        to).  ``None`` draws fresh entropy (see the stream's ``.seed`` to
+        repeat it).
     shuffle_buffer_size : int, optional
         ``None``: an exact uniform permutation of all samples; out of core
         that reads the data about ``ceil(dataset bytes / window bytes)``
@@ -355,8 +383,15 @@ def shuffled_batch_stream(
         Windows computed ahead of the one being consumed.  Default: 2 with a
         shuffle buffer; 0 for the exact shuffle, whose windows would
         otherwise split ``memory_budget`` and multiply the reads.
-    client, timeout, missing, on_error, retries, io_concurrency, cache, return_sources
-        As for :func:`batch_stream`.
+    return_sources : bool, default False
+        As for [`batch_stream`][daskzarr_batches.batch_stream].
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
     """
     return BatchStream(
         StreamSpec(
@@ -370,13 +405,16 @@ def shuffled_batch_stream(
             epoch=epoch,
             memory_budget=memory_budget,
             prefetch=prefetch,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             return_sources=return_sources,
         )
     )
@@ -397,6 +435,7 @@ def paired_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     return_sources: bool = False,
     label_mixing: bool = False,
 ) -> BatchStream:
@@ -404,12 +443,13 @@ def paired_batch_stream(
 
     Row ``i`` of both arrays of a pair is the same sample, also when the two
     arrays are chunked differently along axis 0.  Parameters are those of
-    :func:`batch_stream`; ``features`` and ``labels`` must have the same
-    length (else :class:`LengthMismatchError`).  Chunk subsets must be
+    [`batch_stream`][daskzarr_batches.batch_stream]; ``features`` and ``labels`` must have the same
+    length (else [`LengthMismatchError`][daskzarr_batches.LengthMismatchError]).  Chunk subsets
+    must be
     ``subset[0], subset[1]`` of one split of the pair (``batch_stream(subset,
     ...)`` of that split streams the pair too).  ``label_mixing=True``: the
     labels are discrete, and ``stats.quality`` reports their mixing (as for
-    :func:`paired_shuffled_batch_stream`).
+    [`paired_shuffled_batch_stream`][daskzarr_batches.paired_shuffled_batch_stream]).
     """
     return BatchStream(
         StreamSpec(
@@ -419,13 +459,16 @@ def paired_batch_stream(
             drop_remainder=drop_remainder,
             prefetch=prefetch,
             window_bytes=window_bytes,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             return_sources=return_sources,
             labels="labels" if label_mixing else None,
         )
@@ -437,7 +480,7 @@ def paired_shuffled_batch_stream(
     labels: Any,
     batch_size: int,
     *,
-    seed: int | None = None,
+    seed: int | None = 0,
     shuffle_buffer_size: int | str | None = None,
     shuffle_quality: float | None = None,
     drop_remainder: bool = False,
@@ -451,6 +494,7 @@ def paired_shuffled_batch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     return_sources: bool = False,
     label_mixing: bool = False,
 ) -> BatchStream:
@@ -458,7 +502,8 @@ def paired_shuffled_batch_stream(
 
     Features and labels are drawn with the same sample indices, so row ``i``
     of both is the same sample.  Parameters are those of
-    :func:`shuffled_batch_stream`, and ``label_mixing`` (default False):
+    [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream], and ``label_mixing``
+    (default False):
     ``labels`` are discrete (one class per sample), so ``stats.quality``
     reports how far each batch's label distribution is from the epoch's
     (``label_mixing``, ``label_distance``), and an epoch whose label mixing
@@ -477,13 +522,16 @@ def paired_shuffled_batch_stream(
             epoch=epoch,
             memory_budget=memory_budget,
             prefetch=prefetch,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             return_sources=return_sources,
             labels="labels" if label_mixing else None,
         )
@@ -516,6 +564,7 @@ def patch_stream(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
 ) -> BatchStream:
     """Stream minibatches of N-D patches: spatial tiles, time windows, forecast pairs.
 
@@ -535,7 +584,7 @@ def patch_stream(
         What the other streams accept.  Several arrays (a tuple, a dict of
         named arrays, a Dataset's data variables) are patched together: they
         share the patched dims (same length along each), and a batch is a
-        tuple or dict of patch arrays.  A :func:`chunk_split` subset keeps
+        tuple or dict of patch arrays.  A [`chunk_split`][daskzarr_batches.chunk_split] subset keeps
         every patch (and target) inside its usable positions.
     input_dims : dict
         Patch size per dim: a dim name (xarray's dims, a Zarr array's
@@ -563,12 +612,23 @@ def patch_stream(
         sized by ``memory_budget``) or through a buffer of
         ``shuffle_buffer_size`` patches, rounded up to whole units (a unit:
         the patches whose origins share a stored chunk along a patched dim).
-    seed : int, default 0
+    seed : int or None, default 0
         The shuffle's entropy; ``None`` draws fresh entropy (``stream.seed``).
         Ignored without ``shuffle``.
-    epoch, shuffle_buffer_size, shuffle_quality, memory_budget, prefetch, drop_remainder
-        As for :func:`shuffled_batch_stream` and :func:`batch_stream`, counted
+    epoch : int, default 0
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream] and
+        [`batch_stream`][daskzarr_batches.batch_stream], counted
         in patches and patch bytes.
+    shuffle_buffer_size : int | str, optional
+        See ``epoch``.
+    shuffle_quality : float, optional
+        See ``epoch``.
+    memory_budget : int, default 1073741824
+        See ``epoch``.
+    prefetch : int, optional
+        See ``epoch``.
+    drop_remainder : bool, default False
+        See ``epoch``.
     window_bytes : int, default 16 MiB
         Target bytes of patches of one sequential window (whole units; a unit
         may hold up to four windows' worth).  Half the row streams' default:
@@ -580,8 +640,14 @@ def patch_stream(
         array of shape ``(batch, ndim)`` (the first array's axes), or, for
         xarray data, a dict of it (``"index"``) and the coordinate values of
         each patched dim at the origins.
-    client, timeout, missing, on_error, retries, io_concurrency, cache
-        As for :func:`batch_stream` (with ``on_error="skip"`` the patches
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
+        As for [`batch_stream`][daskzarr_batches.batch_stream] (with ``on_error="skip"`` the patches
         touching a chunk that does not decode leave the epoch).
 
     Returns
@@ -620,13 +686,16 @@ def patch_stream(
             window_bytes=window_bytes,
             prefetch=prefetch if prefetch is not None or mode != "none" else DEFAULT_PREFETCH,
             drop_remainder=drop_remainder,
-            client=client,
-            timeout=timeout,
-            missing=missing,
-            on_error=on_error,
-            retries=retries,
-            io_concurrency=io_concurrency,
-            cache=cache,
+            **read_options(
+                read,
+                client=client,
+                timeout=timeout,
+                missing=missing,
+                on_error=on_error,
+                retries=retries,
+                io_concurrency=io_concurrency,
+                cache=cache,
+            ).keywords(),
             roles=args.roles,
             layout=args.layout,
         )
@@ -639,7 +708,7 @@ def plan_epoch(
     *,
     labels: Any = None,
     shuffle: bool = False,
-    seed: int | None = None,
+    seed: int | None = 0,
     shuffle_buffer_size: int | str | None = None,
     shuffle_quality: float | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -670,20 +739,42 @@ def plan_epoch(
     labels : array, optional
         Second array of a paired stream.
     shuffle : bool, default False
-        ``False``: the plan of :func:`batch_stream` (``window_bytes``);
-        ``True``: that of :func:`shuffled_batch_stream` (``seed``,
+        ``False``: the plan of [`batch_stream`][daskzarr_batches.batch_stream] (``window_bytes``);
+        ``True``: that of [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream]
+        (``seed``,
         ``shuffle_buffer_size``, ``memory_budget``).
-    seed, shuffle_buffer_size, shuffle_quality, memory_budget, window_bytes, \
-prefetch, drop_remainder, epoch
-        As for the stream constructors, and validated exactly as they are
-        (whatever the mode uses); ``window_bytes=None`` is the stream's
-        default (32 MiB, 16 MiB for patches).  ``prefetch`` matters to the exact
-        shuffle, whose windows share ``memory_budget`` with the windows
-        prefetched.  With ``seed=None`` the shuffle order is a random draw.
-    input_dims, input_overlap, target_offset, target_dims, target_data
-        The plan of :func:`patch_stream` (``array`` is its ``data``; no
+    seed : int or None, default 0
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream]
+        (0, as everywhere; ``None``: a random draw); a sequential plan ignores it.
+    shuffle_buffer_size : int or str, optional
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+    shuffle_quality : float, optional
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+    memory_budget : int, default DEFAULT_MEMORY_BUDGET
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+    window_bytes : int, optional
+        ``None``: the stream's default (32 MiB, 16 MiB for patches).
+    prefetch : int, optional
+        As for the streams; it matters to the exact shuffle, whose windows
+        share ``memory_budget`` with the windows prefetched.
+    drop_remainder : bool, default False
+        As for [`batch_stream`][daskzarr_batches.batch_stream].
+    epoch : int, default 0
+        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+        Every argument is validated exactly as the streams validate it
+        (whatever the mode uses).
+    input_dims : Mapping[Any, int], optional
+        The plan of [`patch_stream`][daskzarr_batches.patch_stream] (``array`` is its ``data``; no
         ``labels``): samples are patches, and ``read_amplification`` is how
         often each stored chunk the epoch needs is decoded.
+    input_overlap : Mapping[Any, int], optional
+        See ``input_dims``.
+    target_offset : Mapping[Any, int], optional
+        See ``input_dims``.
+    target_dims : Mapping[Any, int], optional
+        See ``input_dims``.
+    target_data : Any, optional
+        See ``input_dims``.
     cache : ChunkCache, optional
         The cache the stream would read through: each window's
         ``chunks_cached`` (and the total, ``PlanSummary.chunks_cached``) says
@@ -721,12 +812,13 @@ prefetch, drop_remainder, epoch
         arrays, roles = patches.sources, patches.roles
     if window_bytes is None:  # the stream's own default
         window_bytes = DEFAULT_WINDOW_BYTES if input_dims is None else DEFAULT_PATCH_WINDOW_BYTES
+    mode = shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality)
     spec = StreamSpec(
         arrays,
         batch_size,
         roles=roles,
-        shuffle=shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality),
-        seed=seed,
+        shuffle=mode,
+        seed=None if mode == "none" else seed,
         epoch=epoch,
         shuffle_buffer_size=shuffle_buffer_size,
         shuffle_quality=shuffle_quality,

@@ -24,6 +24,7 @@ import functools
 import math
 import numbers
 import os
+import reprlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ __all__ = [
     "merged_io_concurrency",
     "non_negative_int",
     "positive_int",
+    "read_options",
     "row_source",
     "shuffle_mode",
     "timeout_seconds",
@@ -265,11 +267,24 @@ def merged_io_concurrency(concurrency: object, io: object) -> int | None:
 class ReadOptions:
     """How a stream reads: where, how long it waits, what it does about faults.
 
-    The six read keywords of every public stream constructor, ``map_chunks``,
-    ``reduce_chunks``, ``feature_moments`` and ``Loader``, validated once
-    (each check names the parameter and the value) and passed down as one
-    object.  Constructing one, also through ``dataclasses.replace``,
-    validates every field.
+    The read keywords of every entry point (the stream constructors,
+    ``map_chunks``, ``reduce_chunks``, ``feature_moments``, ``map_to_zarr``,
+    ``write_shuffled`` and ``Loader``), documented here once and validated
+    once (each check names the parameter and the value).  Each entry point
+    takes them flat (``retries=5``) or as one value (``read=ReadOptions(retries=5)``)
+    to share one set across streams; a flat keyword given beside ``read=``
+    must agree with it (``read_options``).  Constructing one, also through
+    ``dataclasses.replace``, validates every field.  A new read setting is a
+    new field here (and a flat keyword on the entry points).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import daskzarr_batches as dzb
+    >>> read = dzb.ReadOptions(missing="error", retries=5)
+    >>> stream = dzb.batch_stream(np.arange(10), 4, read=read)
+    >>> stream.spec.retries
+    5
 
     Parameters
     ----------
@@ -280,7 +295,7 @@ class ReadOptions:
         Seconds to wait for one window or chunk; ``None``, ``inf`` or values
         of ``threading.TIMEOUT_MAX`` or more wait forever (stored as ``None``).
     missing : {"fill", "warn", "error"}, default "fill"
-        Chunks absent from the store (:class:`~daskzarr_batches.store.policy.ReadPolicy`).
+        Chunks absent from the store (`ReadPolicy`).
     on_error : {"raise", "skip"}, default "raise"
         Chunks that do not decode.
     retries : int, default 3
@@ -320,6 +335,59 @@ class ReadOptions:
         """The read policy, without a request limit (a stream adds its own: ``limited``)."""
         return ReadPolicy(self.missing, self.on_error, self.retries, cache=self.cache)
 
+    def keywords(self) -> dict[str, Any]:
+        """The fields as the flat keywords of the entry points (``client=...``, ...)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def read_options(read: object = None, /, **flat: Any) -> ReadOptions:
+    """An entry point's read options: ``read=`` or its flat read keywords, validated once.
+
+    Parameters
+    ----------
+    read : ReadOptions, optional
+        The ``read=`` argument; ``None``: the flat keywords alone.
+    **flat : Any
+        The entry point's flat read keywords (``client``, ``timeout``, ...:
+        the fields of :class:`ReadOptions`), at their defaults when not given.
+
+    Returns
+    -------
+    ReadOptions
+        ``ReadOptions(**flat)`` without ``read``; else ``read``.
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``read`` is not a ``ReadOptions``.
+    ArgumentValueError
+        A flat keyword is set (not its default) beside ``read`` to another
+        value than ``read`` holds; the message names it.  One set to the
+        value ``read`` holds is allowed.
+    """
+    if read is None:
+        return ReadOptions(**flat)
+    if not isinstance(read, ReadOptions):
+        raise ArgumentTypeError(
+            f"read must be a ReadOptions or None, got {reprlib.repr(read)} of type "
+            f"{type(read).__name__}"
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(ReadOptions)}
+    unknown = sorted(set(flat) - set(defaults))
+    if unknown:
+        raise ArgumentTypeError(f"not read options: {unknown}")
+    given = {k: v for k, v in flat.items() if v is not defaults[k] and v != defaults[k]}
+    if given:
+        mine = ReadOptions(**given)  # validated and normalised as read's fields were
+        for name in given:
+            theirs, ours = getattr(read, name), getattr(mine, name)
+            if ours is not theirs and ours != theirs:
+                raise ArgumentValueError(
+                    f"{name}={reprlib.repr(flat[name])} disagrees with read.{name}="
+                    f"{reprlib.repr(theirs)}: give each read option once, flat or in read="
+                )
+    return read
+
 
 # --------------------------------------------------------------------------
 # The epoch spec
@@ -329,7 +397,7 @@ class ReadOptions:
 class StreamSpec:
     """One epoch of a batch stream, validated: what to read, in what order, how.
 
-    Made by every batch stream constructor and by :func:`plan_epoch`, and
+    Made by every batch stream constructor and by [`plan_epoch`][daskzarr_batches.plan_epoch], and
     kept as ``stream.spec``.  Constructing one (also through
     ``dataclasses.replace``) validates and normalises every field, whatever
     the shuffle mode uses, so a value that reaches the plan is always valid.
@@ -352,11 +420,11 @@ class StreamSpec:
         Mixed into the seed: each epoch of a seed has its own order.
     shuffle_buffer_size : int or str, optional
         Samples in the shuffle buffer; given exactly when ``shuffle="buffer"``.
-        A string is a size in bytes (``"256MiB"``, ``"1GB"``: :func:`byte_size`),
-        converted to the samples it holds (at least 1; :func:`buffer_samples`);
+        A string is a size in bytes (``"256MiB"``, ``"1GB"``: `byte_size`),
+        converted to the samples it holds (at least 1; `buffer_samples`);
         the spec keeps the number of samples.  ``"auto"``: the smallest
         buffer of whole units whose batch mixing reaches ``shuffle_quality``
-        of an exact shuffle's (:func:`smallest_buffer`), within
+        of an exact shuffle's (`smallest_buffer`), within
         ``memory_budget`` (else the largest within it, and a
         ``ShuffleQualityWarning``); the spec keeps the samples chosen.
     shuffle_quality : float, optional
@@ -387,9 +455,11 @@ class StreamSpec:
     missing : {"fill", "warn", "error"}, default "fill"
         Chunks absent from the store: the fill value (what the Zarr spec
         says an absent chunk holds; counted in ``stats.chunks_missing``), the
-        fill value with one warning per stream, or :class:`MissingChunkError`.
+        fill value with one warning per stream, or
+        [`MissingChunkError`][daskzarr_batches.MissingChunkError].
     on_error : {"raise", "skip"}, default "raise"
-        Chunks that do not decode: :class:`CorruptChunkError`, or their
+        Chunks that do not decode: [`CorruptChunkError`][daskzarr_batches.CorruptChunkError], or
+        their
         samples leave the epoch (from every array), with a warning.
     retries : int, default 3
         Retries of one read after a transient fault (backoff with jitter).
@@ -589,7 +659,8 @@ class StreamSpec:
         This epoch's figure given its windows (``EpochPlan.expected_mixing``;
         ``summary().quality.mixing`` is the realised one, within the noise of
         the row shuffles), at least ``shuffle_quality`` unless a
-        :class:`ShuffleQualityWarning` said otherwise.  ``None`` unless the
+        [`ShuffleQualityWarning`][daskzarr_batches.ShuffleQualityWarning] said otherwise.
+        ``None`` unless the
         buffer was chosen by ``shuffle_buffer_size="auto"`` (``shuffle_quality``
         is set).  Kept from the choice, so asking costs nothing.
         """
@@ -654,7 +725,8 @@ class StreamSpec:
 
     @functools.cached_property
     def mix(self) -> MixOrder | None:
-        """A mixture's draws (``plan.mix``), when the arrays are mixtures (:func:`mix`)."""
+        """A mixture's draws (``plan.mix``), when the arrays are mixtures
+        ([`mix`][daskzarr_batches.mix])."""
         mixed = [s for s in self.sources if isinstance(s, MixSource)]
         if not mixed:
             return None
@@ -687,7 +759,7 @@ class StreamSpec:
         Sequential: ``window_bytes // row_bytes``.  Buffered: the shuffle
         buffer.  Exact: what ``memory_budget`` holds once split between the
         ``prefetch + 1`` windows alive at once, their index arrays and their
-        decoded chunks in flight (:func:`~daskzarr_batches.plan.exact_budget`).
+        decoded chunks in flight (`exact_budget`).
         """
         if self.shuffle == "buffer":
             assert isinstance(self.shuffle_buffer_size, int)  # resolved to samples

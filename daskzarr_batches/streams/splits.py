@@ -39,9 +39,11 @@ def chunk_split(
 
     Each subset is a random (seeded) set of the stored chunks along ``dim``,
     sized by its fraction; pass it wherever the data is accepted (every
-    batch stream constructor, :func:`plan_epoch`, :class:`Loader`,
-    :func:`chunk_stream`, :func:`map_chunks`, :func:`reduce_chunks`,
-    :func:`feature_moments`).  A stream over a subset reads only the
+    batch stream constructor, [`plan_epoch`][daskzarr_batches.plan_epoch],
+    [`Loader`][daskzarr_batches.Loader],
+    [`chunk_stream`][daskzarr_batches.chunk_stream], [`map_chunks`][daskzarr_batches.map_chunks],
+    [`reduce_chunks`][daskzarr_batches.reduce_chunks],
+    [`feature_moments`][daskzarr_batches.feature_moments]).  A stream over a subset reads only the
     subset's chunks, so a chunk is never shared between, say, training and
     validation.
 
@@ -49,7 +51,8 @@ def chunk_split(
     ----------
     data : array, path, tuple or dict of arrays
         A ``zarr.Array``, ``dask.array.Array``, ``numpy.ndarray``,
-        ``xarray.DataArray``, a path or URL (opened with :func:`open_array`),
+        ``xarray.DataArray``, a path or URL (opened with
+        [`open_array`][daskzarr_batches.open_array]),
         or a tuple or dict of those with the same length along ``dim``
         (paired data, split together: the units are then the blocks between
         the chunk boundaries every array shares; numpy arrays, which have no

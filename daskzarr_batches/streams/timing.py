@@ -27,8 +27,9 @@ def time_epoch(
     Parameters
     ----------
     make_stream : callable
-        Returns a new stream (a :class:`BatchStream` or :class:`ChunkStream`),
-        closed at the end; or a :class:`Loader`, of which one epoch is run.
+        Returns a new stream (a [`BatchStream`][daskzarr_batches.BatchStream] or
+        [`ChunkStream`][daskzarr_batches.ChunkStream]),
+        closed at the end; or a [`Loader`][daskzarr_batches.Loader], of which one epoch is run.
     on_item : callable, optional
         Called after each item as ``on_item(item, stream, elapsed_seconds)``
         (a progress bar); its time counts in the epoch's.

@@ -22,7 +22,7 @@ from ..plan.epoch import permutation
 from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import _check_dtype
-from ..streams.spec import ReadOptions, byte_size, non_negative_int
+from ..streams.spec import ReadOptions, byte_size, non_negative_int, read_options
 from .outputs import (
     _check_shards,
     _normal_grid,
@@ -72,6 +72,7 @@ def map_to_zarr(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
     backend: str = "auto",
@@ -96,9 +97,11 @@ def map_to_zarr(
         opens as one).  Samples along axis 0 (the arrays of a dict or tuple of equal length).
     out : path, URL or zarr store
         Where the output array is written (the root of ``out``).
-    dtype, sample_shape : optional
+    dtype : Any, optional
         The output's dtype and sample shape; either missing, ``func`` is
         called once on the first two samples to find it.
+    sample_shape : Sequence[int], optional
+        See ``dtype``.
     chunks : int or tuple of int, optional
         The output's chunk shape (an int: rows per chunk, the whole sample
         per chunk).  Default: the input's chunk rows along axis 0 (of the
@@ -120,8 +123,15 @@ def map_to_zarr(
         resume, so change it whenever ``func`` changes.  Without one, a resume
         with a changed ``func`` is refused (and one whose ``func`` cannot be
         fingerprinted, holding a lock say, warns and cannot resume).
-    client, timeout, missing, on_error, retries, io_concurrency
-        As for :func:`map_chunks`; the read policy applies to the input.  With
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
+        As for [`map_chunks`][daskzarr_batches.map_chunks]; the read policy applies to the input.
+        With
         ``on_error="skip"`` a chunk that touches an undecodable input chunk is
         left unwritten (a later run writes it).
     cache : ChunkCache, optional
@@ -131,10 +141,12 @@ def map_to_zarr(
         A ``tqdm`` progress bar of the tasks.
     storage_options : dict, optional
         For an ``out`` URL (``s3://``, ``gs://``, ...): the options
-        :func:`open_array` takes (credentials, endpoint), translated for the
+        [`open_array`][daskzarr_batches.open_array] takes (credentials, endpoint), translated for
+        the
         backend as when reading.
     backend : {"auto", "obstore", "fsspec"}, default "auto"
-        The store an ``out`` URL is written through, as :func:`open_array`'s.
+        The store an ``out`` URL is written through, as
+        [`open_array`][daskzarr_batches.open_array]'s.
     stats : WriteStats, optional
         Filled with what this call did.
 
@@ -164,7 +176,10 @@ def map_to_zarr(
     if not callable(func):
         raise ArgumentTypeError(f"func must be callable, got {func!r}")
     stats = WriteStats() if stats is None else stats
-    read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
+    read = read_options(
+        read, client=client, timeout=timeout, missing=missing, on_error=on_error,
+        retries=retries, io_concurrency=io_concurrency, cache=cache,
+    )  # fmt: skip
     inputs = _inputs(data)
     rows = inputs.rows
     dtype = None if dtype is None else _output_dtype(dtype)
@@ -246,6 +261,7 @@ def write_shuffled(
     retries: int = DEFAULT_RETRIES,
     io_concurrency: int | None = None,
     cache: ChunkCache | None = None,
+    read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
     backend: str = "auto",
@@ -254,18 +270,20 @@ def write_shuffled(
     """Write an exact seeded permutation of ``data``'s samples as new Zarr array(s).
 
     Output row ``i`` is input sample ``order[i]``, ``order`` the permutation
-    of ``seed`` (:func:`shuffle_order`); the arrays of a dict or tuple are
+    of ``seed`` ([`shuffle_order`][daskzarr_batches.shuffle_order]); the arrays of a dict or tuple
+    are
     permuted together, rows aligned.  Out of core: the permutation is cut
     into windows of whole output chunks (or shards) that fit
     ``memory_budget`` (as for the exact shuffle, whose read amplification
     it has), each read once and written by one task, so every output chunk
-    is written exactly once.  Resumable as :func:`map_to_zarr`; training then
+    is written exactly once.  Resumable as [`map_to_zarr`][daskzarr_batches.map_to_zarr]; training
+    then
     reads the output with a sequential stream (read amplification 1).
 
     Parameters
     ----------
     data : array, path or URL, Collection, or a dict or tuple of them
-        As for :func:`map_to_zarr`.
+        As for [`map_to_zarr`][daskzarr_batches.map_to_zarr].
     out : path, URL or zarr store
         A single array is written at the root of ``out``; a dict's arrays
         under their names, a tuple's under ``"0"``, ``"1"``, ...
@@ -274,13 +292,36 @@ def write_shuffled(
         Bytes of samples and decoded chunks of the windows in flight (one
         locally; on a cluster, as many as its threads, sharing it).  A
         window holds at least one output chunk (or shard).
-    chunks, shards : int, optional
+    chunks : int, optional
         Rows per output chunk / shard (whole samples).  Default: the first
         array's chunk rows.
-    compressors, overwrite, resume, job_id, progress, stats, storage_options, backend
-        As for :func:`map_to_zarr` (``out`` may be a URL).
-    client, timeout, missing, on_error, retries, io_concurrency
-        As for :func:`map_to_zarr` (``job_id`` defaults to ``"write_shuffled"``).
+    shards : int, optional
+        See ``chunks``.
+    compressors : Any, default "auto"
+        As for [`map_to_zarr`][daskzarr_batches.map_to_zarr] (``out`` may be a URL).
+    overwrite : bool, default False
+        See ``compressors``.
+    resume : bool, default True
+        See ``compressors``.
+    job_id : str, optional
+        See ``compressors``.
+    progress : bool, default False
+        See ``compressors``.
+    stats : WriteStats, optional
+        See ``compressors``.
+    storage_options : dict[str, Any], optional
+        See ``compressors``.
+    backend : str, default "auto"
+        See ``compressors``.
+    read : ReadOptions, optional
+        The read options as one value, to share one set across streams; or
+        the flat read keywords ``client``, ``timeout``, ``missing``,
+        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
+        there once, with its default).  A flat one given beside ``read``
+        must agree with it.
+        As for [`map_to_zarr`][daskzarr_batches.map_to_zarr] (``job_id`` defaults to
+        ``"write_shuffled"``).
     cache : ChunkCache, optional
         Decoded input chunks served from (and kept in) this cache.  Every
         window of a shuffle touches nearly every input chunk, so with a cache
@@ -300,7 +341,10 @@ def write_shuffled(
     ([0, 1, 2, 3, 4, 5], True)
     """
     stats = WriteStats() if stats is None else stats
-    read = ReadOptions(client, timeout, missing, on_error, retries, io_concurrency, cache)
+    read = read_options(
+        read, client=client, timeout=timeout, missing=missing, on_error=on_error,
+        retries=retries, io_concurrency=io_concurrency, cache=cache,
+    )  # fmt: skip
     inputs = _inputs(data)
     rows = inputs.rows
     seed = non_negative_int("seed", seed)
@@ -359,8 +403,20 @@ def write_shuffled(
     return tuple(outs)
 
 
-def shuffle_order(rows: int, seed: int) -> np.ndarray:
+def shuffle_order(rows: int, seed: int = 0) -> np.ndarray:
     """The permutation ``write_shuffled(..., seed=seed)`` writes: output row i is sample [i].
+
+    Parameters
+    ----------
+    rows : int
+        Samples of the array written.
+    seed : int, default 0
+        The seed given to ``write_shuffled`` (whose default is 0 too).
+
+    Returns
+    -------
+    numpy.ndarray
+        A permutation of ``range(rows)``.
 
     Raises
     ------

@@ -229,6 +229,7 @@ def a_state() -> tuple[dzb.Loader, dict[str, Any]]:
         ({"worker": [0, 2, 0]}, r"state\['worker'\]=\[0, 2, 0\] does not fit"),
         ({"on_error": "ignore"}, r"state\['on_error'\]='ignore'"),
         ({"version": 7}, r"state\['version'\]=7: not a Loader state"),
+        ({"version": 1}, r"state\['version'\]=1: a Loader state of an older format"),
         ({"extra": 1}, r"unknown field\(s\) \['extra'\]"),
     ],
 )

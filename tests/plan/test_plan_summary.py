@@ -16,6 +16,7 @@ from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
 import daskzarr_batches as dzb
+import daskzarr_batches.plan as dzplan
 from daskzarr_batches.plan.windows import sorting_order
 
 METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
@@ -115,7 +116,7 @@ def test_plan_summary_prints_a_table(features: np.ndarray) -> None:
 
 
 def test_plan_without_row_bytes_counts_no_bytes() -> None:
-    plan = dzb.EpochPlan(
+    plan = dzplan.EpochPlan(
         n_samples=10,
         offsets=(np.array([0, 5, 10]),),
         batch_size=3,

@@ -7,10 +7,11 @@ import math
 import pytest
 
 import daskzarr_batches as dzb
+import daskzarr_batches.plan as dzplan
 
 
-def summary(bytes_decoded: int, bytes_yielded: int) -> dzb.PlanSummary:
-    window = dzb.WindowSummary(
+def summary(bytes_decoded: int, bytes_yielded: int) -> dzplan.PlanSummary:
+    window = dzplan.WindowSummary(
         index=0,
         samples=0,
         batches=0,
@@ -19,7 +20,7 @@ def summary(bytes_decoded: int, bytes_yielded: int) -> dzb.PlanSummary:
         bytes_held=0,
         tasks=2,
     )
-    return dzb.PlanSummary(
+    return dzplan.PlanSummary(
         windows=(window,),
         shuffle="none",
         batch_size=4,

@@ -22,6 +22,7 @@ from stores import CountingStore, FaultStore, LatencyStore, open_wrapped
 from strategies import property_settings
 
 import daskzarr_batches as dzb
+import daskzarr_batches.plan as dzplan
 
 PROPERTY = property_settings(15)
 
@@ -58,7 +59,7 @@ def test_map_chunks_and_reduce_chunks_keep_the_requests_in_flight() -> None:
 def test_the_default_keeps_more_requests_in_flight_than_cpus() -> None:
     x, slow = slow_array(200, 10, delay=0.2)
     consume(dzb.chunk_stream(x))
-    assert slow.peak == min(dzb.DEFAULT_IO_CONCURRENCY, 20)
+    assert slow.peak == min(dzplan.DEFAULT_IO_CONCURRENCY, 20)
 
 
 def test_concurrency_is_the_former_name_of_io_concurrency() -> None:
@@ -99,7 +100,7 @@ def test_bad_io_concurrency_values_are_named(bad: int) -> None:
     with pytest.raises(dzb.ArgumentValueError, match=pattern):
         dzb.Loader(x, 2, io_concurrency=bad)
     with pytest.raises(dzb.ArgumentValueError, match=pattern):
-        dzb.StreamSpec((x,), 2, io_concurrency=bad)
+        dzplan.StreamSpec((x,), 2, io_concurrency=bad)
 
 
 @pytest.mark.parametrize("bad", [1.5, True, "4"])

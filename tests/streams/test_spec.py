@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import threading
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import daskzarr_batches as dzb
+import daskzarr_batches.plan as dzplan
 
 X = np.arange(40, dtype="f4").reshape(10, 4)
 Y = np.arange(10, dtype="f4")
@@ -18,7 +20,7 @@ Y = np.arange(10, dtype="f4")
 def test_spec_is_frozen_validated_and_kept_by_the_stream() -> None:
     with dzb.shuffled_batch_stream(X, 3, seed=5, shuffle_buffer_size=4) as stream:
         spec = stream.spec
-        assert isinstance(spec, dzb.StreamSpec)
+        assert isinstance(spec, dzplan.StreamSpec)
         assert (spec.shuffle, spec.seed, spec.batch_size, spec.prefetch) == ("buffer", 5, 3, 2)
         assert stream.plan.summary() == spec.plan().summary()
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -30,11 +32,11 @@ def test_spec_is_frozen_validated_and_kept_by_the_stream() -> None:
 
 
 def test_defaults_resolve_in_the_spec() -> None:
-    exact = dzb.StreamSpec((X,), 2, shuffle="exact")
+    exact = dzplan.StreamSpec((X,), 2, shuffle="exact")
     assert exact.prefetch == 0 and isinstance(exact.seed, int)  # entropy drawn once, kept
-    assert dzb.StreamSpec((X,), 2).prefetch == dzb.DEFAULT_PREFETCH
-    assert dzb.StreamSpec((X, Y), 2).roles == ("features", "labels")
-    assert dzb.StreamSpec((X,), 2, timeout=float("inf")).timeout is None
+    assert dzplan.StreamSpec((X,), 2).prefetch == dzplan.DEFAULT_PREFETCH
+    assert dzplan.StreamSpec((X, Y), 2).roles == ("features", "labels")
+    assert dzplan.StreamSpec((X,), 2, timeout=float("inf")).timeout is None
 
 
 BAD_FIELDS: list[tuple[dict[str, Any], type[Exception], str]] = [
@@ -62,7 +64,7 @@ def test_every_field_is_validated_whatever_the_mode(
     fields: dict[str, Any], error: type[Exception], named: str
 ) -> None:
     with pytest.raises(error, match=named):
-        dzb.StreamSpec((X,), **{"batch_size": 2, **fields})
+        dzplan.StreamSpec((X,), **{"batch_size": 2, **fields})
 
 
 @pytest.mark.parametrize(
@@ -88,7 +90,7 @@ def test_plan_epoch_validates_what_the_streams_validate(
 
 def test_lengths_are_checked_by_the_spec() -> None:
     with pytest.raises(dzb.LengthMismatchError, match=r"features has 10 samples.*labels has 9"):
-        dzb.StreamSpec((X, Y[:9]), 2)
+        dzplan.StreamSpec((X, Y[:9]), 2)
 
 
 @pytest.mark.parametrize("timeout", [float("inf"), 1e300, threading.TIMEOUT_MAX])
@@ -101,3 +103,46 @@ def test_huge_timeouts_mean_no_timeout(timeout: float) -> None:
         with dzb.chunk_stream(X, ordered=ordered, timeout=timeout) as chunks:
             assert sum(len(c) for c in chunks) == 10
     assert dzb.reduce_chunks(np.sum, np.add, X, timeout=timeout) == X.sum()
+
+
+# --------------------------------------------------------------------------
+# ReadOptions: the read keywords flat, or as one value (read=)
+
+READ_KEYWORDS = {f.name for f in dataclasses.fields(dzb.ReadOptions)}
+
+
+def test_every_entry_point_takes_the_read_keywords_flat_and_as_read() -> None:
+    entry = {}
+    for name in dzb.__all__:
+        value = getattr(dzb, name)
+        if name == "Loader" or (callable(value) and not isinstance(value, type)):
+            parameters = inspect.signature(value).parameters
+            if "retries" in parameters:
+                entry[name] = parameters
+    assert len(entry) >= 12, sorted(entry)
+    for name, parameters in entry.items():
+        assert READ_KEYWORDS | {"read"} <= set(parameters), (name, READ_KEYWORDS - set(parameters))
+        for key in READ_KEYWORDS:  # the flat defaults are ReadOptions' own
+            field = {f.name: f for f in dataclasses.fields(dzb.ReadOptions)}[key]
+            assert parameters[key].default == field.default, (name, key)
+
+
+def test_read_shares_one_set_and_a_flat_keyword_must_agree() -> None:
+    read = dzb.ReadOptions(missing="error", retries=5, timeout=30)
+    for stream in (
+        dzb.batch_stream(X, 2, read=read),
+        dzb.shuffled_batch_stream(X, 2, read=read),
+        dzb.paired_batch_stream(X, Y, 2, read=read, retries=5),  # agreeing: allowed
+        dzb.Loader(X, 2, read=read).stream(),
+    ):
+        assert (stream.spec.missing, stream.spec.retries, stream.spec.timeout) == ("error", 5, 30)
+    assert dzb.chunk_stream(X, read=read).spec.read == read
+    assert [float(m) for m in dzb.map_chunks(np.max, X, read=read)] == [float(X.max())]
+    with pytest.raises(dzb.ArgumentValueError, match=r"retries=2 disagrees with read.retries=5"):
+        dzb.batch_stream(X, 2, read=read, retries=2)
+    with pytest.raises(dzb.ArgumentValueError, match=r"on_error='skip' disagrees"):
+        dzb.map_chunks(np.max, X, read=read, on_error="skip")
+    with pytest.raises(dzb.ArgumentTypeError, match=r"read must be a ReadOptions or None"):
+        dzb.batch_stream(X, 2, read={"retries": 5})
+    with pytest.raises(dzb.ArgumentValueError, match="retries"):
+        dzb.ReadOptions(retries=-1)  # validated where it is made

@@ -210,13 +210,32 @@ def test_same_seed_same_batches_across_prefetch(
 
 def test_seed_none_draws_fresh_order_and_reports_its_seed() -> None:
     data = make_data((200, 2))
-    first = dzb.shuffled_batch_stream(data, 200)
-    second = dzb.shuffled_batch_stream(data, 200)
+    first = dzb.shuffled_batch_stream(data, 200, seed=None)
+    second = dzb.shuffled_batch_stream(data, 200, seed=None)
     a, b = consume(first)[0], consume(second)[0]
     assert not np.array_equal(a, b)
     assert first.seed is not None
     again = consume(dzb.shuffled_batch_stream(data, 200, seed=first.seed))[0]
     np.testing.assert_array_equal(again, a)
+
+
+def test_seed_defaults_to_0_everywhere() -> None:
+    """One default for ``seed`` on every public callable that takes one: 0 (a run repeats)."""
+    import inspect
+
+    takes = {}
+    for name in dzb.__all__:
+        value = getattr(dzb, name)
+        if (callable(value) and not isinstance(value, type)) or name == "Loader":  # no Mixture
+            parameters = inspect.signature(value).parameters
+            if "seed" in parameters:
+                takes[name] = parameters["seed"].default
+    assert {"shuffled_batch_stream", "patch_stream", "plan_epoch", "Loader", "mix"} <= set(takes)
+    assert set(takes.values()) == {0}, takes
+    data = make_data((60, 2))
+    default = consume(dzb.shuffled_batch_stream(data, 60))[0]
+    np.testing.assert_array_equal(default, consume(dzb.shuffled_batch_stream(data, 60, seed=0))[0])
+    assert dzb.shuffled_batch_stream(data, 60).seed == 0
 
 
 def test_epochs_of_a_seed_differ_and_repeat() -> None:

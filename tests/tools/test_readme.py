@@ -53,6 +53,8 @@ NO_RUN = "{.no-run}"
 FLAGS = {NO_RUN}
 
 PUBLIC = sorted(set(dzb.__all__) - {"__version__"})
+#: What the top level may export besides the errors and warnings (``__version__`` counts).
+MOST_PUBLIC_NAMES = 36
 
 
 @dataclass(frozen=True)
@@ -180,12 +182,43 @@ def test_only_snippets_that_need_the_outside_world_are_not_run() -> None:
     assert languages <= {"python", "text", "bash", "console"}, languages
 
 
-def _public_names_table() -> list[str]:
+def _public_names_table(part: int = 0) -> list[str]:
+    """The names of the top level's table (``part=0``) or of ``plan``'s (``part=1``)."""
+    section = _section("Public names", INDEX).split("\n### ")[part]
     names = []
-    for line in _section("Public names", INDEX).splitlines():
+    for line in section.splitlines():
         if line.startswith("|"):
             names += re.findall(r"`([A-Za-z_]\w*)`", line.split("|")[1])
     return names
+
+
+def _is_error(name: str) -> bool:
+    value = getattr(dzb, name)
+    return inspect.isclass(value) and issubclass(value, Exception | Warning)
+
+
+def test_the_top_level_is_small_and_keeps_every_error() -> None:
+    calls = [name for name in dzb.__all__ if not _is_error(name)]
+    assert len(calls) <= MOST_PUBLIC_NAMES, (len(calls), calls)
+    from daskzarr_batches import errors
+
+    raised = set(errors.__all__) - {"warn_caller"}  # the public errors and warnings
+    assert raised <= set(dzb.__all__), sorted(raised - set(dzb.__all__))
+    for name in ("chunk_stream", "batch_stream", "paired_shuffled_batch_stream", "Loader"):
+        assert name in dzb.__all__
+    assert {"concurrency", "ordered"} <= set(inspect.signature(dzb.chunk_stream).parameters)
+
+
+def test_plan_internals_are_for_inspection_in_plan() -> None:
+    import daskzarr_batches.plan as plan
+
+    inside = {"StreamSpec", "EpochPlan", "Window", "ChunkPiece", "PlanSummary", "WindowSummary"}
+    assert inside <= set(plan.__all__)
+    assert not inside & set(dzb.__all__)
+    assert not [name for name in dzb.__all__ if name.startswith("DEFAULT_")]
+    for name in plan.__all__:
+        assert getattr(plan, name) is not None, name
+    assert sorted(_public_names_table(1)) == sorted(plan.__all__)
 
 
 def test_all_is_the_public_namespace() -> None:
@@ -216,7 +249,10 @@ def test_api_reference_documents_every_public_name_by_its_public_path() -> None:
     assert len(documented) == len(set(documented)), "an object is documented twice"
     private = [name for name in documented if "._" in name]
     assert not private, f"reference by public path, not {private}"
+    from daskzarr_batches import plan
+
     expected = {f"daskzarr_batches.{name}" for name in PUBLIC}
+    expected |= {f"daskzarr_batches.plan.{name}" for name in plan.__all__}
     expected.add("daskzarr_batches.torch.ZarrIterableDataset")
     assert set(documented) == expected, (
         f"missing: {sorted(expected - set(documented))}, "
