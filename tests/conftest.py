@@ -29,10 +29,14 @@ settings.load_profile(os.environ.get("DZB_HYPOTHESIS", "fixed"))
 # Optional frameworks: a test that needs one is not collected where it is not installed
 # (the newest CI leg has no torch: the registry offers only CUDA builds there), rather than
 # skipped.  Module-wide: the files below; single tests: the marker of the same name.
-OPTIONAL = {"torch": ["test_torch.py", "test_training.py"], "peers": ["test_peers.py"]}
+OPTIONAL = {
+    "torch": ["test_torch.py", "test_training.py"],
+    "jax": ["test_jax.py"],
+    "peers": ["test_peers.py"],
+}
 MISSING = {
     name
-    for name, module in (("torch", "torch"), ("peers", "insitubatch"))
+    for name, module in (("torch", "torch"), ("jax", "jax"), ("peers", "insitubatch"))
     if importlib.util.find_spec(module) is None
 }
 collect_ignore = [path for name in MISSING for path in OPTIONAL[name]]

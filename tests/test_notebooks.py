@@ -51,8 +51,9 @@ def test_there_are_notebooks() -> None:
 
 
 def _needs(path: Path) -> list[pytest.MarkDecorator]:
-    """A notebook that imports torch is not collected where torch is not installed."""
-    return [pytest.mark.torch] if "import torch" in path.read_text(encoding="utf-8") else []
+    """A notebook that imports torch (jax) is not collected where it is not installed."""
+    text = path.read_text(encoding="utf-8")
+    return [getattr(pytest.mark, name) for name in ("torch", "jax") if f"import {name}" in text]
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=_needs(p), id=p.name) for p in NOTEBOOKS])
