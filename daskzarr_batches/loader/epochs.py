@@ -55,6 +55,7 @@ from ..streams.spec import (
     positive_int,
     shuffle_mode,
 )
+from ..streams.timing import Bottleneck
 from .state import _size, _validated_states
 
 __all__ = ["Loader"]
@@ -312,6 +313,15 @@ client, timeout, missing, on_error, retries, io_concurrency, cache
                 self._position = stream.position
             self._stream = None
             self._busy.release()
+
+    def bottleneck(self) -> Bottleneck:
+        """The stage that limited the current (or last) epoch: ``self.stats.bottleneck()``.
+
+        Store requests, decoding, assembling batches or the consumer's own
+        step, with the numbers behind it and the setting to change
+        (:class:`~daskzarr_batches.streams.timing.Bottleneck`).
+        """
+        return self.stats.bottleneck()
 
     def stream(self) -> BatchStream:
         """The :class:`BatchStream` of what is left of this rank's current epoch.

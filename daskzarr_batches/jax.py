@@ -1,0 +1,203 @@
+"""JAX adapter: a :class:`Loader`'s batches as ``jax.Array``, laid out across devices.
+
+``import daskzarr_batches.jax`` needs JAX (``pip install 'daskzarr-batches[jax]'``);
+the package itself never imports this module.
+
+:class:`JaxLoader` wraps a :class:`Loader`: each iteration is one of its epochs,
+every numpy array of a batch (an array, a tuple, a dict) handed to
+``jax.device_put`` (one device) or, with a ``jax.sharding.Sharding``, made into
+one global array of which each device holds its part of the batch axis.
+Device transfers are asynchronous in JAX, so keeping the next ``prefetch``
+batches already put overlaps their copies with the step that uses the current
+one (the loader itself reads ahead on its threads meanwhile).
+
+With several JAX processes (``jax.distributed.initialize``) each process reads
+its own share: build the loader with :func:`process_share` (``rank`` =
+``jax.process_index()``, ``world_size`` = ``jax.process_count()``); a sharded
+batch is then assembled from the process-local parts
+(``jax.make_array_from_process_local_data``), its global batch axis every
+process's batch one after another.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+try:
+    import jax
+except ImportError as error:  # pragma: no cover - exercised where jax is absent
+    raise ImportError(
+        "daskzarr_batches.jax needs JAX: pip install 'daskzarr-batches[jax]'"
+    ) from error
+
+import numpy as np
+
+from .errors import ArgumentTypeError, ArgumentValueError
+from .loader import Loader
+
+__all__ = ["JaxLoader", "process_share"]
+
+#: version of :meth:`JaxLoader.state_dict`'s wrapper
+STATE_VERSION = 1
+
+
+def process_share() -> dict[str, int]:
+    """This JAX process's share of each epoch, as :class:`Loader` keywords.
+
+    ``{"rank": jax.process_index(), "world_size": jax.process_count()}``:
+    ``Loader(arrays, batch_size, **process_share())`` reads this process's
+    share, disjoint from every other process's.
+    """
+    return {"rank": jax.process_index(), "world_size": jax.process_count()}
+
+
+class JaxLoader:
+    """A :class:`Loader` whose batches are ``jax.Array`` (sharded across devices if asked).
+
+    Parameters
+    ----------
+    loader : Loader
+        The epochs, shuffle, share and state to serve.  With several JAX
+        processes its ``rank`` and ``world_size`` must be this process's
+        (:func:`process_share`).
+    sharding : jax.sharding.Sharding, optional
+        How each batch array is laid out, e.g.
+        ``NamedSharding(mesh, PartitionSpec("batch"))``: the batch axis split
+        across the mesh's devices.  ``None``: every array on JAX's default
+        device (``jax.device_put``).  The batch size (times the processes)
+        must divide evenly across the devices of the batch axis; use the
+        loader's ``drop_remainder=True`` if the last batch would not.
+    prefetch : int, default 2
+        Batches put on the devices ahead of the one handed out, so that
+        their transfers overlap the step (``0``: put each when asked).
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``loader`` is not a :class:`Loader`, or ``sharding`` not a
+        ``jax.sharding.Sharding``.
+    ArgumentValueError
+        ``prefetch`` is negative, or (several JAX processes) the loader's
+        rank and world size are not this process's.
+
+    Notes
+    -----
+    ``state_dict()`` is the state after the last batch handed out (the
+    batches prefetched but not handed out are not counted), so a
+    ``JaxLoader`` over a new loader, given it with ``load_state_dict()``,
+    yields exactly the rest of the uninterrupted run.  It is plain JSON-able
+    data: checkpoint it as any pytree of Python values (Orbax's
+    ``JsonSave``, a ``grain``-style iterator's ``get_state()`` /
+    ``set_state()``, which are its aliases here).
+    """
+
+    def __init__(self, loader: Loader, *, sharding: Any = None, prefetch: int = 2) -> None:
+        if not isinstance(loader, Loader):
+            raise ArgumentTypeError(f"loader must be a daskzarr_batches.Loader, got {loader!r}")
+        if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+            raise ArgumentTypeError(
+                f"sharding must be a jax.sharding.Sharding (e.g. NamedSharding) or None, "
+                f"got {sharding!r}"
+            )
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int | np.integer):
+            raise ArgumentTypeError(f"prefetch must be an int, got {prefetch!r}")
+        if prefetch < 0:
+            raise ArgumentValueError(f"prefetch must be >= 0, got {prefetch}")
+        processes = jax.process_count()
+        if processes > 1 and (loader.rank, loader.world_size) != (
+            jax.process_index(),
+            processes,
+        ):
+            raise ArgumentValueError(
+                f"this is JAX process {jax.process_index()} of {processes}, but the loader "
+                f"reads rank {loader.rank} of {loader.world_size}: build it with "
+                "Loader(..., **daskzarr_batches.jax.process_share())"
+            )
+        self.loader = loader
+        self.sharding = sharding
+        self.prefetch = int(prefetch)
+        self._processes = processes
+        self._state: dict[str, Any] | None = None  # after the last batch handed out
+
+    # ------------------------------------------------------------ forwarding
+
+    def __len__(self) -> int:
+        """Batches of a whole epoch (this process's share)."""
+        return len(self.loader)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration runs, as far as handed out."""
+        state = self._state
+        return self.loader.epoch if state is None else int(state["epoch"])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run epoch ``epoch`` in the next iteration (from its start)."""
+        self.loader.set_epoch(epoch)
+        self._state = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state after the last batch this iterator handed out."""
+        return dict(self.loader.state_dict() if self._state is None else self._state)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`; see :meth:`Loader.load_state_dict`)."""
+        self.loader.load_state_dict(state)
+        self._state = None
+
+    get_state = state_dict
+    set_state = load_state_dict
+
+    def bottleneck(self) -> Any:
+        """What limited the current (or last) epoch: :meth:`Loader.bottleneck`."""
+        return self.loader.bottleneck()
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[Any]:
+        host = iter(self.loader)
+        ahead: deque[tuple[Any, dict[str, Any]]] = deque()
+        try:
+            for batch in host:
+                ahead.append((self.put(batch), self.loader.state_dict()))
+                if len(ahead) > self.prefetch:
+                    out, self._state = ahead.popleft()
+                    yield out
+            while ahead:
+                out, self._state = ahead.popleft()
+                yield out
+            self._state = None  # the epoch is over: the loader's own state is exact
+        finally:
+            close = getattr(host, "close", None)
+            if close is not None:
+                close()
+
+    def put(self, batch: Any) -> Any:
+        """``batch`` (numpy arrays in a tuple, dict, ...) with every array on the devices."""
+        return jax.tree_util.tree_map(self._put, batch)
+
+    def _put(self, value: Any) -> Any:
+        if not isinstance(value, np.ndarray):
+            return value
+        sharding = self.sharding
+        if sharding is None:
+            return jax.device_put(value)
+        global_shape = (value.shape[0] * self._processes, *value.shape[1:])
+        try:
+            if self._processes == 1:
+                return jax.device_put(value, sharding)
+            return jax.make_array_from_process_local_data(sharding, value, global_shape)
+        except ValueError as error:
+            raise ArgumentValueError(
+                f"a batch array of shape {global_shape} cannot be laid out as {sharding}: "
+                f"{error}; its batch axis must divide evenly across the devices (the "
+                "Loader's drop_remainder=True drops a short last batch)"
+            ) from error
+
+    def __repr__(self) -> str:
+        return f"<JaxLoader of {self.loader!r}, sharding={self.sharding}, prefetch={self.prefetch}>"
