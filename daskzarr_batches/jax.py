@@ -84,6 +84,9 @@ class JaxLoader:
 
     Notes
     -----
+    Dtypes are JAX's: without ``jax.config.update("jax_enable_x64", True)``
+    JAX holds 64-bit arrays as 32-bit ones (``device_put``'s rule).
+
     ``state_dict()`` is the state after the last batch handed out (the
     batches prefetched but not handed out are not counted), so a
     ``JaxLoader`` over a new loader, given it with ``load_state_dict()``,
