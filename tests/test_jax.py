@@ -156,7 +156,7 @@ def test_two_jax_processes_read_disjoint_shares(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
-        )  # fmt: skip
+        )
         for i in (0, 1)
     ]
     outs = []
