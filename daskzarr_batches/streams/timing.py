@@ -120,8 +120,9 @@ def bottleneck_of(stats: StreamStats) -> Bottleneck:
     elif stats.store_requests == 0:
         stage = "reading"
         setting = (
-            "prefetch= (more windows read ahead), a client= with more workers, or "
-            "open_array(..., codec_pipeline='zarrs')"
+            "prefetch= (more windows read ahead) or a client= with more workers; store "
+            "requests and decoding are not told apart here (a cluster's workers, the zarrs "
+            "pipeline and in-memory arrays are not clocked)"
         )
     elif busy >= STORE_BOUND * epoch:
         stage = "store requests"
