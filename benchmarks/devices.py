@@ -139,6 +139,8 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
             seconds[case].append(run_once())
     median = {case: statistics.median(values) for case, values in seconds.items()}
     ratio = {case: median[case] / median[base(case)] for case in every}
+    fastest = {case: min(values) for case, values in seconds.items()}
+    best = {case: fastest[case] / fastest[base(case)] for case in every}
     sharded = next(case for case in every if case.endswith("(sharded)"))
     met = ratio[sharded] <= TARGET
     import jax
@@ -157,12 +159,14 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
         *(f"| {case} | {median[case]:.3f} | {ratio[case]:.2f}x {base(case)} |" for case in every),
         "",
         f"Target: {sharded} within {TARGET}x the Loader's epoch: "
-        f"{'PASS' if met else 'MISS'} ({ratio[sharded]:.2f}x).",
+        f"{'PASS' if met else 'MISS'} ({ratio[sharded]:.2f}x of the medians; "
+        f"{best[sharded]:.2f}x of the fastest epochs).",
     ]
     text = "\n".join(lines) + "\n"
     print(text)
     (out / "jax.md").write_text(text, encoding="utf-8")
     result = {"command": command, "seconds": seconds, "median": median, "ratio": ratio,
+              "fastest": fastest, "fastest_ratio": best,
               "target": TARGET, "met": met, "jax": jax.__version__}  # fmt: skip
     (out / "jax.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
