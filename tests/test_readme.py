@@ -140,13 +140,16 @@ def test_ci_runs_both_legs_each_from_its_constraints() -> None:
     assert "pyenv which python" in (ROOT / ".ci" / "newest-python").read_text(encoding="utf-8")
 
 
+OPTIONAL = ("torch", "jax")  # a snippet importing one is marked for it
+
+
 @pytest.mark.parametrize(
     "block",
     [
         pytest.param(
             block,
             id=block.name,
-            marks=[getattr(pytest.mark, m) for m in ("torch", "jax") if f"import {m}" in block.code],
+            marks=[getattr(pytest.mark, m) for m in OPTIONAL if f"import {m}" in block.code],
         )
         for block in RUN
     ],
