@@ -168,3 +168,16 @@ def test_two_jax_processes_read_disjoint_shares(tmp_path: Path) -> None:
     first, second = (set(o["ids"]) for o in outs)
     assert len(first) == len(second) == 128 and not first & second
     assert first | second == set(range(256))
+
+
+def test_the_devices_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None:
+    """``python -m benchmarks --only jax``, in this process (JAX is up with 8 devices)."""
+    import argparse
+
+    from benchmarks.devices import run
+
+    options = argparse.Namespace(rows=8192, rounds=1, out=tmp_path / "out", data=tmp_path)
+    result = run(options)
+    table = (tmp_path / "out" / "jax.md").read_text(encoding="utf-8")
+    assert "| JaxLoader, 8 devices (sharded) |" in table and "Target: " in table
+    assert result["ratio"]["Loader (numpy)"] == 1.0 and result["median"]
