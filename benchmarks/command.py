@@ -139,6 +139,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("torch-workers", "benchmarks.torch_workers", "run",
               "what DataLoader workers cost beside the Loader alone (fork, spawn, persistent)",
               ("epochs", "rounds", "match", "data")),
+    Benchmark("jax", "benchmarks.devices", "run",
+              "issue 29: JaxLoader over 8 CPU devices and torch's device path beside the "
+              "Loader; writes --out/jax.md",
+              ("rows", "rounds", "out", "data")),
     Benchmark("defaults", "benchmarks.defaults", "run",
               "sequential window size x prefetch against L0; writes --out/defaults.md",
               ("rows", "cols", "chunk_rows", "rounds", "out", "data")),

@@ -1,9 +1,10 @@
-"""PyTorch adapter: a :class:`Loader` as a ``torch.utils.data.IterableDataset``.
+"""PyTorch adapter: a [`Loader`][daskzarr_batches.Loader] as a ``torch.utils.data.IterableDataset``.
 
 ``import daskzarr_batches.torch`` needs PyTorch (``pip install
 'daskzarr-batches[torch]'``); the package itself never imports this module.
 
-Each iteration of :class:`ZarrIterableDataset` is one epoch of the loader,
+Each iteration of [`ZarrIterableDataset`][daskzarr_batches.torch.ZarrIterableDataset] is one epoch
+of the loader,
 its batches converted to tensors with ``torch.from_numpy`` (no copy).  Under a
 ``DataLoader(dataset, batch_size=None, num_workers=N)`` each worker process
 reads a disjoint, contiguous part of this rank's positions, cut at whole
@@ -29,6 +30,7 @@ from typing import Any
 
 try:
     import torch
+    import torch.utils.dlpack
     from torch.utils.data import IterableDataset, get_worker_info
 except ImportError as error:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
@@ -40,7 +42,7 @@ import numpy as np
 from .errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
 from .loader import Loader
 
-__all__ = ["ZarrIterableDataset"]
+__all__ = ["DevicePrefetcher", "ZarrIterableDataset"]
 
 #: the process whose inherited event loops were reset (once per worker process)
 _reset_in: list[int | None] = [None]
@@ -65,7 +67,7 @@ _RUN_BITS = (1 << 23) - 1
 
 
 class ZarrIterableDataset(IterableDataset):
-    """A :class:`Loader` as a PyTorch ``IterableDataset`` of ready-made batches.
+    """A [`Loader`][daskzarr_batches.Loader] as a PyTorch ``IterableDataset`` of ready-made batches.
 
     Use it with ``torch.utils.data.DataLoader(dataset, batch_size=None, ...)``
     (or torchdata's ``StatefulDataLoader``): the loader already makes the
@@ -78,11 +80,21 @@ class ZarrIterableDataset(IterableDataset):
     ----------
     loader : Loader
         The epochs, shuffle, rank share and state to serve.
+    device : str or torch.device, optional
+        Put each batch on this device, the next ``prefetch`` ahead of the
+        step ([`DevicePrefetcher`][daskzarr_batches.torch.DevicePrefetcher]); iterated without
+        DataLoader
+        workers only (with workers, wrap the ``DataLoader`` in a
+        [`DevicePrefetcher`][daskzarr_batches.torch.DevicePrefetcher]).  ``None``: host tensors.
+    pin_memory : bool, optional
+        Copy from pinned host memory (default: when ``device`` is CUDA).
+    prefetch : int, default 2
+        Batches put on ``device`` ahead of the one handed out.
 
     Raises
     ------
     ArgumentTypeError
-        ``loader`` is not a :class:`Loader`, or (without a ``transform``) one
+        ``loader`` is not a [`Loader`][daskzarr_batches.Loader], or (without a ``transform``) one
         of its arrays has a dtype torch cannot hold (datetime64, timedelta64,
         structured, strings, objects; naming the array and the dtype).
 
@@ -99,7 +111,8 @@ class ZarrIterableDataset(IterableDataset):
       persistent workers.  An iteration interrupted mid-epoch is run again
       from where it started.
     - ``state_dict()`` in the main process is exact whenever no worker is
-      mid-epoch, and raises :class:`ArgumentValueError` otherwise: the main
+      mid-epoch, and raises [`ArgumentValueError`][daskzarr_batches.ArgumentValueError] otherwise:
+      the main
       process cannot know which of the workers' batches were consumed.  For
       a mid-epoch state with workers use torchdata's ``StatefulDataLoader``
       and its ``state_dict()``: each worker reports its part's state, and a
@@ -111,9 +124,20 @@ class ZarrIterableDataset(IterableDataset):
       ``docs/benchmarks.md``).
     """
 
-    def __init__(self, loader: Loader) -> None:
+    def __init__(
+        self,
+        loader: Loader,
+        *,
+        device: str | torch.device | None = None,
+        pin_memory: bool | None = None,
+        prefetch: int = 2,
+    ) -> None:
         if not isinstance(loader, Loader):
             raise ArgumentTypeError(f"loader must be a daskzarr_batches.Loader, got {loader!r}")
+        self.device = None if device is None else _device(device)
+        self.pin_memory = pin_memory
+        self.prefetch = _prefetch(prefetch)
+        self._prefetcher: DevicePrefetcher | None = None
         if loader.transform is None:
             for source in loader.spec.sources:
                 _check_dtype(source.dtype, f"array {source.name!r}")
@@ -133,12 +157,14 @@ class ZarrIterableDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Run epoch ``epoch`` in the next iteration (from its start), in every worker."""
         self.loader.set_epoch(epoch)
+        self._prefetcher = None
         self._position(_SET)
 
     def state_dict(self) -> dict[str, Any]:
         """The state to resume from.
 
-        In the main process: the loader's :meth:`Loader.state_dict`, the
+        In the main process: the loader's
+        [`Loader.state_dict`][daskzarr_batches.Loader.state_dict], the
         epochs workers finished included.  In a DataLoader worker (as
         torchdata's ``StatefulDataLoader`` asks): this worker's part.
 
@@ -149,6 +175,8 @@ class ZarrIterableDataset(IterableDataset):
         """
         if get_worker_info() is not None:
             return self._worker_state()
+        if self._prefetcher is not None and self._prefetcher.state is not None:
+            return dict(self._prefetcher.state)  # the batches put ahead are not counted
         mem = self._shared_view()
         _advance_if_complete(mem)
         epoch = int(mem[_EPOCH])
@@ -172,9 +200,10 @@ class ZarrIterableDataset(IterableDataset):
         return self.loader.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`).
+        """Continue from ``state`` (from ``state_dict``).
 
-        In the main process: a loader state (:meth:`Loader.load_state_dict`);
+        In the main process: a loader state
+        ([`Loader.load_state_dict`][daskzarr_batches.Loader.load_state_dict]);
         the next iteration continues from it, with or without workers (load
         it before the workers start).  In a worker (torchdata's
         ``StatefulDataLoader``): that worker's part, served by its next
@@ -184,7 +213,8 @@ class ZarrIterableDataset(IterableDataset):
         ------
         ArgumentValueError
             ``state`` is not a state of this dataset's kind (see
-            :meth:`Loader.load_state_dict`), or a worker's state given in the
+            [`Loader.load_state_dict`][daskzarr_batches.Loader.load_state_dict]), or a worker's
+            state given in the
             main process or for another worker.
         """
         if get_worker_info() is not None:
@@ -196,6 +226,7 @@ class ZarrIterableDataset(IterableDataset):
                 "StatefulDataLoader's own state_dict() into a StatefulDataLoader instead"
             )
         self.loader.load_state_dict(state)
+        self._prefetcher = None
         self._position(_LOADED)
 
     def __len__(self) -> int:
@@ -209,7 +240,23 @@ class ZarrIterableDataset(IterableDataset):
         if os.getpid() not in (self._pid, _reset_in[0]):
             _reset_event_loops()
         if info is None:
-            return self._main_epoch()
+            if self.device is None:
+                return self._main_epoch()
+            self._prefetcher = DevicePrefetcher(
+                _Stated(self._main_epoch(), self.loader),
+                self.device,
+                pin_memory=self.pin_memory,
+                prefetch=self.prefetch,
+            )
+            return iter(self._prefetcher)
+        if self.device is not None:
+            return _raise(
+                ArgumentValueError(
+                    f"device={self.device} puts batches on the device in the main process: "
+                    "under DataLoader workers make the dataset without device= and wrap the "
+                    "DataLoader in daskzarr_batches.torch.DevicePrefetcher"
+                )
+            )
         try:
             run = self._start_run(info.id, info.num_workers, info.seed)
         except DaskZarrBatchesError as error:  # raised at the first batch, which the
@@ -335,10 +382,148 @@ class ZarrIterableDataset(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_mem"] = None  # a view; the shared tensor itself travels
+        state["_prefetcher"] = None
         return state
 
     def __repr__(self) -> str:
         return f"<ZarrIterableDataset of {self.loader!r}>"
+
+
+class DevicePrefetcher:
+    """Batches of tensors put on ``device`` ahead of the step that uses them.
+
+    Parameters
+    ----------
+    batches : iterable
+        Batches of tensors (a ``DataLoader``, a
+        [`ZarrIterableDataset`][daskzarr_batches.torch.ZarrIterableDataset],
+        any iterable; tensors in dicts, tuples and lists are moved, anything
+        else passes through).  If it has ``state_dict()``, it is taken after
+        each batch is pulled, and ``state`` is the one after the last
+        batch handed out (what to checkpoint: prefetched batches not counted).
+    device : str or torch.device
+        Where the batches go (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
+    pin_memory : bool, optional
+        Pin each host tensor before its copy (default: when ``device`` is
+        CUDA; a ``DataLoader(pin_memory=True)`` pins in its own thread
+        already, and pinned tensors are not pinned again).  Ignored for a CPU
+        device (pinned memory serves copies to an accelerator only).
+    prefetch : int, default 2
+        Batches whose copies are started before the current one is handed
+        out.
+    dlpack : bool, default False
+        Hand each tensor over as a DLPack capsule
+        (``torch.utils.dlpack.to_dlpack``) for a consumer that takes one.
+
+    Notes
+    -----
+    On CUDA the copies are ``non_blocking`` on a side stream of the device,
+    one event recorded after each batch; handing a batch out makes the
+    current stream wait on its event and records the tensors on it, so the
+    step never reads a batch before its copy ends and the caching allocator
+    does not reuse its memory early.  On a CPU device the same steps run
+    with no stream, no event and no pinning.
+    """
+
+    def __init__(
+        self,
+        batches: Any,
+        device: str | torch.device,
+        *,
+        pin_memory: bool | None = None,
+        prefetch: int = 2,
+        dlpack: bool = False,
+    ) -> None:
+        self.batches = batches
+        self.device = _device(device)
+        cuda = self.device.type == "cuda"
+        if pin_memory is not None and not isinstance(pin_memory, bool):
+            raise ArgumentTypeError(f"pin_memory must be a bool or None, got {pin_memory!r}")
+        self.pin_memory = cuda if pin_memory is None else pin_memory and cuda
+        self.prefetch = _prefetch(prefetch)
+        self.dlpack = bool(dlpack)
+        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        #: the state of ``batches`` after the last batch handed out (None: none taken)
+        self.state: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        from collections import deque
+
+        stated = getattr(self.batches, "state_dict", None)
+        ahead: deque[tuple[Any, Any, dict[str, Any] | None]] = deque()
+        for batch in self.batches:
+            ahead.append((*self._start(batch), None if stated is None else stated()))
+            if len(ahead) > self.prefetch:
+                yield self._hand_out(*ahead.popleft())
+        while ahead:
+            yield self._hand_out(*ahead.popleft())
+        self.state = None if stated is None else stated()
+
+    def _start(self, batch: Any) -> tuple[Any, Any]:
+        """Start ``batch``'s copies; (the batch on the device, the event ending them)."""
+        if self._stream is None:
+            return _map_tensors(batch, self._copy), None
+        with torch.cuda.stream(self._stream):
+            moved = _map_tensors(batch, self._copy)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return moved, event
+
+    def _copy(self, tensor: Any) -> Any:
+        if self.pin_memory and tensor.device.type == "cpu" and not tensor.is_pinned():
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def _hand_out(self, batch: Any, event: Any, state: dict[str, Any] | None) -> Any:
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            _map_tensors(batch, lambda t: t.record_stream(current))
+        self.state = state
+        if self.dlpack:
+            return _map_tensors(batch, torch.utils.dlpack.to_dlpack)
+        return batch
+
+    def __repr__(self) -> str:
+        return f"<DevicePrefetcher to {self.device} of {self.batches!r}>"
+
+
+class _Stated:
+    """An epoch's batches with the loader's ``state_dict`` beside them (for the prefetcher)."""
+
+    def __init__(self, batches: Iterator[Any], loader: Loader) -> None:
+        self._batches, self.state_dict = batches, loader.state_dict
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches
+
+
+def _map_tensors(batch: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return {key: _map_tensors(value, fn) for key, value in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(_map_tensors(value, fn) for value in batch)
+    return batch
+
+
+def _device(device: Any) -> torch.device:
+    try:
+        return torch.device(device)
+    except (TypeError, RuntimeError) as error:
+        raise ArgumentValueError(f"device must name a torch device, got {device!r}") from error
+
+
+def _prefetch(prefetch: Any) -> int:
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int):
+        raise ArgumentTypeError(f"prefetch must be an int, got {prefetch!r}")
+    if prefetch < 0:
+        raise ArgumentValueError(f"prefetch must be >= 0, got {prefetch}")
+    return prefetch
 
 
 def _raise(error: Exception) -> Iterator[Any]:
@@ -415,7 +600,7 @@ def _check_dtype(dtype: np.dtype[Any], what: str) -> None:
 
 
 def _tensor(value: Any) -> Any:
-    """``value`` as a tensor if it is a numpy array (anything else: :func:`to_tensors`)."""
+    """``value`` as a tensor if it is a numpy array (anything else: ``to_tensors``)."""
     try:
         return torch.from_numpy(value)
     except (TypeError, ValueError):

@@ -36,10 +36,11 @@ settings.load_profile(os.environ.get("DZB_HYPOTHESIS", "fixed"))
 OPTIONAL = {
     "torch": ["loader/test_torch.py", "loader/test_training.py"],
     "peers": ["integration/test_peers.py"],
+    "jax": ["loader/test_jax.py"],
 }
 MISSING = {
     name
-    for name, module in (("torch", "torch"), ("peers", "insitubatch"))
+    for name, module in (("torch", "torch"), ("jax", "jax"), ("peers", "insitubatch"))
     if importlib.util.find_spec(module) is None
 }
 collect_ignore = [path for name in MISSING for path in OPTIONAL[name]]

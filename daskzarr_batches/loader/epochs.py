@@ -57,6 +57,7 @@ from ..streams.spec import (
     read_options,
     shuffle_mode,
 )
+from ..streams.timing import Bottleneck
 from .state import _size, _validated_states
 
 __all__ = ["Loader"]
@@ -347,6 +348,15 @@ class Loader:
                 self._position = stream.position
             self._stream = None
             self._busy.release()
+
+    def bottleneck(self) -> Bottleneck:
+        """The stage that limited the current (or last) epoch: ``self.stats.bottleneck()``.
+
+        Store requests, decoding, assembling batches or the consumer's own
+        step, with the numbers behind it and the setting to change
+        ([`Bottleneck`][daskzarr_batches.streams.timing.Bottleneck]).
+        """
+        return self.stats.bottleneck()
 
     def stream(self) -> BatchStream:
         """The [`BatchStream`][daskzarr_batches.BatchStream] of what is left of this rank's

@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import os
 import random
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
@@ -92,11 +93,43 @@ class RequestLimit:
     Locally the read tasks of a stream share the policy object, so the limit
     is the stream's.  Pickled (to a cluster's workers) it travels as its
     number and is rebuilt empty: there each read task has its own limit.
+
+    It also clocks the requests it lets through (what ``stats.bottleneck()``
+    reads): ``requests``, ``request_seconds`` (summed over requests),
+    ``busy_seconds`` (wall seconds with at least one in flight) and
+    ``queued_seconds`` (summed waits for a free slot).
     """
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self, n: int | None) -> None:
+        self.n = n  # None: no limit, the requests only clocked
         self._semaphore: asyncio.Semaphore | None = None
+        self.requests = 0
+        self.request_seconds = self.busy_seconds = self.queued_seconds = 0.0
+        self._active = 0
+        self._busy_since = 0.0
+
+    def begin(self, asked: float) -> float:
+        """Count a request let through after waiting since ``asked``; its start time."""
+        now = time.perf_counter()
+        self.queued_seconds += now - asked
+        if self._active == 0:
+            self._busy_since = now
+        self._active += 1
+        return now
+
+    def end(self, started: float) -> None:
+        """Count the end of a request that :meth:`begin` let through at ``started``."""
+        now = time.perf_counter()
+        self.requests += 1
+        self.request_seconds += now - started
+        self._active -= 1
+        if self._active == 0:
+            self.busy_seconds += now - self._busy_since
+
+    def busy_now(self) -> float:
+        """``busy_seconds``, the time of the requests now in flight included."""
+        active = time.perf_counter() - self._busy_since if self._active else 0.0
+        return self.busy_seconds + active
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RequestLimit, (self.n,))
@@ -108,11 +141,15 @@ class RequestLimit:
         return f"RequestLimit({self.n})"
 
     async def __aenter__(self) -> None:
+        if self.n is None:
+            return
         if self._semaphore is None:  # made on Zarr's event loop, where every read waits
             self._semaphore = asyncio.Semaphore(self.n)
         await self._semaphore.acquire()
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.n is None:
+            return
         assert self._semaphore is not None
         self._semaphore.release()
 
@@ -201,12 +238,12 @@ class ReadPolicy:
         return dataclasses.replace(self, cache_tokens=tokens)
 
     def limited(self, requests: int | None) -> ReadPolicy:
-        """This policy with a fresh :class:`RequestLimit` of ``requests`` (``None``: none).
+        """This policy with a fresh :class:`RequestLimit` of ``requests`` (``None``: no limit).
 
-        Called once per stream, so the stream's reads share one limit.
+        Called once per stream, so the stream's reads share one limit (and one
+        clock of their requests, also without a limit).
         """
-        limit = None if requests is None else RequestLimit(requests)
-        return dataclasses.replace(self, requests=limit)
+        return dataclasses.replace(self, requests=RequestLimit(requests))
 
 
 DEFAULT_POLICY = ReadPolicy()
@@ -319,8 +356,13 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
         if limit is None:
             result = await self._retrying(key, fetch, key, *args)
         else:
+            asked = time.perf_counter()
             async with limit:  # the stream's io_concurrency: requests, not decodes
-                result = await self._retrying(key, fetch, key, *args)
+                started = limit.begin(asked)
+                try:
+                    result = await self._retrying(key, fetch, key, *args)
+                finally:
+                    limit.end(started)
         if result is None and not is_metadata_key(key):
             await self._check_gone()
             self.ledger.missing.append(key)
@@ -357,10 +399,15 @@ class PolicyStore(zarr.storage.WrapperStore[Any]):
                 label, self.base.get_partial_values, prototype, ranges
             )
         else:
+            asked = time.perf_counter()
             async with limit:
-                values = await self._retrying(
-                    label, self.base.get_partial_values, prototype, ranges
-                )
+                started = limit.begin(asked)
+                try:
+                    values = await self._retrying(
+                        label, self.base.get_partial_values, prototype, ranges
+                    )
+                finally:
+                    limit.end(started)
         return values
 
     async def _retrying(self, key: str, call: Any, *args: Any) -> Any:

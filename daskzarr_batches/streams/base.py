@@ -35,6 +35,7 @@ from ..plan.quality import LabelCounter, QualityCounter, ShuffleQuality
 from ..plan.summary import read_amplification
 from ..store.policy import ReadPolicy, ReadReport, is_program_error, program_error
 from ..store.sources import Source
+from .timing import Bottleneck, bottleneck_of
 
 __all__ = ["SkippedChunk", "Stream", "StreamStats", "T"]
 
@@ -163,6 +164,15 @@ class StreamStats:
         the sample ids actually delivered: skipped chunks and a rank's share
         included); ``None`` for chunk streams.  Computed when asked, from the
         ids of the windows consumed (no cost per batch).
+    consumer_seconds, next_seconds : float
+        Wall seconds the consumer spent outside ``next()`` between items (its
+        own step) and inside it (``wait_seconds`` of which blocked on reads).
+    store_requests, store_request_seconds, store_busy_seconds, store_queued_seconds
+        Store requests of this stream's reads in this process (not a
+        cluster's workers', nor the zarrs pipeline's, which are not
+        clocked): how many, their seconds summed, the wall seconds with one
+        in flight, and the seconds they waited for a slot of
+        ``io_concurrency`` (the stream's, ``io_concurrency``).
     """
 
     chunks_read: int = 0
@@ -183,6 +193,13 @@ class StreamStats:
     cache_misses: int = 0
     bytes_from_cache: int = 0
     cache_damaged: int = 0
+    consumer_seconds: float = 0.0
+    next_seconds: float = 0.0
+    store_requests: int = 0
+    store_request_seconds: float = 0.0
+    store_busy_seconds: float = 0.0
+    store_queued_seconds: float = 0.0
+    io_concurrency: int | None = None
     delivered: DeliveredIds | None = field(default=None, repr=False, compare=False)
     labels: LabelCounter | None = field(default=None, repr=False, compare=False)
 
@@ -202,6 +219,14 @@ class StreamStats:
                 quality, label_mixing=figures[0], label_distance=figures[1]
             )
         return quality
+
+    def bottleneck(self) -> Bottleneck:
+        """The stage that limited the epoch so far, the numbers and the setting to change.
+
+        See [`Bottleneck`][daskzarr_batches.streams.timing.Bottleneck]; ``str()`` of
+        it is one line (what ``daskzarr-batches bench`` prints).
+        """
+        return bottleneck_of(self)
 
     @property
     def read_amplification(self) -> float:
@@ -242,6 +267,7 @@ class Stream(abc.ABC, Generic[T]):
         self, length: int, runner: Runner, timeout: float | None, policy: ReadPolicy
     ) -> None:
         self._created = time.perf_counter()
+        self._left: float | None = None  # when the last next() returned
         self.stats = StreamStats()
         self._length = length
         self._runner = runner
@@ -267,6 +293,24 @@ class Stream(abc.ABC, Generic[T]):
         return self
 
     def __next__(self) -> T:
+        entered = time.perf_counter()
+        stats = self.stats
+        if self._left is not None:
+            stats.consumer_seconds += entered - self._left
+        try:
+            return self._next()
+        finally:
+            self._left = time.perf_counter()
+            stats.next_seconds += self._left - entered
+            limit = self.policy.requests
+            if limit is not None:
+                stats.io_concurrency = limit.n
+                stats.store_requests = limit.requests
+                stats.store_request_seconds = limit.request_seconds
+                stats.store_busy_seconds = limit.busy_now()
+                stats.store_queued_seconds = limit.queued_seconds
+
+    def _next(self) -> T:
         with self._lock:
             if self._failure is not None:
                 raise self._failed()

@@ -8,7 +8,9 @@ bytes of samples handed out) per second, the read amplification
 ``next()`` (``stats.wait_seconds / seconds``; close to 100 % when nothing
 else runs, since the consumer does nothing), and the time to the first batch
 (``stats.time_to_first_batch``; the total row shows the mean over epochs).
-The timed epoch starts before the stream is made, so planning is included.
+Below the table, ``stats.bottleneck()`` of the last epoch: the stage that limited it,
+the numbers behind it and the setting to change.  The timed epoch starts before the
+stream is made, so planning is included.
 
 CPU per GB (issue 20): the CPU seconds of this process (``time.process_time``: every
 thread, native ones included) over the same region as the epoch's clock, plus, on a
@@ -27,6 +29,7 @@ directory store that is removed afterwards) and streamed as pairs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -58,7 +61,7 @@ from .. import (
 )
 from ..store.backends import Backend
 from ..streams.spec import shuffle_mode
-from ..streams.timing import time_epoch
+from ..streams.timing import Bottleneck, time_epoch
 
 __all__ = [
     "CHUNK_ROWS",
@@ -196,6 +199,8 @@ class EpochResult:
     bytes_from_cache: int | None = None
     #: CPU seconds of the epoch (this process, all threads; and a client's workers)
     cpu_seconds: float = 0.0
+    #: the stage that limited the epoch (``stats.bottleneck()``; the total: the last epoch's)
+    bottleneck: Bottleneck | None = None
 
     @property
     def cpu_s_per_gb(self) -> float:
@@ -245,6 +250,7 @@ class EpochResult:
             cache_misses=_sum([e.cache_misses for e in epochs]),
             bytes_from_cache=_sum([e.bytes_from_cache for e in epochs]),
             cpu_seconds=sum(e.cpu_seconds for e in epochs),
+            bottleneck=epochs[-1].bottleneck if epochs else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -268,6 +274,8 @@ class EpochResult:
             cpu_seconds=self.cpu_seconds,
             cpu_s_per_gb=_finite(self.cpu_s_per_gb),
         )
+        if self.bottleneck is not None:
+            record["bottleneck"] = dataclasses.asdict(self.bottleneck)
         if self.cache_hits is not None:
             record.update(
                 cache_hits=self.cache_hits,
@@ -590,6 +598,7 @@ def _run_epoch(
         skipped=list(getattr(stats, "skipped", [])),
         time_to_first_batch=getattr(stats, "time_to_first_batch", None),
         cpu_seconds=cpu,
+        bottleneck=stats.bottleneck(),
         **(
             {}
             if settings.cache is None
@@ -699,6 +708,9 @@ def _table(
     shown = "" if not skipped else " " + ", ".join(str(item) for item in skipped[:5])
     more = f", ... ({len(skipped) - 5} more)" if len(skipped) > 5 else ""
     lines.append("")
+    if total.bottleneck is not None:
+        last = "" if len(epochs) == 1 else " (the last epoch's)"
+        lines.append(f"{total.bottleneck}{last}")
     spread = summary.get("spread")
     if spread is not None:
         lines.append(

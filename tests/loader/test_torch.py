@@ -20,7 +20,7 @@ import zarr
 import daskzarr_batches as dzb
 from daskzarr_batches.plan.batching import positions_between
 from daskzarr_batches.plan.batching import worker_part as worker_positions
-from daskzarr_batches.torch import ZarrIterableDataset, to_tensors
+from daskzarr_batches.torch import DevicePrefetcher, ZarrIterableDataset, to_tensors
 
 N = 50
 
@@ -230,3 +230,59 @@ def test_import_without_torch_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delitem(sys.modules, "daskzarr_batches.torch")
     with pytest.raises(ImportError, match=r"pip install 'daskzarr-batches\[torch\]'"):
         importlib.import_module("daskzarr_batches.torch")
+
+
+# ---------------------------------------------------------------- device delivery
+
+
+def test_device_delivery_on_the_cpu_device_resumes_exactly(arrays: dict[str, Any]) -> None:
+    """device="cpu": the CUDA path's steps with no stream; prefetched batches not counted."""
+    whole = [key(b) for b in ZarrIterableDataset(make(arrays))]
+    dataset = ZarrIterableDataset(make(arrays), device="cpu", prefetch=3)
+    assert dataset.device == torch.device("cpu") and dataset.prefetch == 3
+    first = []
+    for batch in torch.utils.data.DataLoader(dataset, batch_size=None):
+        assert isinstance(batch["x"], torch.Tensor) and batch["x"].device.type == "cpu"
+        first.append(key(batch))
+        if len(first) == 2:
+            break
+    state = dataset.state_dict()
+    assert state["batches"] == 2
+    again = ZarrIterableDataset(make(arrays), device="cpu")
+    again.load_state_dict(state)
+    assert first + [key(b) for b in again] == whole
+    assert again.state_dict()["epoch"] == 1
+
+
+def test_device_prefetcher_around_workers_and_dlpack(arrays: dict[str, Any]) -> None:
+    loader = torch.utils.data.DataLoader(
+        ZarrIterableDataset(make(arrays)), batch_size=None, num_workers=2
+    )
+    moved = DevicePrefetcher(loader, "cpu", pin_memory=True, prefetch=1)
+    assert moved.pin_memory is False  # pinning serves copies to an accelerator only
+    got = sorted(key(b) for b in moved)
+    assert got == sorted(key(b) for b in ZarrIterableDataset(make(arrays)))
+    capsules = DevicePrefetcher([{"y": torch.arange(3)}], "cpu", dlpack=True)
+    (batch,) = list(capsules)
+    assert torch.utils.dlpack.from_dlpack(batch["y"]).tolist() == [0, 1, 2]
+    with pytest.raises(dzb.ArgumentValueError, match="device must name a torch device"):
+        DevicePrefetcher([], "no-such-device")
+    with pytest.raises(dzb.ArgumentValueError, match="prefetch must be >= 0"):
+        ZarrIterableDataset(make(arrays), device="cpu", prefetch=-1)
+
+
+def test_device_under_workers_is_refused(arrays: dict[str, Any]) -> None:
+    dataset = ZarrIterableDataset(make(arrays), device="cpu")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1)
+    with pytest.raises(dzb.ArgumentValueError, match="DevicePrefetcher"):
+        next(iter(loader))
+
+
+if torch.cuda.is_available():  # collected only where a CUDA device exists
+
+    def test_device_delivery_on_cuda(arrays: dict[str, Any]) -> None:
+        batches = list(ZarrIterableDataset(make(arrays), device="cuda"))
+        assert all(b["x"].is_cuda for b in batches)
+        assert [key({k: v.cpu() for k, v in b.items()}) for b in batches] == [
+            key(b) for b in ZarrIterableDataset(make(arrays))
+        ]

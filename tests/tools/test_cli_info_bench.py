@@ -285,6 +285,7 @@ def test_bench_without_a_store_generates_data_and_prints_the_summary(
     assert all(row.split()[7] == "1.00" for row in table[1:4])
     # two epochs: the spread of their wall times; what the CPU counts
     assert lines[-3].startswith("epoch seconds: min ") and "x the fastest)" in lines[-3]
+    assert lines[-4].startswith("bottleneck: ") and "change: " in lines[-4]
     assert lines[-2] == (
         "cpu-s/GB:     CPU seconds of this process (all threads) per GB handed out"
     )

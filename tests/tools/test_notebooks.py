@@ -62,8 +62,9 @@ def test_there_are_notebooks() -> None:
 
 
 def _needs(path: Path) -> list[pytest.MarkDecorator]:
-    """A notebook that imports torch is not collected where torch is not installed."""
-    return [pytest.mark.torch] if "import torch" in path.read_text(encoding="utf-8") else []
+    """A notebook that imports torch (jax) is not collected where it is not installed."""
+    text = path.read_text(encoding="utf-8")
+    return [getattr(pytest.mark, name) for name in ("torch", "jax") if f"import {name}" in text]
 
 
 #: the tag of a cell whose outputs are not compared (they vary with timing; it asserts)

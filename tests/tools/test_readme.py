@@ -145,15 +145,20 @@ def test_ci_runs_both_legs_each_from_its_constraints() -> None:
     assert named and [path for path in named if not (ROOT / path).is_file()] == []
 
 
+OPTIONAL = ("torch", "jax")  # a snippet importing one is marked for it
+
+
 @pytest.mark.parametrize(
     "block",
     [
         pytest.param(
-            block, id=block.name, marks=[pytest.mark.torch] if "import torch" in block.code else []
+            block,
+            id=block.name,
+            marks=[getattr(pytest.mark, m) for m in OPTIONAL if f"import {m}" in block.code],
         )
         for block in RUN
     ],
-)  # a snippet that imports torch is not collected where torch is not installed
+)  # a snippet that imports torch (jax) is not collected where it is not installed
 def test_snippet_runs_as_written(
     block: Block,
     tmp_path: Path,
@@ -253,7 +258,13 @@ def test_api_reference_documents_every_public_name_by_its_public_path() -> None:
 
     expected = {f"daskzarr_batches.{name}" for name in PUBLIC}
     expected |= {f"daskzarr_batches.plan.{name}" for name in plan.__all__}
-    expected.add("daskzarr_batches.torch.ZarrIterableDataset")
+    expected |= {
+        "daskzarr_batches.torch.ZarrIterableDataset",
+        "daskzarr_batches.torch.DevicePrefetcher",
+        "daskzarr_batches.jax.JaxLoader",
+        "daskzarr_batches.jax.process_share",
+        "daskzarr_batches.streams.timing.Bottleneck",  # what bottleneck() returns
+    }
     assert set(documented) == expected, (
         f"missing: {sorted(expected - set(documented))}, "
         f"not public: {sorted(set(documented) - expected)}"
@@ -274,8 +285,8 @@ def _pins(name: str = "constraints.txt") -> dict[str, Version]:
 
 @pytest.mark.parametrize(
     ("constraints", "extras", "python"),
-    [("constraints.txt", ["test", "docs", "torch"], "3.11"),
-     ("constraints-newest.txt", ["test", "docs", "peers"], "3.13")],
+    [("constraints.txt", ["test", "docs", "jax", "torch"], "3.11"),
+     ("constraints-newest.txt", ["test", "docs", "jax", "peers"], "3.13")],
 )  # fmt: skip
 def test_constraints_pin_every_test_requirement_within_its_range(
     constraints: str, extras: list[str], python: str

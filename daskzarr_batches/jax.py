@@ -1,0 +1,252 @@
+"""JAX adapter: a [`Loader`][daskzarr_batches.Loader]'s batches as ``jax.Array``, laid out across
+devices.
+
+``import daskzarr_batches.jax`` needs JAX (``pip install 'daskzarr-batches[jax]'``);
+the package itself never imports this module.
+
+[`JaxLoader`][daskzarr_batches.jax.JaxLoader] wraps a [`Loader`][daskzarr_batches.Loader]: each
+iteration is one of its epochs,
+every numpy array of a batch (an array, a tuple, a dict) handed to
+``jax.device_put`` (one device) or, with a ``jax.sharding.Sharding``, made into
+one global array of which each device holds its part of the batch axis.
+Device transfers are asynchronous in JAX, so keeping the next ``prefetch``
+batches already put overlaps their copies with the step that uses the current
+one (the loader itself reads ahead on its threads meanwhile).
+
+With several JAX processes (``jax.distributed.initialize``) each process reads
+its own share: build the loader with [`process_share`][daskzarr_batches.jax.process_share]
+(``rank`` =
+``jax.process_index()``, ``world_size`` = ``jax.process_count()``); a sharded
+batch is then assembled from the process-local parts
+(``jax.make_array_from_process_local_data``), its global batch axis every
+process's batch one after another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+try:
+    import jax
+except ImportError as error:  # pragma: no cover - exercised where jax is absent
+    raise ImportError(
+        "daskzarr_batches.jax needs JAX: pip install 'daskzarr-batches[jax]'"
+    ) from error
+
+import numpy as np
+
+from .errors import ArgumentTypeError, ArgumentValueError
+from .loader import Loader
+
+__all__ = ["JaxLoader", "process_share"]
+
+#: version of [`JaxLoader.state_dict`][daskzarr_batches.jax.JaxLoader.state_dict]'s wrapper
+STATE_VERSION = 1
+
+
+def process_share() -> dict[str, int]:
+    """This JAX process's share of each epoch, as [`Loader`][daskzarr_batches.Loader] keywords.
+
+    ``{"rank": jax.process_index(), "world_size": jax.process_count()}``:
+    ``Loader(arrays, batch_size, **process_share())`` reads this process's
+    share, disjoint from every other process's.
+    """
+    return {"rank": jax.process_index(), "world_size": jax.process_count()}
+
+
+class JaxLoader:
+    """A [`Loader`][daskzarr_batches.Loader] whose batches are ``jax.Array`` (sharded across
+    devices if asked).
+
+    Parameters
+    ----------
+    loader : Loader
+        The epochs, shuffle, share and state to serve.  With several JAX
+        processes its ``rank`` and ``world_size`` must be this process's
+        ([`process_share`][daskzarr_batches.jax.process_share]).
+    sharding : jax.sharding.Sharding, optional
+        How each batch array is laid out, e.g.
+        ``NamedSharding(mesh, PartitionSpec("batch"))``: the batch axis split
+        across the mesh's devices.  ``None``: every array on JAX's default
+        device (``jax.device_put``).  The batch size (times the processes)
+        must divide evenly across the devices of the batch axis; use the
+        loader's ``drop_remainder=True`` if the last batch would not.
+    prefetch : int, default 2
+        Batches put on the devices ahead of the one handed out, so that
+        their transfers overlap the step (``0``: put each when asked).
+
+    Raises
+    ------
+    ArgumentTypeError
+        ``loader`` is not a [`Loader`][daskzarr_batches.Loader], or ``sharding`` not a
+        ``jax.sharding.Sharding``.
+    ArgumentValueError
+        ``prefetch`` is negative, or (several JAX processes) the loader's
+        rank and world size are not this process's.
+
+    Notes
+    -----
+    Dtypes are JAX's: without ``jax.config.update("jax_enable_x64", True)``
+    JAX holds 64-bit arrays as 32-bit ones (``device_put``'s rule).
+
+    ``state_dict()`` is the state after the last batch handed out (the
+    batches prefetched but not handed out are not counted), so a
+    ``JaxLoader`` over a new loader, given it with ``load_state_dict()``,
+    yields exactly the rest of the uninterrupted run.  It is plain JSON-able
+    data: checkpoint it as any pytree of Python values (Orbax's
+    ``JsonSave``, a ``grain``-style iterator's ``get_state()`` /
+    ``set_state()``, which are its aliases here).
+    """
+
+    def __init__(self, loader: Loader, *, sharding: Any = None, prefetch: int = 2) -> None:
+        if not isinstance(loader, Loader):
+            raise ArgumentTypeError(f"loader must be a daskzarr_batches.Loader, got {loader!r}")
+        if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+            raise ArgumentTypeError(
+                f"sharding must be a jax.sharding.Sharding (e.g. NamedSharding) or None, "
+                f"got {sharding!r}"
+            )
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int | np.integer):
+            raise ArgumentTypeError(f"prefetch must be an int, got {prefetch!r}")
+        if prefetch < 0:
+            raise ArgumentValueError(f"prefetch must be >= 0, got {prefetch}")
+        processes = jax.process_count()
+        if processes > 1 and (loader.rank, loader.world_size) != (
+            jax.process_index(),
+            processes,
+        ):
+            raise ArgumentValueError(
+                f"this is JAX process {jax.process_index()} of {processes}, but the loader "
+                f"reads rank {loader.rank} of {loader.world_size}: build it with "
+                "Loader(..., **daskzarr_batches.jax.process_share())"
+            )
+        self.loader = loader
+        self.sharding = sharding
+        self.prefetch = int(prefetch)
+        self._processes = processes
+        self._state: dict[str, Any] | None = None  # after the last batch handed out
+
+    # ------------------------------------------------------------ forwarding
+
+    def __len__(self) -> int:
+        """Batches of a whole epoch (this process's share)."""
+        return len(self.loader)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration runs, as far as handed out."""
+        state = self._state
+        return self.loader.epoch if state is None else int(state["epoch"])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run epoch ``epoch`` in the next iteration (from its start)."""
+        self.loader.set_epoch(epoch)
+        self._state = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state after the last batch this iterator handed out."""
+        return dict(self.loader.state_dict() if self._state is None else self._state)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from ``state_dict``; see
+        [`Loader.load_state_dict`][daskzarr_batches.Loader.load_state_dict])."""
+        self.loader.load_state_dict(state)
+        self._state = None
+
+    get_state = state_dict
+    set_state = load_state_dict
+
+    def bottleneck(self) -> Any:
+        """What limited the current (or last) epoch: ``Loader.bottleneck``."""
+        return self.loader.bottleneck()
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[Any]:
+        if self.prefetch == 0:
+            for batch in self.loader:
+                out = self.put(batch)
+                self._state = self.loader.state_dict()
+                yield out
+            self._state = None  # the epoch is over: the loader's own state is exact
+            return
+        # A thread pulls host batches and starts their transfers, at most ``prefetch``
+        # ahead: JAX's dispatch of a sharded put (a fraction of a millisecond) overlaps
+        # the step instead of adding to it.
+        ahead: queue.Queue[tuple[str, Any, Any]] = queue.Queue(self.prefetch)
+        stop = threading.Event()
+        producer = threading.Thread(
+            target=self._produce, args=(ahead, stop), name="JaxLoader", daemon=True
+        )
+        producer.start()
+        try:
+            while True:
+                kind, out, state = ahead.get()
+                if kind == "end":
+                    self._state = None  # the epoch is over: the loader's state is exact
+                    return
+                if kind == "error":
+                    raise out
+                self._state = state
+                yield out
+        finally:
+            stop.set()
+            while producer.is_alive():  # let it see the stop, however full the queue
+                with contextlib.suppress(queue.Empty):
+                    ahead.get(timeout=0.05)
+            producer.join()
+
+    def _produce(self, ahead: queue.Queue[tuple[str, Any, Any]], stop: threading.Event) -> None:
+        """Pull the loader's batches and put them on the devices (the prefetch thread)."""
+        host = iter(self.loader)
+        try:
+            for batch in host:
+                item = ("batch", self.put(batch), self.loader.state_dict())
+                while not stop.is_set():
+                    try:
+                        ahead.put(item, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ahead.put(("end", None, None))
+        except BaseException as error:  # handed to the consumer, raised there
+            if not stop.is_set():
+                ahead.put(("error", error, None))
+        finally:
+            close = getattr(host, "close", None)
+            if close is not None:
+                close()
+
+    def put(self, batch: Any) -> Any:
+        """``batch`` (numpy arrays in a tuple, dict, ...) with every array on the devices."""
+        return jax.tree_util.tree_map(self._put, batch)
+
+    def _put(self, value: Any) -> Any:
+        if not isinstance(value, np.ndarray):
+            return value
+        sharding = self.sharding
+        if sharding is None:
+            return jax.device_put(value)
+        global_shape = (value.shape[0] * self._processes, *value.shape[1:])
+        try:
+            if self._processes == 1:
+                return jax.device_put(value, sharding)
+            return jax.make_array_from_process_local_data(sharding, value, global_shape)
+        except ValueError as error:
+            raise ArgumentValueError(
+                f"a batch array of shape {global_shape} cannot be laid out as {sharding}: "
+                f"{error}; its batch axis must divide evenly across the devices (the "
+                "Loader's drop_remainder=True drops a short last batch)"
+            ) from error
+
+    def __repr__(self) -> str:
+        return f"<JaxLoader of {self.loader!r}, sharding={self.sharding}, prefetch={self.prefetch}>"
