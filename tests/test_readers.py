@@ -74,10 +74,10 @@ def make(kind: str, tmp_path: Path, broken: bool = False) -> Any:
 def pieces(shuffled: bool) -> list[ChunkPiece]:
     """A sequential window of every row, or a shuffled one of some rows of chunks 1 and 3."""
     if not shuffled:
+        bounds = [(lo, min(ROWS, lo + CHUNK)) for lo in range(0, ROWS, CHUNK)]
         return [
-            ChunkPiece(c, c * CHUNK, min(ROWS, (c + 1) * CHUNK), slice(0, n), slice(c * CHUNK, None))
-            for c in range(5)
-            for n in [min(ROWS, (c + 1) * CHUNK) - c * CHUNK]
+            ChunkPiece(c, lo, hi, slice(0, hi - lo), slice(lo, hi))
+            for c, (lo, hi) in enumerate(bounds)
         ]
     return [
         ChunkPiece(1, 10, 20, np.array([0, 3, 7]), np.array([4, 0, 2])),

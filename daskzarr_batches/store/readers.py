@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -34,7 +35,7 @@ import numpy as np
 import zarr
 
 from ..plan.windows import ChunkPiece
-from .direct import DirectLayout, direct_reader
+from .direct import DirectLayout
 from .layout import object_shape
 from .pipelines import codec_pipeline_of
 from .policy import CancelScope, Ledger, ReadPolicy, native_view, policy_view, read_array, read_into
@@ -49,7 +50,7 @@ from .rows import (
     starts,
 )
 from .shards import read_sharded, sharding_codec
-from .zarr_adapter import async_array, nd_buffer, sync
+from .zarr_adapter import async_array, codec_pipeline, is_zarr_pipeline, nd_buffer, sync
 
 __all__ = [
     "Access",
@@ -222,7 +223,8 @@ class DirectReader:
 
     kind = "direct"
 
-    def __init__(self, other: ZarrReader) -> None:
+    def __init__(self, layout: DirectLayout, other: ZarrReader) -> None:
+        self.layout = layout
         self.other = other
         self.native = other.native
 
@@ -231,7 +233,9 @@ class DirectReader:
         sequential = one_slice(window.runs, window.size, window.plan_order)
         if window.plan_order or (sequential and self.native):
             return self.other.read_rows(access, window)
-        direct = direct_reader(access.view)
+        view = access.view  # through its policy store, if Zarr's own pipeline reads it
+        exact = is_zarr_pipeline(codec_pipeline(view), exactly=True)
+        direct = self.layout.reader(view.store_path.store) if exact else None
         ordered = window.ordered()
         items = None if direct is None else direct_items(ordered)
         if direct is None or items is None:
@@ -260,9 +264,7 @@ class DirectReader:
             (s.start, s.stop) != (0, n) for s, n in zip(slices[1:], array.shape[1:], strict=True)
         ):
             return self.other.read_block(access, slices)
-        layout = DirectLayout.of(array)
-        assert layout is not None
-        reader = layout.policy_reader(array, access.name, access.policy, access.ledger)
+        reader = self.layout.policy_reader(array, access.name, access.policy, access.ledger)
         first = slices[0]
         out = np.empty((first.stop - first.start, *array.shape[1:]), dtype=reader.dtype)
         run_on_loop(reader.read([(first.start, first.stop)], [out]), access.scope)
@@ -337,14 +339,39 @@ def reader_for(array: Any, policy: ReadPolicy) -> ChunkReader:
     by Zarr's pipeline only; zarrs reads shards itself), else the shard
     reader for a sharded array, the direct decode for plain zstd chunks
     (falling back on Zarr's or zarrs' reader), Zarr's pipeline, numpy or dask.
+    Chosen once per array object and whether the policy has a cache (kept
+    while the array lives), so that a task's choice costs a lookup.
     """
     if not isinstance(array, zarr.Array):
-        return DaskReader() if hasattr(array, "dask") else NumpyReader()
-    native = policy.cache is None and codec_pipeline_of(array) == "zarrs"
+        return _DASK if hasattr(array, "dask") else _NUMPY
+    uncached = policy.cache is None
+    key = id(array)
+    entry = _CHOSEN.get(key)
+    if entry is None or entry[0]() is not array:
+        entry = (weakref.ref(array, functools.partial(_forget, key)), {})
+        _CHOSEN[key] = entry
+    reader = entry[1].get(uncached)
+    if reader is None:
+        reader = entry[1][uncached] = _choose(array, uncached)
+    return reader
+
+
+def _forget(key: int, _: Any) -> None:
+    _CHOSEN.pop(key, None)
+
+
+def _choose(array: zarr.Array, uncached: bool) -> ChunkReader:
+    native = uncached and codec_pipeline_of(array) == "zarrs"
     if not native and sharding_codec(array) is not None:
         return ShardReader()
     base = ZarrsReader() if native else ZarrReader()
-    return DirectReader(base) if DirectLayout.of(array) is not None else base
+    layout = DirectLayout.of(array)
+    return base if layout is None else DirectReader(layout, base)
+
+
+#: :func:`reader_for`'s choice per Zarr array object (``id``): while it lives, by cache or not
+_CHOSEN: dict[int, tuple[weakref.ref[Any], dict[bool, ChunkReader]]] = {}
+_NUMPY, _DASK = NumpyReader(), DaskReader()
 
 
 def poolable(view: Any) -> bool:
