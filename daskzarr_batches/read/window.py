@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptChunkError, MissingChunkError, ReadCancelledError, StoreGoneError
+from ..errors import MissingChunkError, ReadCancelledError, StoreGoneError
 from ..plan.budget import DECODE_GROUP_BYTES
 from ..plan.windows import ChunkPiece
 from ..store.direct import DirectLayout, concurrency_limit
@@ -29,7 +29,6 @@ from ..store.policy import (
     ReadReport,
     is_program_error,
     program_error,
-    read_array,
 )
 from ..store.readers import Access, RowsWindow, poolable, reader_for, run_on_loop
 from ..store.rows import (
@@ -38,13 +37,11 @@ from ..store.rows import (
     direct_items,
     direct_targets,
     keeps_all,
-    owned,
     runs_of,
-    starts,
     taken,
 )
 from .context import DEFAULT_CONTEXT, ReadContext
-from .failures import raise_failed_read, read_named
+from .failures import raise_failed_read, read_again
 from .tasks import join_members, mapped, window_output
 
 _taken = taken  # read.kept's name
@@ -54,29 +51,10 @@ __all__ = [
     "MemberWindow",
     "read_member_window",
     "read_members",
-    "read_rows",
     "read_subset_window",
     "read_window",
     "release_free_memory",
 ]
-
-
-def read_rows(
-    array: Any, name: str, piece: ChunkPiece, ledger: Ledger, scope: CancelScope | None = None
-) -> np.ndarray:
-    """Decode the axis-0 chunk of ``piece`` and keep its rows ``take``.
-
-    A failure becomes an error naming the array, the chunk, its key(s) and
-    samples: :class:`MissingChunkError` as raised by the policy store,
-    :class:`ChunkReadError` when the store failed (after its retries),
-    :class:`CorruptChunkError` when the bytes arrived and did not decode.
-    """
-    span = (slice(piece.start, piece.stop),)
-    slab = read_named(
-        lambda: np.asarray(read_array(array, span, scope)),
-        array, name, f"axis-0 chunk {piece.chunk}", piece, ledger,
-    )  # fmt: skip
-    return slab[piece.take]
 
 
 def read_window(
@@ -170,7 +148,7 @@ def read_window(
             error = program_error(exc, f"a window of array {name}")
             raise error from error.__cause__
     place = Placer(window.output(), plan_order)
-    skipped = _read_again(view, name, runs, place, ledger, policy, scope)
+    skipped = read_again(view, name, runs, place, ledger, policy, scope)
     out = _without(place.out, skipped, size, plan_order)
     return out, _report(view, pieces, ledger, [p for p, _ in skipped])
 
@@ -342,44 +320,6 @@ def _decode_limit(
         if 2 * limit_rows >= largest:  # half a chunk or more: one decoding, the next read
             limit_rows = max(limit_rows, 2 * largest)
     return max(limit_rows, largest), streaming
-
-
-def _read_again(
-    view: Any,
-    name: str,
-    runs: Sequence[Sequence[ChunkPiece]],
-    place: Placer,
-    ledger: Ledger,
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-) -> list[tuple[ChunkPiece, int]]:
-    """A failed window read again run by run, then chunk by chunk, to name the chunk that fails.
-
-    Returns the chunks left out (``on_error="skip"``) and where their rows
-    would have gone.  A key whose retries are spent is not read again.
-    """
-    named = [(f"axis-0 chunk {piece.chunk}", piece) for run in runs for piece in run]
-    raise_failed_read(view, name, named, ledger)
-    skipped: list[tuple[ChunkPiece, int]] = []
-    for run, at in zip(runs, starts(runs), strict=True):
-        try:
-            span = (slice(run[0].start, run[-1].stop),)
-            place(run, owned(np.asarray(read_array(view, span, scope))), at)
-            continue
-        except Exception as exc:  # chunk by chunk, so that the error names the chunk that fails
-            if is_program_error(exc):
-                error = program_error(exc, f"axis-0 chunks {run[0].chunk}.. of array {name}")
-                raise error from error.__cause__
-        for piece, where in zip(run, starts([[p] for p in run]), strict=True):
-            try:
-                rows = read_rows(view, name, piece, ledger, scope)
-            except CorruptChunkError:
-                if policy.on_error != "skip":
-                    raise
-                skipped.append((piece, at + where))
-                continue
-            place.piece(piece, rows, at + where)
-    return skipped
 
 
 def _without(
