@@ -9,7 +9,9 @@ through :func:`read_named`, whose error names the chunk (array, chunk, keys,
 samples) and says what failed: :class:`ChunkReadError` (the store),
 :class:`CorruptChunkError` (the bytes did not decode), or passes
 :class:`MissingChunkError`, :class:`StoreGoneError` and the cancellation on.
-A failure of the program itself (``store.policy.is_program_error``) is raised
+:func:`read_again` is that fallback for a window (run by run, then chunk by
+chunk through :func:`read_rows`), whichever chunk reader (``store.readers``)
+failed.  A failure of the program itself (``store.policy.is_program_error``) is raised
 as what it is, with a note naming the chunk: never a corrupt or unreadable
 chunk, never skipped.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 import zarr
 
 from ..errors import (
@@ -31,9 +34,18 @@ from ..errors import (
 from ..plan.windows import ChunkPiece
 from ..store.backends import error_text
 from ..store.layout import storage_keys
-from ..store.policy import Ledger, is_program_error, is_transient, program_error
+from ..store.policy import (
+    CancelScope,
+    Ledger,
+    ReadPolicy,
+    is_program_error,
+    is_transient,
+    program_error,
+    read_array,
+)
+from ..store.rows import Placer, owned, starts
 
-__all__ = ["chunk_error", "raise_failed_read", "read_named"]
+__all__ = ["chunk_error", "raise_failed_read", "read_again", "read_named", "read_rows"]
 
 T = TypeVar("T")
 
@@ -108,3 +120,62 @@ def raise_failed_read(
             f"could not read {key!r} of array {name} after {ledger.retries} retries: "
             f"{error_text(exc)}"
         ) from exc
+
+
+def read_rows(
+    array: Any, name: str, piece: ChunkPiece, ledger: Ledger, scope: CancelScope | None = None
+) -> np.ndarray:
+    """Decode the axis-0 chunk of ``piece`` and keep its rows ``take``.
+
+    A failure becomes an error naming the array, the chunk, its key(s) and
+    samples: :class:`MissingChunkError` as raised by the policy store,
+    :class:`ChunkReadError` when the store failed (after its retries),
+    :class:`CorruptChunkError` when the bytes arrived and did not decode.
+    """
+    span = (slice(piece.start, piece.stop),)
+    slab = read_named(
+        lambda: np.asarray(read_array(array, span, scope)),
+        array, name, f"axis-0 chunk {piece.chunk}", piece, ledger,
+    )  # fmt: skip
+    return slab[piece.take]
+
+
+def read_again(
+    view: Any,
+    name: str,
+    runs: Sequence[Sequence[ChunkPiece]],
+    place: Placer,
+    ledger: Ledger,
+    policy: ReadPolicy,
+    scope: CancelScope | None,
+) -> list[tuple[ChunkPiece, int]]:
+    """A failed window read again run by run, then chunk by chunk, to name the chunk that fails.
+
+    The fallback of every window read (``read.window``), whichever chunk
+    reader failed; ``place`` puts the rows into the window's output.
+
+    Returns the chunks left out (``on_error="skip"``) and where their rows
+    would have gone.  A key whose retries are spent is not read again.
+    """
+    named = [(f"axis-0 chunk {piece.chunk}", piece) for run in runs for piece in run]
+    raise_failed_read(view, name, named, ledger)
+    skipped: list[tuple[ChunkPiece, int]] = []
+    for run, at in zip(runs, starts(runs), strict=True):
+        try:
+            span = (slice(run[0].start, run[-1].stop),)
+            place(run, owned(np.asarray(read_array(view, span, scope))), at)
+            continue
+        except Exception as exc:  # chunk by chunk, so that the error names the chunk that fails
+            if is_program_error(exc):
+                error = program_error(exc, f"axis-0 chunks {run[0].chunk}.. of array {name}")
+                raise error from error.__cause__
+        for piece, where in zip(run, starts([[p] for p in run]), strict=True):
+            try:
+                rows = read_rows(view, name, piece, ledger, scope)
+            except CorruptChunkError:
+                if policy.on_error != "skip":
+                    raise
+                skipped.append((piece, at + where))
+                continue
+            place.piece(piece, rows, at + where)
+    return skipped

@@ -34,7 +34,6 @@ axes) for chunk streams, optionally followed by a transform task.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import mmap
@@ -55,7 +54,6 @@ from ..errors import (
 )
 from ..plan.batching import join_rows
 from ..plan.windows import ChunkPiece, Selector
-from ..store.direct import DirectLayout
 from ..store.layout import block_key
 from ..store.policy import (
     NO_REPORT,
@@ -69,8 +67,9 @@ from ..store.policy import (
     program_error,
     read_array,
 )
+from ..store.readers import Access, reader_for, run_on_loop
+from ..store.rows import owned, put_rows
 from ..store.shards import read_shard_blocks, sharding_codec
-from ..store.zarr_adapter import sync
 from .context import DEFAULT_CONTEXT, ReadContext
 from .failures import raise_failed_read, read_named
 
@@ -119,28 +118,37 @@ def read_block(
     """
     policy, scope = ctx.policy, ctx.scope
     piece = _block_piece(block, slices)
-    direct = _read_block_directly(array, name, block, slices, policy, scope)
-    if direct is not None:
-        return direct
+    reader = reader_for(array, policy)
     ledger = Ledger()
-    fast, view = read_views(array, name, policy, ledger, lambda: block_key(array, block), scope)
-    skipped: tuple[tuple[int, int, int], ...] = ()
+    keys = lambda: block_key(array, block)  # noqa: E731
+    access = Access(array, name, policy, ledger, scope, keys, reader.native)
     result: np.ndarray | None = None
-    if fast is not view:
-        with contextlib.suppress(Exception):  # read again below, through the policy
-            result = _owned(np.asarray(read_array(fast, slices, scope)))
-    if result is None:
-        unsharded = isinstance(view, zarr.Array) and view.shards is None
-        keys = block_key(view, block) if unsharded else None  # else: its chunk row's
-        try:
-            result = read_named(
-                lambda: _owned(np.asarray(read_array(view, slices, scope))),
-                view, name, f"chunk {block}", piece, ledger, keys,
-            )  # fmt: skip
-        except CorruptChunkError:
-            if policy.on_error != "skip":
-                raise
-            result, skipped = None, ((block[0], piece.start, piece.stop),)
+    try:  # the direct decode, or zarrs' native read (whose failure is read again, below)
+        result = reader.read_block(access, slices)
+    except (MissingChunkError, StoreGoneError, ReadCancelledError):
+        raise
+    except Exception as exc:  # a key whose retries are spent is not read again: named here
+        if is_program_error(exc):
+            error = program_error(exc, f"chunk {block} of array {name}")
+            raise error from error.__cause__
+        raise_failed_read(array, name, [(f"chunk {block}", piece)], ledger)
+        ledger = Ledger()  # it did not decode: read again (named, or skipped)
+        access = Access(array, name, policy, ledger, scope, keys)
+    if result is not None:
+        return result, _block_report(ledger, block)
+    view = access.view
+    skipped: tuple[tuple[int, int, int], ...] = ()
+    unsharded = isinstance(view, zarr.Array) and view.shards is None
+    block_keys = block_key(view, block) if unsharded else None  # else: its chunk row's
+    try:
+        result = read_named(
+            lambda: owned(np.asarray(read_array(view, slices, scope))),
+            view, name, f"chunk {block}", piece, ledger, block_keys,
+        )  # fmt: skip
+    except CorruptChunkError:
+        if policy.on_error != "skip":
+            raise
+        result, skipped = None, ((block[0], piece.start, piece.stop),)
     return result, _block_report(ledger, block, skipped)
 
 
@@ -156,53 +164,6 @@ def _block_report(
         retries=ledger.retries,
         skipped=skipped,
     )
-
-
-def _read_block_directly(
-    array: Any,
-    name: str,
-    block: tuple[int, ...],
-    slices: tuple[slice, ...],
-    policy: ReadPolicy,
-    scope: CancelScope | None,
-) -> tuple[np.ndarray, ReadReport] | None:
-    """A block of a plain zstd array (``store.direct``) decoded straight into its own array.
-
-    A block on a local directory store: its chunk fetched through the policy
-    view and decompressed into the result (an edge block through a scratch
-    chunk): no Zarr selection machinery per block, which costs about what
-    decoding a small chunk does (docs/benchmarks.md, *Collections*; on an
-    object store through obstore the read through Zarr measured faster).
-    ``None`` when the array is not of that layout, not on a local directory
-    store, or the chunk did not decode: the caller reads the block as
-    any other (and names, skips or fills it).  A fetch that failed for good
-    (its retries spent, or a permanent error) is raised, named, and not read
-    again.
-    """
-    if policy.cache is not None or not isinstance(array, zarr.Array):
-        return None  # a cache is consulted by Zarr's pipeline only
-    if type(array.store_path.store) is not zarr.storage.LocalStore:
-        return None  # on an object store the read through Zarr measured faster (obstore)
-    if any((s.start, s.stop) != (0, n) for s, n in zip(slices[1:], array.shape[1:], strict=True)):
-        return None
-    layout = DirectLayout.of(array)
-    if layout is None:
-        return None
-    ledger = Ledger()
-    reader = layout.policy_reader(array, name, policy, ledger)
-    first = slices[0]
-    out = np.empty((first.stop - first.start, *array.shape[1:]), dtype=reader.dtype)
-    try:
-        run_on_loop(reader.read([(first.start, first.stop)], [out]), scope)
-    except (MissingChunkError, StoreGoneError, ReadCancelledError):
-        raise
-    except Exception as exc:  # a key whose retries are spent is not read again: named here
-        if is_program_error(exc):
-            error = program_error(exc, f"chunk {block} of array {name}")
-            raise error from error.__cause__
-        raise_failed_read(array, name, [(f"chunk {block}", _block_piece(block, slices))], ledger)
-        return None  # it did not decode: read again (named, or skipped)
-    return out, _block_report(ledger, block)
 
 
 def apply_transform(transform: Callable[[np.ndarray], Any], read: tuple[Any, ReadReport]) -> Any:
@@ -285,11 +246,6 @@ def read_shard(
 def _block_piece(block: tuple[int, ...], where: tuple[slice, ...]) -> ChunkPiece:
     """Block ``block`` (at ``where`` in the array) as the piece errors name."""
     return ChunkPiece(block[0], where[0].start, where[0].stop, slice(None), slice(None))
-
-
-def run_on_loop(coro: Any, scope: CancelScope | None) -> Any:
-    """Run ``coro`` on Zarr's event loop: through ``scope`` (cancellable) if given."""
-    return sync(coro) if scope is None else scope.run(coro)
 
 
 def window_block(
@@ -389,37 +345,6 @@ def join_pieces(
     for rows, dest in zip(pieces, dests, strict=True):
         put_rows(out, dest, rows)
     return out, NO_REPORT
-
-
-def put_rows(out: np.ndarray, dest: Selector, rows: np.ndarray) -> None:
-    """``out[dest] = rows``, scattering whole rows as single items where it can.
-
-    numpy copies a row of a 2-d (or more) array item by item when it scatters
-    by an index array; viewed as one opaque ``void`` item per row, the same
-    scatter costs less CPU (measured in docs/benchmarks.md, *Cluster delivery*).
-    """
-    width = out[:1].nbytes
-    if (
-        isinstance(dest, np.ndarray)
-        and out.ndim > 1
-        and width
-        and len(rows)
-        and rows.dtype == out.dtype
-        and not out.dtype.hasobject
-        and out.flags.c_contiguous
-        and rows.flags.c_contiguous
-    ):
-        row = np.dtype((np.void, width))
-        items = out.reshape(len(out), -1).view(row)[:, 0]  # a view of out: one item per row
-        items[dest] = rows.reshape(len(rows), -1).view(row)[:, 0]
-        return
-    out[dest] = rows
-
-
-def _owned(array: np.ndarray) -> np.ndarray:
-    if array.flags.owndata and array.flags.writeable:
-        return array
-    return array.copy()
 
 
 # --------------------------------------------------------------------------
