@@ -727,3 +727,33 @@ def test_buffer_pool_reuses_and_never_hands_one_buffer_out_twice() -> None:
     c = pool.take((4, 8), np.dtype("f4"))
     assert np.shares_memory(a, b) and not np.shares_memory(b, c)
     assert pool.take((2, 2), np.dtype("f4")).shape == (2, 2)
+
+
+def test_chunk_share_releases_a_chunk_at_its_last_claim() -> None:
+    """With the claims of an epoch known, the share drops a chunk when the last one takes it."""
+    import asyncio
+
+    from daskzarr_batches.read.patches import ChunkShare
+
+    share = ChunkShare(10**9, {(0,): 2, (1,): 3})
+    reads: list[tuple[int, ...]] = []
+
+    async def claim(block: tuple[int, ...]) -> np.ndarray:
+        async def read() -> np.ndarray:
+            reads.append(block)
+            return np.full(4, block[0], dtype="f4")
+
+        return await share.decode(block, read)
+
+    async def epoch() -> None:
+        assert (await claim((0,)))[0] == 0 and share.held == 16
+        assert (await claim((1,)))[0] == 1
+        await claim((0,))  # its last claim: released
+        assert (0,) not in share.entries and share.held == 16
+        await claim((1,))
+        await claim((1,))
+        assert not share.entries and share.held == 0
+
+    asyncio.run(epoch())
+    assert reads == [(0,), (1,)]  # each decoded once
+    assert share.shared((1,)) is False and ChunkShare(1).shared((0,)) is False
