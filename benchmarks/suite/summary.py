@@ -80,11 +80,6 @@ AREAS = (
 
 #: the cause of each miss, by a pattern of its target's text (first match wins)
 CAUSES: tuple[tuple[str, str], ...] = (
-    (r"^\[rows\] sequential: ahead of",
-     "a run under load (1-min load about 4 on the 2 shared cores): the three readers' "
-     "sequential rows lie within 10% of each other, and the rows path is the one that read "
-     "1.14x L0 against 0.78x and 0.75x in the run of 2026-12-02 03:58 UTC (the forecast "
-     "pairs' share, what this run measured, does not touch it)"),
     (r"^\[pairs\].*ahead of insitubatch",
      "reading the pairs' inputs alone costs both the same (1.78x vs 1.76x L0); pairing costs "
      "this library 1.39x that (windows cut into x and y arrays, then each batch copied out "
