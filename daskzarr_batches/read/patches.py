@@ -92,31 +92,65 @@ class ChunkShare:
     process's Zarr event loop only (every access is on that thread); on a
     cluster each task decodes its own chunks.
 
+    A shuffled patch stream (buffered or exact) knows from its plan how many
+    of its windows need each chunk (``uses``: a forecast target at ``t + 1``
+    is another window's input when ``t + 1`` is not in the window): the
+    windows share each such chunk, and it is released at its last claim
+    instead of waiting for the least-recently-used order to drop it.
+
     Parameters
     ----------
     capacity : int
         Bytes of finished chunks kept (at least one chunk stays).
+    uses : dict, optional
+        Claims each chunk will see in the epoch (``None``: unknown, the
+        chunks the windows next to each other share, kept by recency).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, uses: dict[Any, int] | None = None) -> None:
         self.capacity = capacity
         self.held = 0
+        self.uses = uses
         self.entries: collections.OrderedDict[Any, asyncio.Future[np.ndarray]] = (
             collections.OrderedDict()
         )
+
+    def shared(self, key: Any) -> bool:
+        """Whether more than one window claims chunk ``key`` (``uses`` known)."""
+        return self.uses is not None and self.uses.get(key, 0) > 1
+
+    def _claimed(self, key: Any) -> bool:
+        """Count one claim of ``key``; ``True`` when it was the last one (``uses`` known)."""
+        if self.uses is None or key not in self.uses:
+            return False
+        self.uses[key] -= 1
+        return self.uses[key] <= 0
+
+    def _release(self, key: Any, future: asyncio.Future[np.ndarray]) -> None:
+        """Drop ``key``'s entry at its last claim (its bytes, once it has them)."""
+        if self.entries.get(key) is not future:
+            return
+        del self.entries[key]
+        if future.done() and future.exception() is None:
+            self.held -= future.result().nbytes
 
     def __reduce__(self) -> Any:  # a task pickled for a cluster decodes on its own
         return (_no_share, ())
 
     async def decode(self, key: Any, read: Any) -> np.ndarray:
         """The chunk ``key``: decoded by ``read()`` if first, else awaited from its first claim."""
+        last = self._claimed(key)
         found = self.entries.get(key)
         if found is not None:
             self.entries.move_to_end(key)
             try:
-                return await asyncio.shield(found)
+                data = await asyncio.shield(found)
             except _Abandoned:
                 pass  # its first claim failed: decode it here
+            else:
+                if last:
+                    self._release(key, found)
+                return data
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self.entries[key] = future
         try:
@@ -128,8 +162,12 @@ class ChunkShare:
             future.exception()  # retrieved: no "never retrieved" message
             raise
         future.set_result(data)
-        self.held += data.nbytes
-        self._evict()
+        if last:  # no window claims it again
+            del self.entries[key]
+            return data
+        if self.entries.get(key) is future:
+            self.held += data.nbytes
+            self._evict()
         return data
 
     def _evict(self) -> None:
@@ -254,7 +292,9 @@ def read_patches(
     starts = np.concatenate([[0], np.cumsum(groups, dtype=np.int64)]).tolist()
     done: set[Block] = set()  # the stored chunks this task decoded
     edges: frozenset[Block] = frozenset()
-    if share is not None and boxes:  # the chunks the windows before and after may need
+    if share is not None and boxes and share.uses is not None:  # other windows claim these
+        edges = frozenset(b for b in box_chunks(boxes, bounds)[0] if share.shared(b))
+    elif share is not None and boxes:  # the chunks the windows before and after may need
         edges = _edges(boxes, bounds, cuts, origins)
     coverage = _coverage(grid, cuts)
     for lo, hi in _box_groups(boxes, dtype.itemsize):

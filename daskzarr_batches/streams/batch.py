@@ -53,7 +53,7 @@ from ..store.sources import Source
 from ..store.subsets import SubsetSource
 from .base import DeliveredIds, SkippedChunk, Stream, StreamStats, T, _aligned, stored_arrays
 from .epoch_array import epoch_arrays, pack_arrays
-from .patch import patch_summary
+from .patch import chunk_uses, patch_summary
 from .spec import (
     StreamSpec,
 )
@@ -70,7 +70,8 @@ def _summary(spec: StreamSpec, shared: bool = True) -> PlanSummary:
     plan = spec.plan()
     summary = plan.summary(task_count=lambda window: count_tasks(spec.sources, window))
     if any(isinstance(source, PatchSource) for source in spec.sources):
-        summary = patch_summary(spec.sources, plan, summary, shared)
+        capacities = _share_capacities(spec, spec.sources) if shared else None
+        summary = patch_summary(spec.sources, plan, summary, shared, capacities)
     if spec.cache is not None:
         summary = _cached_summary(summary, spec.sources, spec.cache)
     figure = spec.buffer_figure()
@@ -378,7 +379,13 @@ class BatchStream(Stream[Any]):
         """
         spec, runner, policy, token = self.spec, self._runner, self.policy, self._token
         stream = weakref.proxy(self)
-        shares = _chunk_shares(spec, sources, runner.plan_order)
+        plan, positions, start = self.plan, self.positions, self._start
+
+        def windows() -> Iterator[Window]:  # those this stream reads (not past the end)
+            total = sum(stop - first for first, stop in positions)
+            return _windows_of(plan, positions_between(positions, start, total))
+
+        shares = _chunk_shares(spec, sources, runner.plan_order, windows)
         pool = self._pool
         # a cache on a cluster: decoded chunks kept as cluster futures, windows cut from them
         kept = (
@@ -637,38 +644,62 @@ class BatchStream(Stream[Any]):
         return tuple(kept), renumbered, gone
 
 
-def _chunk_shares(
-    spec: StreamSpec, sources: Sequence[Source], plan_order: bool
-) -> dict[int, ChunkShare]:
-    """A :class:`ChunkShare` per base array of a sequential patch stream read locally.
+def _share_capacities(spec: StreamSpec, sources: Sequence[Source]) -> dict[int, int]:
+    """The bytes of finished chunks a patch stream's ``ChunkShare`` keeps, per base array.
 
-    Consecutive windows then decode each chunk at their edges once (forecast
-    targets and patches that cross a window's edge).  It keeps up to two
-    windows' bytes (``2 * window_bytes``) of finished chunks, and at least four
-    rows of chunks along the first patched dim (two windows' shared rows: a
-    window's first row and the halo after its last; with 8 x 180 x 360 chunks
-    of a 721 x 1440 field, 33 MB a row, a 32 MiB share let 6% of the halo
-    chunks be decoded twice).
-    Shuffled windows rarely meet the same chunk; on a cluster each window
-    decodes its own.
+    Up to two windows' bytes (``2 * window_bytes``, and two shuffle buffers'
+    of a shuffled stream), and at least four rows of chunks along the first
+    patched dim (two windows' shared rows: a window's first row and the halo
+    after its last; with 8 x 180 x 360 chunks of a 721 x 1440 field, 33 MB a
+    row, a 32 MiB share let 6% of the halo chunks be decoded twice).
     """
-    if spec.shuffle != "none" or plan_order:
-        return {}
-    shares: dict[int, ChunkShare] = {}
+    found: dict[int, int] = {}
     for source in sources:
         if not isinstance(source, PatchSource) or source.base is None:
             continue
         base = source.base
-        if id(base) in shares:
+        if id(base) in found:
             continue
         lead = source.cut.axes[0] if source.cut is not None and source.cut.axes else 0
         row = math.prod(
             max(sizes, default=0) if axis == lead else sum(sizes)
             for axis, sizes in enumerate(base.chunks)
         )
-        capacity = max(2 * spec.window_bytes, 4 * row * base.dtype.itemsize)
-        shares[id(base)] = ChunkShare(capacity)
-    return shares
+        windows = 2 * max(spec.window_bytes, spec.window_rows * spec.row_bytes)
+        found[id(base)] = max(windows, 4 * row * base.dtype.itemsize)
+    return found
+
+
+def _chunk_shares(
+    spec: StreamSpec,
+    sources: Sequence[Source],
+    plan_order: bool,
+    windows: Callable[[], Iterable[Window]] | None = None,
+) -> dict[int, ChunkShare]:
+    """A :class:`ChunkShare` per base array of a patch stream read locally.
+
+    Sequential: consecutive windows decode each chunk at their edges once
+    (forecast targets and patches that cross a window's edge).  Shuffled
+    (buffered or exact): ``windows()`` are the windows the stream reads; the
+    share counts how many of them need each chunk, so a chunk several need
+    (a forecast target at ``t + 1`` that another window has as its input) is
+    decoded once and released at its last use, while the share holds it
+    (:func:`_share_capacities`); no share when no chunk is needed twice.  On
+    a cluster each window decodes its own.
+    """
+    if plan_order or not any(isinstance(s, PatchSource) for s in sources):
+        return {}
+    capacities = _share_capacities(spec, sources)
+    if spec.shuffle == "none":
+        return {base: ChunkShare(capacity) for base, capacity in capacities.items()}
+    if windows is None:
+        return {}
+    uses = chunk_uses(sources, windows())
+    return {
+        base: ChunkShare(capacities[base], counts)
+        for base, counts in uses.items()
+        if base in capacities and any(n > 1 for n in counts.values())
+    }
 
 
 def _windows_of(plan: EpochPlan, positions: Ranges, index: int = 0) -> Iterator[Window]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from ..errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
 from ..plan.epoch import EpochPlan
 from ..plan.patches import Cut, PatchGrid, box_chunks, chunk_bytes, patch_origins
 from ..plan.summary import PlanSummary
-from ..plan.windows import chunk_offsets
+from ..plan.windows import Window, chunk_offsets
 from ..read.patches import patch_ids
 from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
@@ -32,7 +32,7 @@ from ..store.sources import Source, as_source, dim_names, is_xarray
 from ..store.subsets import SubsetSource
 from .spec import as_array, non_negative_int, positive_int
 
-__all__ = ["Layout", "PatchArguments", "patch_arguments", "patch_summary"]
+__all__ = ["Layout", "PatchArguments", "chunk_uses", "patch_arguments", "patch_summary"]
 
 
 @dataclass(frozen=True)
@@ -338,8 +338,76 @@ def _axes(array: _Array, dims: Sequence[Any]) -> list[int]:
     return [_axis(array, dim, "input_dims") for dim in dims]
 
 
+def _window_blocks(
+    source: PatchSource, pieces: Sequence[Any], size: int
+) -> dict[tuple[int, ...], tuple[slice, ...]]:
+    """The stored chunks of ``source``'s base array a window's boxes overlap (in order)."""
+    assert source.grid is not None and source.base is not None
+    ids, groups, _ = patch_ids(pieces, size, False)
+    boxes = source.grid.boxes(ids, groups, source.group) if len(ids) else []
+    bounds = [chunk_offsets(sizes) for sizes in source.base.chunks]
+    return box_chunks(boxes, bounds)[0]
+
+
+def chunk_uses(
+    sources: Sequence[Source], windows: Iterable[Window]
+) -> dict[int, dict[tuple[int, ...], int]]:
+    """How many of ``windows`` need each stored chunk, per base array (``id``).
+
+    What a shuffled patch stream's ``ChunkShare`` counts claims against, so
+    that a chunk two windows need (a forecast target at ``t + 1`` and the
+    window whose input it is) is decoded once and released at its last use.
+    """
+    uses: dict[int, dict[tuple[int, ...], int]] = {}
+    for window in windows:
+        seen: set[int] = set()
+        for source, pieces in zip(sources, window.pieces, strict=True):
+            if not isinstance(source, PatchSource) or source.cut is None or source.base is None:
+                continue
+            if id(source.base) in seen:
+                continue
+            seen.add(id(source.base))
+            counts = uses.setdefault(id(source.base), {})
+            for block in _window_blocks(source, pieces, window.size):
+                counts[block] = counts.get(block, 0) + 1
+    return uses
+
+
+def _shared_decodes(
+    found: tuple[tuple[tuple[int, ...], int], ...],
+    base: int,
+    uses: dict[tuple[int, tuple[int, ...]], int],
+    held: dict[tuple[int, tuple[int, ...]], int],
+    capacity: int,
+) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The chunks of ``found`` a shuffled window decodes, others' handed on (``ChunkShare``).
+
+    ``uses`` counts the claims left per chunk; ``held`` (in recency order)
+    the chunks handed on and their bytes, at most ``capacity`` bytes of them.
+    """
+    decoded = []
+    for block, nbytes in found:
+        key = (base, block)
+        uses[key] = uses.get(key, 1) - 1
+        if key in held:
+            held[key] = held.pop(key)  # most recent
+            if uses[key] <= 0:
+                del held[key]
+            continue
+        decoded.append((block, nbytes))
+        if uses[key] > 0:
+            held[key] = nbytes
+            while sum(held.values()) > capacity and len(held) > 1:
+                del held[next(iter(held))]
+    return tuple(decoded)
+
+
 def patch_summary(
-    sources: Sequence[Source], plan: EpochPlan, summary: PlanSummary, shared: bool = True
+    sources: Sequence[Source],
+    plan: EpochPlan,
+    summary: PlanSummary,
+    shared: bool = True,
+    capacities: Mapping[int, int] | None = None,
 ) -> PlanSummary:
     """``summary`` of a patch stream's plan with the stored chunks its windows decode.
 
@@ -348,11 +416,18 @@ def patch_summary(
     base array decoded, their bytes, and the distinct chunks of the epoch.
     ``shared``: a sequential stream read in this process hands the chunks a
     window shares with the one before on (``ChunkShare``), so they count in
-    the first window only; on a cluster each window decodes its own.
+    the first window only; on a cluster each window decodes its own.  A
+    shuffled stream's windows hand on the chunks several of them need while
+    its share holds them (``capacities``: its bytes per base array, ``id``).
     """
     distinct: dict[tuple[int, tuple[int, ...]], int] = {}
     handed = shared and plan.shuffle == "none"
     previous: set[tuple[int, tuple[int, ...]]] = set()
+    uses: dict[tuple[int, tuple[int, ...]], int] = {}
+    held: dict[tuple[int, tuple[int, ...]], int] = {}
+    if shared and capacities and plan.shuffle != "none":
+        counts = chunk_uses(sources, plan.windows())
+        uses = {(base, block): n for base, per in counts.items() for block, n in per.items()}
     rows = []
     for window, row in zip(plan.windows(), summary.windows, strict=True):
         chunks: list[tuple[int, ...]] = []
@@ -374,6 +449,9 @@ def patch_summary(
             current = {(id(base), block) for block, _ in found}
             if handed:
                 found = tuple(item for item in found if (id(base), item[0]) not in previous)
+            elif uses and id(base) in (capacities or {}):
+                capacity = (capacities or {})[id(base)]
+                found = _shared_decodes(found, id(base), uses, held, capacity)
             grid_shape = tuple(len(sizes) for sizes in base.chunks)
             chunks.append(tuple(int(np.ravel_multi_index(b, grid_shape)) for b, _ in found))
             for block, nbytes in found:

@@ -405,6 +405,32 @@ def test_forecast_pairs_decode_each_chunk_once(chunks: tuple[int, ...], window: 
     assert apart.read_amplification == pytest.approx(1 + (plan.n_windows - 1) * halo)
 
 
+@pytest.mark.parametrize("chunks", [(1, 6, 10), (4, 3, 5)])
+def test_shuffled_forecast_pairs_decode_each_chunk_once(chunks: tuple[int, ...]) -> None:
+    """Buffered pairs: a target at ``t + 1`` another window has as its input, decoded once.
+
+    Without the share a buffer of random steps decodes each one's next step
+    again (1.77 chunks a chunk for one step per chunk); the share counts the
+    windows that need each chunk from the plan and hands it on until its
+    last use.  The order is the plan's (the same samples, each once).
+    """
+    x = np.random.default_rng(5).random((64, 6, 10), dtype="f4")
+    x[:, 0, 0] = np.arange(64)  # which step a sample is
+    z = as_kind(x, "zarr", chunks)
+    kwargs: dict[str, Any] = {"target_offset": {0: 1}, "shuffle": True, "seed": 3}
+    stream = patch_stream(z, {0: 1}, 4, shuffle_buffer_size=16, **kwargs)
+    assert stream.summary().read_amplification == pytest.approx(1.0)
+    apart = patch_summary(stream.spec.sources, stream.plan, stream.summary(), shared=False)
+    assert apart.read_amplification > 1.3  # each window its own chunks: what was read before
+    got_x, got_y = collect(stream)
+    steps = np.argsort(got_x[:, 0, 0, 0])
+    np.testing.assert_array_equal(got_x[steps, 0], x[:-1])
+    np.testing.assert_array_equal(got_y[steps, 0], x[1:])
+    assert stream.stats.read_amplification == pytest.approx(1.0)
+    again = patch_stream(z, {0: 1}, 4, shuffle_buffer_size=16, **kwargs)
+    np.testing.assert_array_equal(collect(again)[0], got_x)  # deterministic for a seed
+
+
 def test_dict_of_variables_and_xarray_names() -> None:
     xr = pytest.importorskip("xarray")
     rng = np.random.default_rng(2)
@@ -701,3 +727,33 @@ def test_buffer_pool_reuses_and_never_hands_one_buffer_out_twice() -> None:
     c = pool.take((4, 8), np.dtype("f4"))
     assert np.shares_memory(a, b) and not np.shares_memory(b, c)
     assert pool.take((2, 2), np.dtype("f4")).shape == (2, 2)
+
+
+def test_chunk_share_releases_a_chunk_at_its_last_claim() -> None:
+    """With the claims of an epoch known, the share drops a chunk when the last one takes it."""
+    import asyncio
+
+    from daskzarr_batches.read.patches import ChunkShare
+
+    share = ChunkShare(10**9, {(0,): 2, (1,): 3})
+    reads: list[tuple[int, ...]] = []
+
+    async def claim(block: tuple[int, ...]) -> np.ndarray:
+        async def read() -> np.ndarray:
+            reads.append(block)
+            return np.full(4, block[0], dtype="f4")
+
+        return await share.decode(block, read)
+
+    async def epoch() -> None:
+        assert (await claim((0,)))[0] == 0 and share.held == 16
+        assert (await claim((1,)))[0] == 1
+        await claim((0,))  # its last claim: released
+        assert (0,) not in share.entries and share.held == 16
+        await claim((1,))
+        await claim((1,))
+        assert not share.entries and share.held == 0
+
+    asyncio.run(epoch())
+    assert reads == [(0,), (1,)]  # each decoded once
+    assert share.shared((1,)) is False and ChunkShare(1).shared((0,)) is False
