@@ -39,3 +39,17 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert (tmp_path / "reference" / "loader" / "index.html").is_file()
     loader = (tmp_path / "reference" / "loader" / "index.html").read_text(encoding="utf-8")
     assert 'id="daskzarr_batches.torch.ZarrIterableDataset"' in loader
+
+
+#: the most lines a page may have (issue 30): past them it is split, or its detail moves to
+#: the feature pages it links to
+MOST_PAGE_LINES = {"architecture.md": 450, "benchmarks.md": 700}
+
+
+def test_the_long_pages_stay_short() -> None:
+    lines = {
+        name: len((ROOT / "docs" / name).read_text(encoding="utf-8").splitlines())
+        for name in MOST_PAGE_LINES
+    }
+    too_long = {name: n for name, n in lines.items() if n > MOST_PAGE_LINES[name]}
+    assert too_long == {}, f"pages over their line limit {MOST_PAGE_LINES}: {too_long}"
