@@ -536,7 +536,7 @@ def absent_keys(store: Any, keys: list[str], scope: CancelScope | None = None) -
     """The ``keys`` that ``store`` does not hold, in order.
 
     A local directory store is asked with one ``stat`` per key on this
-    thread (cheap beside the read: docs/architecture.md, *Codec pipelines*),
+    thread (cheap beside the read: docs/reading.md, *Inside*),
     any other with ``store.exists`` on Zarr's event loop, all at once.
     """
     if not keys:
