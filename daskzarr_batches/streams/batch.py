@@ -679,21 +679,22 @@ def _chunk_shares(
     """A :class:`ChunkShare` per base array of a patch stream read locally.
 
     Sequential: consecutive windows decode each chunk at their edges once
-    (forecast targets and patches that cross a window's edge).  Shuffled
-    (buffered or exact): ``windows()`` are the windows the stream reads; the
+    (forecast targets and patches that cross a window's edge).  Buffered:
+    ``windows()`` are the windows the stream reads; the
     share counts how many of them need each chunk, so a chunk several need
     (a forecast target at ``t + 1`` that another window has as its input) is
     decoded once and released at its last use, while the share holds it
-    (:func:`_share_capacities`); no share when no chunk is needed twice.  On
-    a cluster each window decodes its own.
+    (:func:`_share_capacities`); no share when no chunk is needed twice.
+    Exact: no share (its windows are sized to the memory budget, which a
+    share would exceed).  On a cluster each window decodes its own.
     """
     if plan_order or not any(isinstance(s, PatchSource) for s in sources):
         return {}
     capacities = _share_capacities(spec, sources)
     if spec.shuffle == "none":
         return {base: ChunkShare(capacity) for base, capacity in capacities.items()}
-    if windows is None:
-        return {}
+    if windows is None or spec.shuffle == "exact":
+        return {}  # an exact window is sized to the memory budget: a share would exceed it
     uses = chunk_uses(sources, windows())
     return {
         base: ChunkShare(capacities[base], counts)

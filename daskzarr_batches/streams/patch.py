@@ -417,15 +417,16 @@ def patch_summary(
     ``shared``: a sequential stream read in this process hands the chunks a
     window shares with the one before on (``ChunkShare``), so they count in
     the first window only; on a cluster each window decodes its own.  A
-    shuffled stream's windows hand on the chunks several of them need while
-    its share holds them (``capacities``: its bytes per base array, ``id``).
+    buffered stream's windows hand on the chunks several of them need while
+    its share holds them (``capacities``: its bytes per base array, ``id``);
+    an exact stream's do not (a share would exceed its memory budget).
     """
     distinct: dict[tuple[int, tuple[int, ...]], int] = {}
     handed = shared and plan.shuffle == "none"
     previous: set[tuple[int, tuple[int, ...]]] = set()
     uses: dict[tuple[int, tuple[int, ...]], int] = {}
     held: dict[tuple[int, tuple[int, ...]], int] = {}
-    if shared and capacities and plan.shuffle != "none":
+    if shared and capacities and plan.shuffle == "buffer":
         counts = chunk_uses(sources, plan.windows())
         uses = {(base, block): n for base, per in counts.items() for block, n in per.items()}
     rows = []
