@@ -14,32 +14,24 @@ or as reads complete.  Both count what they read and yield in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ArgumentValueError
-from ..plan.batching import count_batches as _count
-from ..plan.summary import PlanSummary
 from ..store.cache import ChunkCache
-from ..store.collections import Mixture
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
-from .batch import BatchStream, _summary
+from .batch import BatchStream
 from .chunk import ChunkStream, build_chunk_stream
-from .patch import patch_arguments
+from .patch_stream import patch_stream
+from .planning import count_batches, plan_epoch
 from .spec import (
     DEFAULT_IO_CONCURRENCY,
     DEFAULT_MEMORY_BUDGET,
-    DEFAULT_PATCH_WINDOW_BYTES,
     DEFAULT_PREFETCH,
     DEFAULT_WINDOW_BYTES,
     ChunkSpec,
     ReadOptions,
     StreamSpec,
-    flag,
     merged_io_concurrency,
-    positive_int,
     read_options,
-    row_source,
     shuffle_mode,
 )
 
@@ -61,31 +53,6 @@ __all__ = [
 
 # --------------------------------------------------------------------------
 # Public constructors
-
-
-def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) -> int:
-    """Number of batches a batch stream over ``array`` yields.
-
-    Parameters
-    ----------
-    array : zarr, dask or numpy array, path or URL, Collection, Mixture or ChunkSubset
-        Samples along axis 0 (a mixture: the samples it draws per epoch).
-    batch_size : int
-        Samples per batch (>= 1).
-    drop_remainder : bool, default False
-        Whether a short last batch is dropped.
-
-    Returns
-    -------
-    int
-        ``ceil(n / batch_size)``, or ``n // batch_size`` with
-        ``drop_remainder``; 0 for an empty array.
-    """
-    size = positive_int("batch_size", batch_size)
-    drop = flag("drop_remainder", drop_remainder)
-    if isinstance(array, Mixture):  # an epoch of draws, not the joined length
-        return _count(len(array), size, drop)
-    return _count(row_source(array, "array").n_samples, size, drop)
 
 
 def chunk_stream(
@@ -536,299 +503,6 @@ def paired_shuffled_batch_stream(
             labels="labels" if label_mixing else None,
         )
     )
-
-
-def patch_stream(
-    data: Any,
-    input_dims: Mapping[Any, int],
-    batch_size: int,
-    *,
-    input_overlap: Mapping[Any, int] | None = None,
-    target_offset: Mapping[Any, int] | None = None,
-    target_dims: Mapping[Any, int] | None = None,
-    target_data: Any = None,
-    shuffle: bool = False,
-    seed: int | None = 0,
-    epoch: int = 0,
-    shuffle_buffer_size: int | str | None = None,
-    shuffle_quality: float | None = None,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    window_bytes: int = DEFAULT_PATCH_WINDOW_BYTES,
-    prefetch: int | None = None,
-    drop_remainder: bool = False,
-    return_origins: bool = False,
-    client: Any = None,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
-    read: ReadOptions | None = None,
-) -> BatchStream:
-    """Stream minibatches of N-D patches: spatial tiles, time windows, forecast pairs.
-
-    A sample is a *patch*: the window of ``data`` of size ``input_dims[dim]``
-    along each dim it names, whole along the others, at an *origin* every
-    ``input_dims[dim] - input_overlap[dim]`` positions (patches that would
-    run past the end are dropped).  The names and meanings are xbatcher's
-    ``BatchGenerator``'s.  Sequential order is the C order of the origins;
-    each stored chunk is decoded once per window however many patches it
-    feeds (a patch that straddles chunks reads its neighbours in the same
-    window), and ``stream.summary().read_amplification`` says how often each
-    is decoded per epoch (1.00 when patches tile the chunks).
-
-    Parameters
-    ----------
-    data : array, path, xarray.DataArray, tuple or dict of arrays, xarray.Dataset or ChunkSubset
-        What the other streams accept.  Several arrays (a tuple, a dict of
-        named arrays, a Dataset's data variables) are patched together: they
-        share the patched dims (same length along each), and a batch is a
-        tuple or dict of patch arrays.  A [`chunk_split`][daskzarr_batches.chunk_split] subset keeps
-        every patch (and target) inside its usable positions.
-    input_dims : dict
-        Patch size per dim: a dim name (xarray's dims, a Zarr array's
-        ``dimension_names``) or an axis number.  Dims not named are taken
-        whole.
-    batch_size : int
-        Patches per batch; a batch is an array of shape
-        ``(batch_size, *patch_shape)`` the caller owns.
-    input_overlap : dict, optional
-        Overlap per patched dim (``0 <= overlap < size``); default 0.
-    target_offset : dict, optional
-        Forecast targets: each item becomes a pair ``(x, y)`` where ``y`` is
-        the window at ``x``'s origin shifted by ``target_offset[dim]`` along
-        each dim it names (each must be patched); origins whose target runs
-        off the array are dropped.  ``{"time": 1}`` with
-        ``input_dims={"time": 1}`` gives (field at t, field at t + 1).
-    target_dims : dict, optional
-        The target's size along the shifted dims (default: the input's); its
-        size elsewhere is the input's.
-    target_data : optional
-        Where targets are cut from (default ``data``), with the same patched
-        dims; arrays shared with ``data`` are read once for both.
-    shuffle : bool, default False
-        Shuffle the patches: exactly (``shuffle_buffer_size=None``, windows
-        sized by ``memory_budget``) or through a buffer of
-        ``shuffle_buffer_size`` patches, rounded up to whole units (a unit:
-        the patches whose origins share a stored chunk along a patched dim).
-    seed : int or None, default 0
-        The shuffle's entropy; ``None`` draws fresh entropy (``stream.seed``).
-        Ignored without ``shuffle``.
-    epoch : int, default 0
-        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream] and
-        [`batch_stream`][daskzarr_batches.batch_stream], counted
-        in patches and patch bytes.
-    shuffle_buffer_size : int | str, optional
-        See ``epoch``.
-    shuffle_quality : float, optional
-        See ``epoch``.
-    memory_budget : int, default 1073741824
-        See ``epoch``.
-    prefetch : int, optional
-        See ``epoch``.
-    drop_remainder : bool, default False
-        See ``epoch``.
-    window_bytes : int, default 16 MiB
-        Target bytes of patches of one sequential window (whole units; a unit
-        may hold up to four windows' worth).  Half the row streams' default:
-        a window's output and boxes then stay below the C allocator's limit
-        for reusing freed memory (measured: about 18,000 page faults per epoch
-        of 64 fields at 32 MiB, 30-2,300 at 16 MiB).
-    return_origins : bool, default False
-        Each item gets the patches' origins as its last element: an int64
-        array of shape ``(batch, ndim)`` (the first array's axes), or, for
-        xarray data, a dict of it (``"index"``) and the coordinate values of
-        each patched dim at the origins.
-    read : ReadOptions, optional
-        The read options as one value, to share one set across streams; or
-        the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
-        field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
-        there once, with its default).  A flat one given beside ``read``
-        must agree with it.
-        As for [`batch_stream`][daskzarr_batches.batch_stream] (with ``on_error="skip"`` the patches
-        touching a chunk that does not decode leave the epoch).
-
-    Returns
-    -------
-    BatchStream
-        Batches of patches, as an array, ``(x, y)``, a tuple or dict, with
-        origins last if asked; ``len()``, ``.stats``, ``.summary()``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> field = np.arange(4 * 6 * 8, dtype="f4").reshape(4, 6, 8)
-    >>> stream = patch_stream(field, {0: 1, 1: 3, 2: 4}, 8)
-    >>> len(stream), next(stream).shape  # 4 x 2 x 2 patches
-    (2, (8, 1, 3, 4))
-    >>> pairs = patch_stream(field, {0: 2}, 2, target_offset={0: 1}, target_dims={0: 1})
-    >>> x, y = next(pairs)
-    >>> x.shape, y.shape, bool((y[:, 0] == x[:, 1]).all())
-    ((2, 2, 6, 8), (2, 1, 6, 8), True)
-    """
-    args = patch_arguments(
-        data, input_dims, input_overlap=input_overlap, target_offset=target_offset,
-        target_dims=target_dims, target_data=target_data, return_origins=return_origins,
-    )  # fmt: skip
-    mode = shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality)
-    return BatchStream(
-        StreamSpec(
-            args.sources,
-            batch_size,
-            shuffle=mode,
-            seed=None if mode == "none" else seed,
-            epoch=epoch,
-            shuffle_buffer_size=shuffle_buffer_size,
-            shuffle_quality=shuffle_quality,
-            memory_budget=memory_budget,
-            window_bytes=window_bytes,
-            prefetch=prefetch if prefetch is not None or mode != "none" else DEFAULT_PREFETCH,
-            drop_remainder=drop_remainder,
-            **read_options(
-                read,
-                client=client,
-                timeout=timeout,
-                missing=missing,
-                on_error=on_error,
-                retries=retries,
-                io_concurrency=io_concurrency,
-                cache=cache,
-            ).keywords(),
-            roles=args.roles,
-            layout=args.layout,
-        )
-    )
-
-
-def plan_epoch(
-    array: Any,
-    batch_size: int,
-    *,
-    labels: Any = None,
-    shuffle: bool = False,
-    seed: int | None = 0,
-    shuffle_buffer_size: int | str | None = None,
-    shuffle_quality: float | None = None,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    window_bytes: int | None = None,
-    prefetch: int | None = None,
-    drop_remainder: bool = False,
-    epoch: int = 0,
-    input_dims: Mapping[Any, int] | None = None,
-    input_overlap: Mapping[Any, int] | None = None,
-    target_offset: Mapping[Any, int] | None = None,
-    target_dims: Mapping[Any, int] | None = None,
-    target_data: Any = None,
-    cache: ChunkCache | None = None,
-) -> PlanSummary:
-    """What an epoch would read and yield, without reading any data.
-
-    Takes the arguments of the stream constructors and returns the plan the
-    matching stream would follow (``stream.summary()`` gives the same for a
-    stream that exists).  Use it to choose a shuffle buffer or a memory
-    budget before a long run.
-
-    Parameters
-    ----------
-    array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, Collection or ChunkSubset
-        Samples along axis 0 (the features of a paired stream).
-    batch_size : int
-        Samples per batch.
-    labels : array, optional
-        Second array of a paired stream.
-    shuffle : bool, default False
-        ``False``: the plan of [`batch_stream`][daskzarr_batches.batch_stream] (``window_bytes``);
-        ``True``: that of [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream]
-        (``seed``,
-        ``shuffle_buffer_size``, ``memory_budget``).
-    seed : int or None, default 0
-        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream]
-        (0, as everywhere; ``None``: a random draw); a sequential plan ignores it.
-    shuffle_buffer_size : int or str, optional
-        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
-    shuffle_quality : float, optional
-        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
-    memory_budget : int, default DEFAULT_MEMORY_BUDGET
-        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
-    window_bytes : int, optional
-        ``None``: the stream's default (32 MiB, 16 MiB for patches).
-    prefetch : int, optional
-        As for the streams; it matters to the exact shuffle, whose windows
-        share ``memory_budget`` with the windows prefetched.
-    drop_remainder : bool, default False
-        As for [`batch_stream`][daskzarr_batches.batch_stream].
-    epoch : int, default 0
-        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
-        Every argument is validated exactly as the streams validate it
-        (whatever the mode uses).
-    input_dims : Mapping[Any, int], optional
-        The plan of [`patch_stream`][daskzarr_batches.patch_stream] (``array`` is its ``data``; no
-        ``labels``): samples are patches, and ``read_amplification`` is how
-        often each stored chunk the epoch needs is decoded.
-    input_overlap : Mapping[Any, int], optional
-        See ``input_dims``.
-    target_offset : Mapping[Any, int], optional
-        See ``input_dims``.
-    target_dims : Mapping[Any, int], optional
-        See ``input_dims``.
-    target_data : Any, optional
-        See ``input_dims``.
-    cache : ChunkCache, optional
-        The cache the stream would read through: each window's
-        ``chunks_cached`` (and the total, ``PlanSummary.chunks_cached``) says
-        how many of its chunk reads the cache holds now, looked up without
-        reading them (memory, and file names in its directory).  The plan,
-        and so the order, is the same with a cache or without.
-
-    Returns
-    -------
-    PlanSummary
-        Per window: samples, batches, chunks read, decoded bytes, bytes held,
-        dask tasks; for the epoch: read amplification, peak window bytes,
-        number of dask tasks.  ``print()`` it for a table.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> x = np.zeros((10_000, 4), dtype="f4")
-    >>> plan = plan_epoch(x, 100, shuffle=True, seed=0, memory_budget=40_000, prefetch=0)
-    >>> plan.n_windows, round(plan.read_amplification, 1)
-    (4, 4.0)
-    """
-    arrays: tuple[Any, ...] = (array,) if labels is None else (array, labels)
-    roles: tuple[str, ...] = ()
-    if input_dims is not None:
-        if labels is not None:
-            raise ArgumentValueError(
-                "a patch plan takes no labels: pass several arrays as a tuple or dict in "
-                "array, or targets with target_offset"
-            )
-        patches = patch_arguments(
-            array, input_dims, input_overlap=input_overlap, target_offset=target_offset,
-            target_dims=target_dims, target_data=target_data,
-        )  # fmt: skip
-        arrays, roles = patches.sources, patches.roles
-    if window_bytes is None:  # the stream's own default
-        window_bytes = DEFAULT_WINDOW_BYTES if input_dims is None else DEFAULT_PATCH_WINDOW_BYTES
-    mode = shuffle_mode(shuffle, shuffle_buffer_size, shuffle_quality)
-    spec = StreamSpec(
-        arrays,
-        batch_size,
-        roles=roles,
-        shuffle=mode,
-        seed=None if mode == "none" else seed,
-        epoch=epoch,
-        shuffle_buffer_size=shuffle_buffer_size,
-        shuffle_quality=shuffle_quality,
-        memory_budget=memory_budget,
-        window_bytes=window_bytes,
-        prefetch=prefetch,
-        drop_remainder=drop_remainder,
-        cache=cache,
-    )
-    return _summary(spec)
 
 
 # --------------------------------------------------------------------------

@@ -11,35 +11,21 @@ plan (:meth:`StreamSpec.plan`), ``plan_epoch``, ``stream.summary()`` and the
 streams all read that one object, so they cannot disagree about what an
 argument means or whether it is valid.
 
-The scalar checks below it return the normalised value or raise an error
-that names the parameter and shows the offending value.  Numpy integers are
-accepted wherever an ``int`` is; ``bool`` is rejected even though it is an
-``int`` subclass, because ``batch_size=True`` is always a mistake.
+The scalar checks are in ``streams.checks``, :class:`ReadOptions` in
+``streams.read_options`` and the checks of a stream's arrays in
+``streams.arrays``; every name is re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import numbers
-import os
-import reprlib
-import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
 import numpy as np
 
-from ..errors import (
-    ArgumentTypeError,
-    ArgumentValueError,
-    LengthMismatchError,
-    ShuffleQualityWarning,
-    warn_caller,
-)
-from ..execute.runners import resolve_client
+from ..errors import ArgumentTypeError, ArgumentValueError, ShuffleQualityWarning, warn_caller
 from ..plan.budget import ExactBudget, exact_budget
 from ..plan.epoch import EpochPlan
 from ..plan.mix import MixOrder
@@ -47,13 +33,43 @@ from ..plan.quality import DEFAULT_SHUFFLE_QUALITY, smallest_buffer
 from ..plan.sampling import ClassSampler
 from ..plan.windows import ShuffleMode, chunk_offsets, sample_units
 from ..store.cache import ChunkCache
-from ..store.collections import MixSource, SourcesSource, sources_source
+from ..store.collections import MixSource, SourcesSource
 from ..store.layout import shard_layout
-from ..store.open import open_array
 from ..store.patches import PatchSource
-from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
+from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import Source, as_source
-from ..store.subsets import ChunkSubset, SubsetSource
+from .arrays import (
+    _check_labels,
+    _check_lengths,
+    _check_mixtures,
+    _check_sampler,
+    _check_subsets,
+    _default_roles,
+    _joined,
+    _members,
+    _provenance,
+    _ranges_text,  # noqa: F401  (re-exported: was defined here)
+    _sized,
+    _unpaired,
+    row_source,
+)
+from .checks import (
+    AUTO,
+    _integer,  # noqa: F401  (re-exported: was defined here)
+    _is_integer,  # noqa: F401  (re-exported: was defined here)
+    _quality_target,
+    as_array,
+    buffer_samples,
+    byte_size,
+    flag,
+    io_concurrency,
+    merged_io_concurrency,
+    non_negative_int,
+    positive_int,
+    shuffle_mode,
+    timeout_seconds,
+)
+from .read_options import ReadOptions, read_options
 
 __all__ = [
     "DEFAULT_IO_CONCURRENCY",
@@ -94,299 +110,6 @@ DEFAULT_IO_CONCURRENCY = 16
 #: default ``io_concurrency`` is lowered (to no less than the CPU count) for larger
 #: chunks or shards.
 DEFAULT_IO_BYTES = 256 * 2**20
-
-
-# --------------------------------------------------------------------------
-# Scalar checks
-
-
-def _is_integer(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _integer(name: str, value: object, minimum: int, wanted: str, bound: str) -> int:
-    if not _is_integer(value):
-        raise ArgumentTypeError(
-            f"{name} must be a {wanted}, got {value!r} of type {type(value).__name__}"
-        )
-    result = int(value)  # type: ignore[call-overload]
-    if result < minimum:
-        raise ArgumentValueError(f"{name} must be {bound}, got {result}")
-    return result
-
-
-def positive_int(name: str, value: object) -> int:
-    """Return ``value`` as an ``int`` >= 1, or raise naming ``name``."""
-    return _integer(name, value, 1, "positive integer", "a positive integer")
-
-
-def non_negative_int(name: str, value: object) -> int:
-    """Return ``value`` as an ``int`` >= 0, or raise naming ``name``."""
-    return _integer(name, value, 0, "non-negative integer", ">= 0")
-
-
-def timeout_seconds(value: object) -> float | None:
-    """Validate ``timeout``: seconds > 0; ``None`` means wait forever.
-
-    ``float("inf")`` and values of ``threading.TIMEOUT_MAX`` or more (which
-    the waits below cannot take) also mean "no timeout", and become ``None``.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {value!r}")
-    seconds = float(value)
-    if not seconds > 0:  # also NaN
-        raise ArgumentValueError(f"timeout must be > 0 seconds, got {value!r}")
-    if math.isinf(seconds) or seconds >= threading.TIMEOUT_MAX:
-        return None
-    return seconds
-
-
-def io_concurrency(value: object) -> int | None:
-    """Validate ``io_concurrency``: an ``int`` >= 1, or ``None`` (the default)."""
-    return None if value is None else positive_int("io_concurrency", value)
-
-
-def byte_size(name: str, value: object) -> int:
-    """A size in bytes: an ``int`` >= 1, or a string such as ``"256MiB"`` or ``"1GB"``.
-
-    Strings are read by :func:`dask.utils.parse_bytes` (``kB``/``MB``/``GB``
-    are powers of 1000, ``KiB``/``MiB``/``GiB`` of 1024; a bare number is
-    bytes).  The one parser of sizes for every argument that takes them.
-    """
-    if isinstance(value, str):
-        from dask.utils import parse_bytes
-
-        try:
-            nbytes = int(parse_bytes(value))
-        except (ValueError, TypeError) as error:
-            raise ArgumentValueError(
-                f"{name}={value!r} is not a size in bytes (e.g. '256MiB', '1GB'): {error}"
-            ) from None
-        if nbytes < 1:
-            raise ArgumentValueError(f"{name}={value!r} must be at least 1 byte")
-        return nbytes
-    if not _is_integer(value):
-        raise ArgumentTypeError(
-            f"{name} must be a number of bytes or a size string such as '256MiB', "
-            f"got {value!r} of type {type(value).__name__}"
-        )
-    return positive_int(name, value)
-
-
-#: ``shuffle_buffer_size`` that asks for the smallest buffer meeting ``shuffle_quality``.
-AUTO = "auto"
-
-
-def buffer_samples(value: object, row_bytes: int) -> int:
-    """``shuffle_buffer_size`` in samples: an ``int`` is samples, a string bytes.
-
-    A size string (``"256MiB"``, read by :func:`byte_size`) holds
-    ``bytes // row_bytes`` samples (``row_bytes``: a sample's decoded bytes,
-    summed over the stream's arrays), at least 1.  A plain ``int`` is a count
-    of samples, as before sizes in bytes were accepted; a string without a unit
-    (``"8"``) is refused rather than guessed.
-    """
-    if isinstance(value, str):
-        if value.strip().replace(".", "", 1).isdigit():  # "8": samples or bytes?
-            raise ArgumentTypeError(
-                f"shuffle_buffer_size={value!r} has no unit: give samples as an int "
-                f"({value.strip()}) or bytes with a unit ('{value.strip()}B', '256MiB')"
-            )
-        return max(1, byte_size("shuffle_buffer_size", value) // max(row_bytes, 1))
-    if not _is_integer(value):
-        raise ArgumentTypeError(
-            "shuffle_buffer_size must be a number of samples (int) or a size in bytes "
-            f"such as '256MiB' (str), got {value!r} of type {type(value).__name__}"
-        )
-    return positive_int("shuffle_buffer_size", value)
-
-
-def flag(name: str, value: object) -> bool:
-    """Require a real ``bool`` so that ``ordered="no"`` is not silently true."""
-    if not isinstance(value, bool):
-        raise ArgumentTypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def shuffle_mode(
-    shuffle: object, shuffle_buffer_size: object, shuffle_quality: object = None
-) -> ShuffleMode:
-    """The mode of the public ``shuffle`` flag: exact unless a buffer size is given.
-
-    The one place the flag becomes a mode (``plan_epoch``, ``Loader``, the
-    shuffled constructors, ``patch_stream`` and ``bench``).  A buffer size
-    without a shuffle is an error, and so is a ``shuffle_quality`` without
-    ``shuffle_buffer_size="auto"`` (it would be ignored).
-    """
-    if shuffle_quality is not None and shuffle_buffer_size != AUTO:
-        raise ArgumentValueError(
-            f"shuffle_quality={shuffle_quality!r} sizes shuffle_buffer_size='auto' only "
-            f"(got shuffle_buffer_size={shuffle_buffer_size!r})"
-        )
-    if not flag("shuffle", shuffle):
-        if shuffle_buffer_size is not None:
-            raise ArgumentValueError(
-                f"shuffle_buffer_size={shuffle_buffer_size!r} needs shuffle=True"
-            )
-        return "none"
-    return "exact" if shuffle_buffer_size is None else "buffer"
-
-
-def as_array(value: object) -> object:
-    """``value``, or the array a path or URL names (:func:`open_array` semantics).
-
-    Every public entry point that takes an array passes it through here: a
-    ``str`` or ``os.PathLike`` is opened with :func:`open_array` (a
-    ``path=``-less store whose root is an array); anything else is returned
-    as is, for :func:`as_source` to describe or refuse.
-    """
-    if isinstance(value, str | os.PathLike):
-        return open_array(value)
-    return value
-
-
-def merged_io_concurrency(concurrency: object, io: object) -> int | None:
-    """``io_concurrency``, or its former name ``concurrency``; both must agree."""
-    old = None if concurrency is None else positive_int("concurrency", concurrency)
-    new = io_concurrency(io)
-    if old is not None and new is not None and old != new:
-        raise ArgumentValueError(
-            f"concurrency={old} and io_concurrency={new} disagree; concurrency is the "
-            "former name of io_concurrency: pass io_concurrency only"
-        )
-    return new if new is not None else old
-
-
-# --------------------------------------------------------------------------
-# Read options
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """How a stream reads: where, how long it waits, what it does about faults.
-
-    The read keywords of every entry point (the stream constructors,
-    ``map_chunks``, ``reduce_chunks``, ``feature_moments``, ``map_to_zarr``,
-    ``write_shuffled`` and ``Loader``), documented here once and validated
-    once (each check names the parameter and the value).  Each entry point
-    takes them flat (``retries=5``) or as one value (``read=ReadOptions(retries=5)``)
-    to share one set across streams; a flat keyword given beside ``read=``
-    must agree with it (``read_options``).  Constructing one, also through
-    ``dataclasses.replace``, validates every field.  A new read setting is a
-    new field here (and a flat keyword on the entry points).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import daskzarr_batches as dzb
-    >>> read = dzb.ReadOptions(missing="error", retries=5)
-    >>> stream = dzb.batch_stream(np.arange(10), 4, read=read)
-    >>> stream.spec.retries
-    5
-
-    Parameters
-    ----------
-    client : distributed.Client, optional
-        Where reads run; ``None`` resolves to the client dask's configuration
-        points at, if any, else the local threads.
-    timeout : float, optional
-        Seconds to wait for one window or chunk; ``None``, ``inf`` or values
-        of ``threading.TIMEOUT_MAX`` or more wait forever (stored as ``None``).
-    missing : {"fill", "warn", "error"}, default "fill"
-        Chunks absent from the store (`ReadPolicy`).
-    on_error : {"raise", "skip"}, default "raise"
-        Chunks that do not decode.
-    retries : int, default 3
-        Retries of one read after a transient fault.
-    io_concurrency : int, optional
-        Store requests in flight at most: locally for the whole stream; on a
-        cluster within each read task (a chunk stream also keeps that many
-        reads in flight).  ``None``: the stream's default.
-    cache : ChunkCache, optional
-        Decoded chunks served from this cache when it holds them, and kept in
-        it when read from the store.
-    """
-
-    client: Any = field(default=None, compare=False)
-    timeout: float | None = None
-    missing: MissingMode = "fill"
-    on_error: OnError = "raise"
-    retries: int = DEFAULT_RETRIES
-    io_concurrency: int | None = None
-    cache: ChunkCache | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        put = functools.partial(object.__setattr__, self)
-        put("timeout", timeout_seconds(self.timeout))
-        put("retries", non_negative_int("retries", self.retries))
-        put("io_concurrency", io_concurrency(self.io_concurrency))
-        ReadPolicy(self.missing, self.on_error, self.retries)  # validates the other two
-        put("client", resolve_client(self.client))
-        if self.cache is not None and not isinstance(self.cache, ChunkCache):
-            raise ArgumentTypeError(
-                f"cache must be a ChunkCache or None, got {self.cache!r} of type "
-                f"{type(self.cache).__name__}"
-            )
-
-    @property
-    def policy(self) -> ReadPolicy:
-        """The read policy, without a request limit (a stream adds its own: ``limited``)."""
-        return ReadPolicy(self.missing, self.on_error, self.retries, cache=self.cache)
-
-    def keywords(self) -> dict[str, Any]:
-        """The fields as the flat keywords of the entry points (``client=...``, ...)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-def read_options(read: object = None, /, **flat: Any) -> ReadOptions:
-    """An entry point's read options: ``read=`` or its flat read keywords, validated once.
-
-    Parameters
-    ----------
-    read : ReadOptions, optional
-        The ``read=`` argument; ``None``: the flat keywords alone.
-    **flat : Any
-        The entry point's flat read keywords (``client``, ``timeout``, ...:
-        the fields of :class:`ReadOptions`), at their defaults when not given.
-
-    Returns
-    -------
-    ReadOptions
-        ``ReadOptions(**flat)`` without ``read``; else ``read``.
-
-    Raises
-    ------
-    ArgumentTypeError
-        ``read`` is not a ``ReadOptions``.
-    ArgumentValueError
-        A flat keyword is set (not its default) beside ``read`` to another
-        value than ``read`` holds; the message names it.  One set to the
-        value ``read`` holds is allowed.
-    """
-    if read is None:
-        return ReadOptions(**flat)
-    if not isinstance(read, ReadOptions):
-        raise ArgumentTypeError(
-            f"read must be a ReadOptions or None, got {reprlib.repr(read)} of type "
-            f"{type(read).__name__}"
-        )
-    defaults = {f.name: f.default for f in dataclasses.fields(ReadOptions)}
-    unknown = sorted(set(flat) - set(defaults))
-    if unknown:
-        raise ArgumentTypeError(f"not read options: {unknown}")
-    given = {k: v for k, v in flat.items() if v is not defaults[k] and v != defaults[k]}
-    if given:
-        mine = ReadOptions(**given)  # validated and normalised as read's fields were
-        for name in given:
-            theirs, ours = getattr(read, name), getattr(mine, name)
-            if ours is not theirs and ours != theirs:
-                raise ArgumentValueError(
-                    f"{name}={reprlib.repr(flat[name])} disagrees with read.{name}="
-                    f"{reprlib.repr(theirs)}: give each read option once, flat or in read="
-                )
-    return read
 
 
 # --------------------------------------------------------------------------
@@ -825,176 +548,6 @@ class StreamSpec:
         if self.shuffle == "buffer" and self.shuffle_quality is not None:
             return dataclasses.replace(self, epoch=epoch, shuffle_buffer_size=AUTO)
         return dataclasses.replace(self, epoch=epoch)
-
-
-def _check_sampler(
-    sampler: object, shuffle: str, sources: tuple[Source, ...], mix: MixOrder | None
-) -> None:
-    """A :class:`ClassSampler` draws the epoch: shuffled, not buffered, one label per sample."""
-    if not isinstance(sampler, ClassSampler):
-        raise ArgumentTypeError(f"sampler must be a ClassSampler, got {sampler!r}")
-    if shuffle != "exact":
-        raise ArgumentValueError(
-            f"sampler={sampler!r} draws its own order: it needs shuffle=True without "
-            f"shuffle_buffer_size (got shuffle={shuffle!r})"
-        )
-    if mix is not None:
-        raise ArgumentValueError("sampler and mixtures (mix) cannot be combined")
-    if sampler.n_ids != sources[0].n_samples:
-        raise LengthMismatchError(
-            f"sampler has {sampler.n_ids} labels for arrays of {sources[0].n_samples} samples"
-        )
-
-
-def _check_labels(labels: object, sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
-    """``labels`` names one array of discrete labels: one value per sample."""
-    if not isinstance(labels, str):
-        raise ArgumentTypeError(f"labels must name an array (a str), got {labels!r}")
-    if labels not in roles:
-        raise ArgumentValueError(f"labels={labels!r} names none of the arrays {list(roles)!r}")
-    source = sources[roles.index(labels)]
-    if len(source.shape) != 1 or np.dtype(source.dtype).kind not in "biuUSO":
-        raise ArgumentValueError(
-            f"labels={labels!r} must be a 1-D array of discrete labels (integers, bools, "
-            f"strings), got shape {source.shape} and dtype {source.dtype}"
-        )
-
-
-def _provenance(first: Source, role: str) -> SourcesSource:
-    """The ``return_sources`` output of a stream whose first array is ``first``."""
-    collection = first.read_collection()
-    if collection is None:
-        raise ArgumentValueError(
-            f"return_sources=True needs a collection (concat or open_collection), but "
-            f"{role} is {first.name}; a single array's samples come from that array"
-        )
-    return sources_source(first, collection)
-
-
-def _joined(source: Source) -> bool:
-    """Whether a window of ``source`` is read per member and joined (a collection)."""
-    return source.read_collection() is not None
-
-
-def _members(source: Source) -> tuple[int, ...]:
-    """A collection's member offsets (for the source entropy); empty for one array."""
-    return source.member_offsets()
-
-
-def _quality_target(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ArgumentTypeError(
-            f"shuffle_quality must be a number in (0, 1], got {value!r} of type "
-            f"{type(value).__name__}"
-        )
-    if not 0 < float(value) <= 1:
-        raise ArgumentValueError(
-            f"shuffle_quality must be in (0, 1] (a fraction of an exact shuffle's "
-            f"batch mixing), got {value!r}"
-        )
-    return float(value)
-
-
-def _sized(source: Source, rows: int) -> Source:
-    return source.sized(rows)
-
-
-def row_source(array: object, role: str) -> Source:
-    """``array`` (a path opened) as the source of a row stream: samples along axis 0.
-
-    A chunk subset split along another axis is refused: its rows would not
-    be whole samples (such splits are for patch and chunk streams).
-    """
-    source = as_source(as_array(array), role)
-    if isinstance(source, SubsetSource) and source.axis != 0:
-        raise ArgumentValueError(
-            f"{role} ({source.name}) is split along axis {source.axis}; row streams "
-            "(batch streams, plan_epoch, Loader, count_batches) take samples along axis 0, "
-            "so they need a split with dim=0; a split along another axis is for chunk "
-            "streams and map/reduce"
-        )
-    return source
-
-
-def _unpaired(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The arrays of a stream: a chunk subset of a tuple of arrays stands for its arrays."""
-    if len(arrays) == 1 and isinstance(arrays[0], ChunkSubset) and arrays[0].paired:
-        subset = arrays[0]
-        if isinstance(subset.data, Mapping):
-            raise ArgumentTypeError(
-                f"chunk subset {subset.index} is of a dict of arrays {list(subset.data)!r}; "
-                "row streams take a tuple: pass its arrays' subsets, e.g. "
-                f"paired_batch_stream(subset[{next(iter(subset.data))!r}], subset[...], ...), "
-                "or a Loader the dict {name: subset[name]}"
-            )
-        return tuple(subset)
-    return arrays
-
-
-def _check_subsets(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
-    """Arrays read together are all chunk subsets of the same ranges, or none is."""
-    subsets = [isinstance(source, SubsetSource) for source in sources]
-    if not any(subsets):
-        return
-    if not all(subsets):
-        plain = [role for role, subset in zip(roles, subsets, strict=True) if not subset]
-        raise ArgumentValueError(
-            f"{', '.join(plain)} is a whole array but the other arrays are chunk subsets; "
-            "split the arrays together (chunk_split of a tuple) and pass the subsets"
-        )
-    first = sources[0]
-    for role, source in zip(roles[1:], sources[1:], strict=True):
-        assert isinstance(source, SubsetSource) and isinstance(first, SubsetSource)
-        if source.ranges != first.ranges:
-            raise ArgumentValueError(
-                f"{role} is a chunk subset of other positions than {roles[0]} "
-                f"({_ranges_text(source.ranges)} against {_ranges_text(first.ranges)}); "
-                "paired subsets must come from one split of the arrays together "
-                "(chunk_split of a tuple), subset[0] and subset[1]"
-            )
-
-
-def _check_mixtures(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
-    """Arrays read together are all mixtures of one rule (pairs drawn together), or none is."""
-    mixed = [isinstance(source, MixSource) for source in sources]
-    if not any(mixed):
-        return
-    if not all(mixed):
-        plain = [role for role, m in zip(roles, mixed, strict=True) if not m]
-        raise ArgumentValueError(
-            f"{', '.join(plain)} is not a mixture but the other arrays are; mix paired "
-            "arrays together (mix of dicts or tuples) and pass its mixtures"
-        )
-    rules = {source.rule for source in sources if isinstance(source, MixSource)}
-    if len(rules) > 1:
-        raise ArgumentValueError(
-            f"the mixtures of {', '.join(roles)} draw differently (lengths, weights, stop, "
-            "samples_per_epoch or seed differ); mix paired arrays in one call "
-            "(mix([{'x': x1, 'y': y1}, {'x': x2, 'y': y2}], weights))"
-        )
-
-
-def _ranges_text(ranges: tuple[tuple[int, int], ...]) -> str:
-    shown = ", ".join(f"{a}:{b}" for a, b in ranges[:3])
-    return f"[{shown}{', ...' if len(ranges) > 3 else ''}]"
-
-
-def _default_roles(count: int) -> tuple[str, ...]:
-    if count == 1:
-        return ("array",)
-    if count == 2:
-        return ("features", "labels")
-    return tuple(f"array {i}" for i in range(count))
-
-
-def _check_lengths(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
-    lengths = [source.n_samples for source in sources]
-    if len(set(lengths)) > 1:
-        described = " but ".join(
-            f"{role} has {n} samples (shape {source.shape})"
-            for role, n, source in zip(roles, lengths, sources, strict=True)
-        )
-        raise LengthMismatchError(f"paired arrays must have the same length: {described}")
 
 
 # --------------------------------------------------------------------------

@@ -198,8 +198,6 @@ ALLOWED_OVER_600 = {
     "read/patches.py": 739,
     "store/cache.py": 833,
     "streams/batch.py": 880,
-    "streams/constructors.py": 835,
-    "streams/spec.py": 1035,
     "tools/bench.py": 755,
     "tools/cli.py": 691,
     "tools/info.py": 604,

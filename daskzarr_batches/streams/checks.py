@@ -1,0 +1,206 @@
+"""The scalar argument checks of every entry point, each naming the parameter and the value.
+
+Each check returns the normalised value or raises an error that names the
+parameter and shows the offending value.  Numpy integers are accepted wherever
+an ``int`` is; ``bool`` is rejected even though it is an ``int`` subclass,
+because ``batch_size=True`` is always a mistake.  Re-exported by
+``streams.spec``, where they were first.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import threading
+
+from ..errors import ArgumentTypeError, ArgumentValueError
+from ..plan.windows import ShuffleMode
+from ..store.open import open_array
+
+__all__ = [
+    "AUTO",
+    "as_array",
+    "buffer_samples",
+    "byte_size",
+    "flag",
+    "io_concurrency",
+    "merged_io_concurrency",
+    "non_negative_int",
+    "positive_int",
+    "shuffle_mode",
+    "timeout_seconds",
+]
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _integer(name: str, value: object, minimum: int, wanted: str, bound: str) -> int:
+    if not _is_integer(value):
+        raise ArgumentTypeError(
+            f"{name} must be a {wanted}, got {value!r} of type {type(value).__name__}"
+        )
+    result = int(value)  # type: ignore[call-overload]
+    if result < minimum:
+        raise ArgumentValueError(f"{name} must be {bound}, got {result}")
+    return result
+
+
+def positive_int(name: str, value: object) -> int:
+    """Return ``value`` as an ``int`` >= 1, or raise naming ``name``."""
+    return _integer(name, value, 1, "positive integer", "a positive integer")
+
+
+def non_negative_int(name: str, value: object) -> int:
+    """Return ``value`` as an ``int`` >= 0, or raise naming ``name``."""
+    return _integer(name, value, 0, "non-negative integer", ">= 0")
+
+
+def timeout_seconds(value: object) -> float | None:
+    """Validate ``timeout``: seconds > 0; ``None`` means wait forever.
+
+    ``float("inf")`` and values of ``threading.TIMEOUT_MAX`` or more (which
+    the waits below cannot take) also mean "no timeout", and become ``None``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {value!r}")
+    seconds = float(value)
+    if not seconds > 0:  # also NaN
+        raise ArgumentValueError(f"timeout must be > 0 seconds, got {value!r}")
+    if math.isinf(seconds) or seconds >= threading.TIMEOUT_MAX:
+        return None
+    return seconds
+
+
+def io_concurrency(value: object) -> int | None:
+    """Validate ``io_concurrency``: an ``int`` >= 1, or ``None`` (the default)."""
+    return None if value is None else positive_int("io_concurrency", value)
+
+
+def byte_size(name: str, value: object) -> int:
+    """A size in bytes: an ``int`` >= 1, or a string such as ``"256MiB"`` or ``"1GB"``.
+
+    Strings are read by :func:`dask.utils.parse_bytes` (``kB``/``MB``/``GB``
+    are powers of 1000, ``KiB``/``MiB``/``GiB`` of 1024; a bare number is
+    bytes).  The one parser of sizes for every argument that takes them.
+    """
+    if isinstance(value, str):
+        from dask.utils import parse_bytes
+
+        try:
+            nbytes = int(parse_bytes(value))
+        except (ValueError, TypeError) as error:
+            raise ArgumentValueError(
+                f"{name}={value!r} is not a size in bytes (e.g. '256MiB', '1GB'): {error}"
+            ) from None
+        if nbytes < 1:
+            raise ArgumentValueError(f"{name}={value!r} must be at least 1 byte")
+        return nbytes
+    if not _is_integer(value):
+        raise ArgumentTypeError(
+            f"{name} must be a number of bytes or a size string such as '256MiB', "
+            f"got {value!r} of type {type(value).__name__}"
+        )
+    return positive_int(name, value)
+
+
+#: ``shuffle_buffer_size`` that asks for the smallest buffer meeting ``shuffle_quality``.
+AUTO = "auto"
+
+
+def buffer_samples(value: object, row_bytes: int) -> int:
+    """``shuffle_buffer_size`` in samples: an ``int`` is samples, a string bytes.
+
+    A size string (``"256MiB"``, read by :func:`byte_size`) holds
+    ``bytes // row_bytes`` samples (``row_bytes``: a sample's decoded bytes,
+    summed over the stream's arrays), at least 1.  A plain ``int`` is a count
+    of samples, as before sizes in bytes were accepted; a string without a unit
+    (``"8"``) is refused rather than guessed.
+    """
+    if isinstance(value, str):
+        if value.strip().replace(".", "", 1).isdigit():  # "8": samples or bytes?
+            raise ArgumentTypeError(
+                f"shuffle_buffer_size={value!r} has no unit: give samples as an int "
+                f"({value.strip()}) or bytes with a unit ('{value.strip()}B', '256MiB')"
+            )
+        return max(1, byte_size("shuffle_buffer_size", value) // max(row_bytes, 1))
+    if not _is_integer(value):
+        raise ArgumentTypeError(
+            "shuffle_buffer_size must be a number of samples (int) or a size in bytes "
+            f"such as '256MiB' (str), got {value!r} of type {type(value).__name__}"
+        )
+    return positive_int("shuffle_buffer_size", value)
+
+
+def flag(name: str, value: object) -> bool:
+    """Require a real ``bool`` so that ``ordered="no"`` is not silently true."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def shuffle_mode(
+    shuffle: object, shuffle_buffer_size: object, shuffle_quality: object = None
+) -> ShuffleMode:
+    """The mode of the public ``shuffle`` flag: exact unless a buffer size is given.
+
+    The one place the flag becomes a mode (``plan_epoch``, ``Loader``, the
+    shuffled constructors, ``patch_stream`` and ``bench``).  A buffer size
+    without a shuffle is an error, and so is a ``shuffle_quality`` without
+    ``shuffle_buffer_size="auto"`` (it would be ignored).
+    """
+    if shuffle_quality is not None and shuffle_buffer_size != AUTO:
+        raise ArgumentValueError(
+            f"shuffle_quality={shuffle_quality!r} sizes shuffle_buffer_size='auto' only "
+            f"(got shuffle_buffer_size={shuffle_buffer_size!r})"
+        )
+    if not flag("shuffle", shuffle):
+        if shuffle_buffer_size is not None:
+            raise ArgumentValueError(
+                f"shuffle_buffer_size={shuffle_buffer_size!r} needs shuffle=True"
+            )
+        return "none"
+    return "exact" if shuffle_buffer_size is None else "buffer"
+
+
+def as_array(value: object) -> object:
+    """``value``, or the array a path or URL names (:func:`open_array` semantics).
+
+    Every public entry point that takes an array passes it through here: a
+    ``str`` or ``os.PathLike`` is opened with :func:`open_array` (a
+    ``path=``-less store whose root is an array); anything else is returned
+    as is, for :func:`as_source` to describe or refuse.
+    """
+    if isinstance(value, str | os.PathLike):
+        return open_array(value)
+    return value
+
+
+def merged_io_concurrency(concurrency: object, io: object) -> int | None:
+    """``io_concurrency``, or its former name ``concurrency``; both must agree."""
+    old = None if concurrency is None else positive_int("concurrency", concurrency)
+    new = io_concurrency(io)
+    if old is not None and new is not None and old != new:
+        raise ArgumentValueError(
+            f"concurrency={old} and io_concurrency={new} disagree; concurrency is the "
+            "former name of io_concurrency: pass io_concurrency only"
+        )
+    return new if new is not None else old
+
+
+def _quality_target(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(
+            f"shuffle_quality must be a number in (0, 1], got {value!r} of type "
+            f"{type(value).__name__}"
+        )
+    if not 0 < float(value) <= 1:
+        raise ArgumentValueError(
+            f"shuffle_quality must be in (0, 1] (a fraction of an exact shuffle's "
+            f"batch mixing), got {value!r}"
+        )
+    return float(value)
