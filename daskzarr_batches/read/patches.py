@@ -17,7 +17,6 @@ not decode leave the window (from every output of the base array).
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -40,7 +39,9 @@ from ..store.policy import (
     program_error,
 )
 from ..store.zarr_adapter import async_array, nd_buffer
+from .chunk_share import ChunkShare, _Abandoned, _edges, _no_share  # noqa: F401
 from .context import DEFAULT_CONTEXT, ReadContext
+from .patch_skips import _missing_blocks, _runs, _touching
 from .tasks import read_block, read_views, run_on_loop
 
 __all__ = [
@@ -76,116 +77,6 @@ class KeptBlocks(NamedTuple):
     data: list[Any]
     places: tuple[tuple[slice, ...], ...]
     made: tuple[bool, ...]
-
-
-class ChunkShare:
-    """Decoded stored chunks that the windows of one sequential patch stream hand on.
-
-    Consecutive windows of a sequential patch stream need the same chunks
-    where patches or targets cross a window's edge (a forecast target one
-    step ahead needs the first step of the next window's chunks).  Each read
-    task *claims* a chunk before decoding it: the first claim decodes the
-    whole chunk and publishes it, any later claim (another window's, also one
-    in flight at the same time) waits for it, so each chunk is decoded once
-    for all the windows that need it while it stays here.  Finished chunks
-    stay in a least-recently-used store of ``capacity`` bytes.  Used on this
-    process's Zarr event loop only (every access is on that thread); on a
-    cluster each task decodes its own chunks.
-
-    A shuffled patch stream (buffered or exact) knows from its plan how many
-    of its windows need each chunk (``uses``: a forecast target at ``t + 1``
-    is another window's input when ``t + 1`` is not in the window): the
-    windows share each such chunk, and it is released at its last claim
-    instead of waiting for the least-recently-used order to drop it.
-
-    Parameters
-    ----------
-    capacity : int
-        Bytes of finished chunks kept (at least one chunk stays).
-    uses : dict, optional
-        Claims each chunk will see in the epoch (``None``: unknown, the
-        chunks the windows next to each other share, kept by recency).
-    """
-
-    def __init__(self, capacity: int, uses: dict[Any, int] | None = None) -> None:
-        self.capacity = capacity
-        self.held = 0
-        self.uses = uses
-        self.entries: collections.OrderedDict[Any, asyncio.Future[np.ndarray]] = (
-            collections.OrderedDict()
-        )
-
-    def shared(self, key: Any) -> bool:
-        """Whether more than one window claims chunk ``key`` (``uses`` known)."""
-        return self.uses is not None and self.uses.get(key, 0) > 1
-
-    def _claimed(self, key: Any) -> bool:
-        """Count one claim of ``key``; ``True`` when it was the last one (``uses`` known)."""
-        if self.uses is None or key not in self.uses:
-            return False
-        self.uses[key] -= 1
-        return self.uses[key] <= 0
-
-    def _release(self, key: Any, future: asyncio.Future[np.ndarray]) -> None:
-        """Drop ``key``'s entry at its last claim (its bytes, once it has them)."""
-        if self.entries.get(key) is not future:
-            return
-        del self.entries[key]
-        if future.done() and future.exception() is None:
-            self.held -= future.result().nbytes
-
-    def __reduce__(self) -> Any:  # a task pickled for a cluster decodes on its own
-        return (_no_share, ())
-
-    async def decode(self, key: Any, read: Any) -> np.ndarray:
-        """The chunk ``key``: decoded by ``read()`` if first, else awaited from its first claim."""
-        last = self._claimed(key)
-        found = self.entries.get(key)
-        if found is not None:
-            self.entries.move_to_end(key)
-            try:
-                data = await asyncio.shield(found)
-            except _Abandoned:
-                pass  # its first claim failed: decode it here
-            else:
-                if last:
-                    self._release(key, found)
-                return data
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self.entries[key] = future
-        try:
-            data = await read()
-        except BaseException:
-            if self.entries.get(key) is future:
-                del self.entries[key]
-            future.set_exception(_Abandoned())
-            future.exception()  # retrieved: no "never retrieved" message
-            raise
-        future.set_result(data)
-        if last:  # no window claims it again
-            del self.entries[key]
-            return data
-        if self.entries.get(key) is future:
-            self.held += data.nbytes
-            self._evict()
-        return data
-
-    def _evict(self) -> None:
-        while self.held > self.capacity and len(self.entries) > 1:
-            key, oldest = next(iter(self.entries.items()))
-            if not oldest.done():
-                return
-            del self.entries[key]
-            if oldest.exception() is None:
-                self.held -= oldest.result().nbytes
-
-
-class _Abandoned(Exception):
-    """The first claim of a shared chunk failed; a waiter decodes it itself."""
-
-
-def _no_share() -> None:
-    return None
 
 
 def patch_ids(
@@ -407,26 +298,6 @@ def _coverage(grid: PatchGrid, cuts: Sequence[Cut]) -> Box:
         high = max(c.shift[axis] + c.size[axis] for c in cuts)
         region[axis] = slice(int(origins[0]) + low, int(origins[-1]) + high)
     return tuple(region)
-
-
-def _edges(
-    boxes: Sequence[Box], bounds: Sequence[np.ndarray], cuts: Sequence[Cut], origins: np.ndarray
-) -> frozenset[Block]:
-    """The chunks of a sequential window that the windows before and after it may need.
-
-    Along the first patched dim (the slowest of the C order) the window owns
-    the rows of chunks its patches' origins fall in.  The windows next to it
-    may need its first and last owned rows (their targets or patches reach
-    into them) and it needs rows it does not own (its own halo, which the
-    window after owns): those chunks are shared; the others only this window
-    needs (their boxes go back to the pool).
-    """
-    lead = cuts[0].axes[0] if cuts[0].axes else 0
-    rows = np.searchsorted(bounds[lead], origins[:, lead], side="right") - 1
-    owned = set(rows.tolist())
-    ends = {min(owned), max(owned)} if owned else set()
-    spans, _ = box_chunks(boxes, bounds)
-    return frozenset(b for b in spans if b[lead] not in owned or b[lead] in ends)
 
 
 def _box_groups(boxes: Sequence[Box], itemsize: int) -> list[tuple[int, int]]:
@@ -690,50 +561,3 @@ def _local(inner: Box, outer: Box) -> Box:
     return tuple(
         slice(a.start - b.start, a.stop - b.start) for a, b in zip(inner, outer, strict=True)
     )
-
-
-def _touching(
-    origins: np.ndarray, cuts: Sequence[Cut], bad: set[Block], bounds: Sequence[np.ndarray]
-) -> np.ndarray:
-    """Which patches have a cut overlapping a chunk in ``bad``."""
-    drop = np.zeros(len(origins), dtype=bool)
-    for block in bad:
-        lo = np.array([int(e[b]) for b, e in zip(block, bounds, strict=True)])
-        hi = np.array([int(e[b + 1]) for b, e in zip(block, bounds, strict=True)])
-        for cut in cuts:
-            start = origins + np.asarray(cut.shift)
-            stop = start + np.asarray(cut.size)
-            drop |= np.all((start < hi) & (stop > lo), axis=1)
-    return drop
-
-
-def _runs(
-    ids: np.ndarray,
-    drop: np.ndarray,
-    origins: np.ndarray,
-    cuts: Sequence[Cut],
-    bad: set[Block],
-    bounds: Sequence[np.ndarray],
-) -> tuple[tuple[Block, int, int], ...]:
-    """The skipped chunks, each with the runs of patch ids it took out of the window."""
-    found = []
-    for block in sorted(bad):
-        mine = _touching(origins, cuts, {block}, bounds) & drop
-        dropped = ids[mine]
-        if not len(dropped):
-            continue
-        cuts_at = np.flatnonzero(np.diff(dropped) != 1) + 1
-        for run in np.split(dropped, cuts_at):
-            found.append((block, int(run[0]), int(run[-1]) + 1))
-    return tuple(found)
-
-
-def _missing_blocks(
-    array: Any, boxes: Sequence[Box], bounds: Sequence[np.ndarray], missing: tuple[str, ...]
-) -> tuple[Block, ...]:
-    """The chunks whose store keys were absent."""
-    if not missing:
-        return ()
-    absent = set(missing)
-    spans, _ = box_chunks(boxes, bounds)
-    return tuple(block for block in spans if absent.intersection(block_key(array, block)))

@@ -30,11 +30,7 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
-import itertools
-import json
-import math
 import os
-import struct
 import threading
 import uuid
 import weakref
@@ -42,21 +38,51 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import zarr
 import zarr.storage
 
 from ..errors import ArgumentTypeError, ArgumentValueError
-from .layout import chunks_per_shard, metadata_key, object_key, shard_of
-from .versions import blocking_fs, object_versions
+from . import cache_keys
+
+# Re-exported: these names were this module's before the file format and keys moved out.
+from .cache_file import (  # noqa: F401
+    _CRC,
+    _FIELDS,
+    _FORMAT_1,
+    _HEADER,
+    _MAX_HEADER,
+    MAGIC,
+    _bytes,
+    _header,
+    _made,
+    _OldFormat,
+    _read_file,
+)
+from .cache_keys import (  # noqa: F401
+    _NUMBERED,
+    _NUMBERED_LOCK,
+    _NUMBERS,
+    KeptPart,
+    _listed_versions,
+    _new_process,
+    _object_number,
+    _stored_versions,
+    _version,
+    array_token,
+    block_name,
+    chunk_name,
+    inner_chunk_name,
+    kept_part,
+    rows_name,
+)
 from .zarr_adapter import (
     BatchedCodecPipeline,
     concurrent_map,
     fill_value_or_default,
     read_results,
-    unwrapped_store,
 )
 
 __all__ = [
@@ -73,33 +99,20 @@ __all__ = [
     "rows_name",
 ]
 
-#: First bytes of a cache file, and its format's version (2: the CRC-32 covers the header).
-MAGIC = b"DZBCACHE2\n"
-_FORMAT_1 = b"DZBCACHE1\n"  # the format before (a CRC of the data alone): read as absent
-_HEADER = struct.Struct("<I")  # the JSON header's length
-_CRC = struct.Struct("<I")  # the last 4 bytes: CRC-32 of everything before them
-#: The header's fields, exactly (a file with more, fewer or other ones is damaged).
-_FIELDS = frozenset({"key", "dtype", "shape", "order", "nbytes"})
-#: Longest header a reader accepts (a damaged length field is not read on).
-_MAX_HEADER = 1 << 16
+
+def __getattr__(name: str) -> Any:
+    """``_PROCESS``, this process's identity (``cache_keys``'s: new in a forked child)."""
+    if name == "_PROCESS":
+        return cache_keys._PROCESS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: Write errors of the cache's directory as a whole (others are of one entry: that file alone).
 _DIRECTORY_ERRNOS = frozenset(
     getattr(errno, name)
     for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOENT", "ENOTDIR", "EIO")
     if hasattr(errno, name)
 )
-#: This process's identity in keys of in-memory stores (not shared between processes);
-#: a forked child makes its own (_new_process), as it would after an import.
-_PROCESS = f"{os.getpid()}-{uuid.uuid4().hex}"
-
-
-def _new_process() -> None:
-    global _PROCESS
-    _PROCESS = f"{os.getpid()}-{uuid.uuid4().hex}"
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_new_process)
 
 #: Every cache made in this process, by id: a cache sent to a worker finds its twin there.
 #: Caches made by their users are held weakly (one dropped releases its cluster futures);
@@ -417,7 +430,9 @@ class ChunkCache:
             return  # larger than the budget: not kept on disk
         path = self._path(key)
         # the pid read now, not at import: forked processes never share a temporary name
-        temporary = path.with_name(f".{key}.{os.getpid()}-{_PROCESS}.{threading.get_ident()}.tmp")
+        temporary = path.with_name(
+            f".{key}.{os.getpid()}-{cache_keys._PROCESS}.{threading.get_ident()}.tmp"
+        )
         try:
             with open(temporary, "wb") as file:
                 file.write(start)
@@ -479,88 +494,6 @@ class ChunkCache:
         self._disk_used = total
 
 
-def _bytes(data: np.ndarray) -> memoryview:
-    """The bytes of a C-contiguous array, as a (writable if it is) memoryview."""
-    return data.reshape(-1).view(np.uint8).data
-
-
-class _OldFormat(Exception):
-    """A cache file of the previous format (not damaged: made by an earlier version)."""
-
-
-def _header(key: str, data: np.ndarray) -> bytes:
-    """The JSON header of a cache file holding ``data`` (C order) under ``key``."""
-    fields = {"key": key, "dtype": data.dtype.str, "shape": list(data.shape), "order": "C",
-              "nbytes": data.nbytes}  # fmt: skip
-    return json.dumps(fields).encode()
-
-
-def _read_file(file: Any, key: str) -> np.ndarray:
-    """A cache file's chunk, checked (raises ``ValueError`` if it is damaged).
-
-    The file is ``MAGIC``, the header's length, the JSON header, the chunk's
-    bytes and a CRC-32 of all of them.  Its size is checked against the
-    header before anything is allocated, the CRC before the header is
-    trusted, and the header against what this reader writes: exactly its
-    fields, this ``key``, a plain numeric dtype spelled as NumPy spells it
-    (byte order included), C order, a shape of ``nbytes``.
-    """
-    size = os.fstat(file.fileno()).st_size
-    start = file.read(len(MAGIC) + _HEADER.size)
-    if start[: len(MAGIC)] == _FORMAT_1:
-        raise _OldFormat
-    if len(start) != len(MAGIC) + _HEADER.size or start[: len(MAGIC)] != MAGIC:
-        raise ValueError("not a cache file")
-    (length,) = _HEADER.unpack(start[len(MAGIC) :])
-    if length > _MAX_HEADER or len(start) + length + _CRC.size > size:
-        raise ValueError("header length")
-    raw = file.read(length)
-    nbytes = size - len(start) - length - _CRC.size
-    data = np.empty(nbytes, dtype=np.uint8)
-    if len(raw) != length or file.readinto(data.data) != nbytes:
-        raise ValueError("truncated")
-    trailer = file.read(_CRC.size + 1)
-    if len(trailer) != _CRC.size:
-        raise ValueError("truncated or too long")
-    if zlib.crc32(data.data, zlib.crc32(raw, zlib.crc32(start))) != _CRC.unpack(trailer)[0]:
-        raise ValueError("checksum")
-    header = json.loads(raw)
-    if not isinstance(header, dict) or set(header) != _FIELDS:
-        raise ValueError("header fields")
-    dtype, shape = np.dtype(header["dtype"]), header["shape"]
-    if header["key"] != key:
-        raise ValueError("another key")
-    if dtype.str != header["dtype"] or dtype.kind not in "biufcmM" or header["order"] != "C":
-        raise ValueError("dtype or order")
-    if not isinstance(shape, list) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
-    ):
-        raise ValueError("shape")
-    if header["nbytes"] != nbytes or math.prod(shape) * dtype.itemsize != nbytes:
-        raise ValueError("size")
-    chunk = data.view(dtype).reshape(shape)
-    chunk.setflags(write=False)
-    return chunk
-
-
-def _made(directory: Path) -> Path:
-    """``directory``, created if needed (else an error naming it)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except FileExistsError as error:
-        raise ArgumentValueError(
-            f"the chunk cache's directory {str(directory)!r} is a file, not a directory"
-        ) from error
-    except OSError as error:
-        raise ArgumentValueError(
-            f"cannot create the chunk cache's directory {str(directory)!r} "
-            f"({type(error).__name__}: {error})"
-        ) from error
-    if not directory.is_dir():  # a broken link, say
-        raise ArgumentValueError(f"the chunk cache's directory {str(directory)!r} is no directory")
-    return directory
-
-
 def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | None) -> ChunkCache:
     """The cache ``cache_id`` in this process: itself, or its twin made here (a worker's)."""
     with _REGISTRY_LOCK:
@@ -573,178 +506,6 @@ def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | Non
     cache._init_state()
     with _REGISTRY_LOCK:
         return _TWINS.setdefault(cache_id, cache)
-
-
-def rows_name(start: int, stop: int) -> str:
-    """The name a cluster keeps rows ``start:stop`` (one axis-0 chunk, every column) under."""
-    return f"rows:{start}:{stop}"
-
-
-def block_name(block: tuple[int, ...]) -> str:
-    """The name a cluster keeps a part of stored blocks from ``block`` on under (not rows)."""
-    return f"block:{','.join(map(str, block))}"
-
-
-class KeptPart(NamedTuple):
-    """What a cache keeps on a cluster for one stored block of a Zarr array (:func:`kept_part`).
-
-    ``name`` (before its token), the stored ``blocks`` it holds, where each
-    sits in the array (``slices``), the ``region`` they cover together, and
-    whether it is the rows of one axis-0 chunk (``rows``: batch windows keep
-    the same part).
-    """
-
-    name: str
-    blocks: tuple[tuple[int, ...], ...]
-    slices: tuple[tuple[slice, ...], ...]
-    region: tuple[slice, ...]
-    rows: bool
-
-
-def kept_part(source: Any, block: tuple[int, ...]) -> KeptPart:
-    """The part of ``source`` (a Zarr array's) kept on a cluster for stored ``block``.
-
-    A block's stored object, decoded: for a sharded array, every inner
-    block of its shard (one fetch of the shard); for a block spanning every
-    column, its axis-0 chunk's rows (:func:`rows_name`, as batch windows
-    keep them); else the block alone.
-    """
-    whole = source.block_slices(block)
-    if source.array.shards is not None:
-        per_shard = chunks_per_shard(source.array)
-        ranges = [
-            range(b // n * n, min(b // n * n + n, len(sizes)))
-            for b, n, sizes in zip(block, per_shard, source.chunks, strict=True)
-        ]
-        blocks = tuple(itertools.product(*ranges))
-        slices = tuple(source.block_slices(b) for b in blocks)
-        region = tuple(
-            slice(min(s[axis].start for s in slices), max(s[axis].stop for s in slices))
-            for axis in range(len(whole))
-        )
-        return KeptPart(block_name(blocks[0]), blocks, slices, region, False)
-    if all(s.start == 0 and s.stop == n for s, n in zip(whole[1:], source.shape[1:], strict=True)):
-        return KeptPart(rows_name(whole[0].start, whole[0].stop), (block,), (whole,), whole, True)
-    return KeptPart(block_name(block), (block,), (whole,), whole, False)
-
-
-def inner_chunk_name(shard_key: str, coords: Iterable[int]) -> str:
-    """The name an inner chunk (local ``coords`` in shard ``shard_key``) is kept under."""
-    return f"{shard_key}#{','.join(map(str, coords))}"
-
-
-def chunk_name(array: zarr.Array, block: tuple[int, ...], whole_shards: bool = False) -> str:
-    """The name the decoded chunk ``block`` of ``array`` is kept under (before its token).
-
-    An unsharded chunk's store key; a sharded array's inner chunk as the
-    shard reader keeps it (:func:`inner_chunk_name`), or, ``whole_shards``,
-    the shard's store key (Zarr's pipeline keeps shards decoded whole:
-    patch streams).
-    """
-    if array.shards is None:
-        return object_key(array, block)
-    per_shard = chunks_per_shard(array)
-    shard = object_key(array, shard_of(block, per_shard))
-    if whole_shards:
-        return shard
-    return inner_chunk_name(shard, (b % n for b, n in zip(block, per_shard, strict=True)))
-
-
-def array_token(array: zarr.Array) -> str:
-    """What identifies an array's chunks in a cache: its store, path, metadata and versions.
-
-    The versions are those of the array's metadata document and of every
-    object stored under the array's prefix (a local file's size,
-    modification time and inode; an object's ETag, last-modified date and
-    size: one listing of the prefix, :func:`_stored_versions`), so an array
-    written again, in place with the same metadata too, gets new keys and
-    is read again from its store.  In-memory stores exist in one process
-    only: their token names the process and the store object (a number
-    never reused, not its ``id``).  Computed once per stream (so once per
-    epoch), on the client.
-    """
-    store = unwrapped_store(array.store_path.store)
-    where = str(store)
-    if isinstance(store, zarr.storage.MemoryStore):
-        where += f"@{_PROCESS}#{_object_number(store)}"
-    metadata = json.dumps(array.metadata.to_dict(), sort_keys=True, default=str)
-    version = _version(store, metadata_key(array) or "")
-    stored = _stored_versions(store, array)
-    text = (
-        f"{type(store).__name__}\0{where}\0{array.store_path.path}\0{metadata}\0{version}\0{stored}"
-    )
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-#: Objects numbered in this process (in-memory stores): id -> (weak reference, number).
-_NUMBERED: dict[int, tuple[weakref.ref[Any], int]] = {}
-_NUMBERS = itertools.count()
-#: Reentrant: an object's death (its weak reference's callback) may come while it is held.
-_NUMBERED_LOCK = threading.RLock()
-
-
-def _object_number(thing: Any) -> int:
-    """A number naming ``thing`` while it lives, never given to another object (an ``id`` is)."""
-    with _NUMBERED_LOCK:
-        found = _NUMBERED.get(id(thing))
-        if found is not None and found[0]() is thing:
-            return found[1]
-        number, key = next(_NUMBERS), id(thing)
-
-        def forget(ref: weakref.ref[Any]) -> None:
-            with _NUMBERED_LOCK:
-                if _NUMBERED.get(key, (None,))[0] is ref:
-                    del _NUMBERED[key]
-
-        _NUMBERED[key] = (weakref.ref(thing, forget), number)
-        return number
-
-
-def _stored_versions(store: Any, array: zarr.Array) -> str:
-    """A digest of the version of every object stored for ``array`` (chunks or shards).
-
-    A local store: an ``os.stat`` of each object of the grid (size,
-    modification time in ns, inode; zarr writes an object to a new file and
-    renames it); an object store (obstore or fsspec): one listing of the
-    array's prefix, each object's ETag, last-modified date and size.  ``""``
-    where the store cannot tell (in-memory stores, other stores: see
-    docs/cache.md).
-    """
-    try:
-        return _listed_versions(store, array)
-    except Exception:  # unknown: a token of its own, so nothing kept is served (never stale)
-        return f"unknown-{uuid.uuid4().hex}"
-
-
-def _listed_versions(store: Any, array: zarr.Array) -> str:
-    rows = object_versions(store, array)
-    if rows is None:
-        return ""
-    text = "\n".join("\0".join(map(str, row)) for row in rows)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def _version(store: Any, key: str) -> str:
-    """When the document ``key`` of ``store`` was last written, if the store can tell."""
-    try:
-        if isinstance(store, zarr.storage.LocalStore):
-            stat = os.stat(Path(store.root) / key)
-            return f"{stat.st_mtime_ns}-{stat.st_size}"
-        if isinstance(store, zarr.storage.ZipStore):
-            return str(os.stat(str(store.path)).st_mtime_ns)
-        if isinstance(store, zarr.storage.FsspecStore):
-            fs, where = blocking_fs(store.fs), f"{store.path.rstrip('/')}/{key}"
-            fs.invalidate_cache(where)
-            info = fs.info(where)
-            return str(info.get("ETag") or info.get("LastModified") or info.get("mtime") or "")
-        if type(store).__name__ == "ObjectStore":
-            import obstore
-
-            meta = obstore.head(store.store, key)
-            return f"{meta.get('e_tag')}-{meta.get('last_modified')}"
-    except Exception:  # no version: the key is the metadata's alone
-        return ""
-    return ""
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,12 @@ rank's shortfall, and cuts owned batches (``plan.batching.Batcher``)."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import zarr
 
 from ..errors import (
     ArgumentValueError,
@@ -28,157 +24,46 @@ from ..errors import (
 from ..execute.runners import make_runner
 from ..plan.batching import Batcher, Ranges, positions_between
 from ..plan.batching import count_batches as _count
-from ..plan.epoch import EpochPlan
 from ..plan.quality import LABEL_MIXING_WARNING, LabelCounter
 from ..plan.summary import PlanSummary
 from ..plan.windows import Window
 from ..read.buffers import shared_pool
 from ..read.context import ReadContext
 from ..read.graphs import (
-    count_tasks,
     read_threads,
     window_graph,
 )
 from ..read.kept import read_kept_chunk
-from ..read.patches import ChunkShare
 from ..read.window import release_free_memory
-from ..store.cache import ChunkCache, array_token, chunk_name, kept_part, rows_name
 from ..store.collections import ConcatSource
-from ..store.layout import chunk_grid
-from ..store.patches import PatchSource
 from ..store.policy import (
     ReadReport,
 )
 from ..store.sources import Source
-from ..store.subsets import SubsetSource
-from .base import DeliveredIds, SkippedChunk, Stream, StreamStats, T, _aligned, stored_arrays
+from .base import DeliveredIds, SkippedChunk, Stream, _aligned, stored_arrays
+from .batch_summary import (  # noqa: F401
+    _cached_summary,
+    _chunk_shares,
+    _share_capacities,
+    _summary,
+)
+from .batch_windows import (
+    RAMP_WINDOWS,
+    _after_first,
+    _Delivery,
+    _first_rows,
+    _ids,
+    _Progress,
+    _Reads,
+    _windows_of,
+    _WindowSource,
+)
 from .epoch_array import epoch_arrays, pack_arrays
-from .patch import chunk_uses, patch_summary
 from .spec import (
     StreamSpec,
 )
 
 __all__ = ["RAMP_WINDOWS", "BatchStream"]
-
-
-def _summary(spec: StreamSpec, shared: bool = True) -> PlanSummary:
-    """The plan of ``spec`` in numbers (shared by ``plan_epoch`` and ``summary()``).
-
-    ``shared``: whether a sequential patch stream's windows hand on their
-    shared chunks (read in this process, not on a cluster).
-    """
-    plan = spec.plan()
-    summary = plan.summary(task_count=lambda window: count_tasks(spec.sources, window))
-    if any(isinstance(source, PatchSource) for source in spec.sources):
-        capacities = _share_capacities(spec, spec.sources) if shared else None
-        summary = patch_summary(spec.sources, plan, summary, shared, capacities)
-    if spec.cache is not None:
-        summary = _cached_summary(summary, spec.sources, spec.cache)
-    figure = spec.buffer_figure()
-    if figure is not None:
-        summary = dataclasses.replace(summary, buffer_figure=figure)
-    return summary
-
-
-def _cached_summary(
-    summary: PlanSummary, sources: Sequence[Source], cache: ChunkCache
-) -> PlanSummary:
-    """``summary`` with each window's chunk reads the cache holds now (no data read).
-
-    A window's chunk (an axis-0 chunk of a row source, a stored block of a
-    patch source's base array; a chunk subset's and a collection's mapped to
-    their stored array's) counts when its axis-0 chunk is kept whole on a
-    cluster, or every stored chunk of it is in the cache's memory or
-    directory, under the name its read would look up (:func:`chunk_name`: a
-    sharded array's inner chunks, or whole shards for patches, which Zarr's
-    pipeline reads).  Arrays not in a Zarr store (numpy, dask) are never
-    cached.
-    """
-    known: dict[str, bool] = {}
-    tokens: dict[int, str] = {}
-
-    def token_of(array: zarr.Array) -> str:
-        token = tokens.get(id(array))
-        if token is None:
-            token = tokens[id(array)] = array_token(array)
-        return token
-
-    def held(array: zarr.Array, blocks: Iterable[tuple[int, ...]], whole: bool) -> bool:
-        token = token_of(array)
-        for block in blocks:
-            key = cache.key(token, chunk_name(array, block, whole))
-            if key not in known:
-                known[key] = cache.contains(key)
-            if not known[key]:
-                return False
-        return True
-
-    def kept(array: zarr.Array, bounds: Sequence[int], chunk: int) -> bool:
-        """Whether axis-0 chunk ``chunk`` is kept whole on a cluster (its rows)."""
-        name = rows_name(bounds[chunk], bounds[chunk + 1])
-        return cache.contains(cache.key(token_of(array), name))
-
-    def counter(source: Source) -> Callable[[int], bool] | None:
-        if isinstance(source, PatchSource):  # chunks: raveled blocks of the base array
-            base = source.base
-            stored = getattr(base, "base", base)  # a subset's stored array
-            array = getattr(stored, "array", None)
-            if base is None or stored is None or not isinstance(array, zarr.Array):
-                return None
-            grid = tuple(len(sizes) for sizes in base.chunks)
-            stored_array: zarr.Array = array
-            patch_base: Any = base
-
-            def block(chunk: int) -> bool:
-                index = patch_base.block_index(tuple(int(i) for i in np.unravel_index(chunk, grid)))
-                name = kept_part(stored, index).name  # kept on a cluster
-                if cache.contains(cache.key(token_of(stored_array), name)):
-                    return True
-                return held(stored_array, [index], True)
-
-            return block
-        if isinstance(source, SubsetSource):  # a subset's chunk: its stored chunk's
-            inner, spans = counter(source.base), source.spans
-            return None if inner is None else (lambda chunk: inner(spans[chunk][0]))
-        if isinstance(source, ConcatSource):  # a collection's chunk: its member's
-            members = [counter(member) for member in source.members]
-            member_of, local = source.chunk_member, source.chunk_local
-
-            def member_chunk(chunk: int) -> bool:
-                count_held = members[int(member_of[chunk])]
-                return count_held is not None and count_held(int(local[chunk]))
-
-            return member_chunk
-        array = getattr(source, "array", None)
-        if not isinstance(array, zarr.Array):
-            return None
-        rest = [range(n) for n in chunk_grid(array)[1:]]
-        bounds = np.cumsum([0, *source.chunks[0]]).tolist()
-
-        def row(chunk: int) -> bool:
-            if kept(array, bounds, chunk):  # kept whole on a cluster
-                return True
-            if array.shards is not None:  # the shard reader keeps inner chunks
-                per = array.chunks[0]
-                size = source.chunks[0][chunk]
-                start = bounds[chunk]
-                rows = range(start // per, (start + size - 1) // per + 1)
-            else:
-                rows = range(chunk, chunk + 1)
-            return held(array, ((r, *b) for r in rows for b in itertools.product(*rest)), False)
-
-        return row
-
-    counters = [counter(source) for source in sources]
-    rows = []
-    for window in summary.windows:
-        count = sum(
-            sum(1 for chunk in chunks if count_held(chunk))
-            for count_held, chunks in zip(counters, window.chunks, strict=True)
-            if count_held is not None
-        )
-        rows.append(dataclasses.replace(window, chunks_cached=count))
-    return dataclasses.replace(summary, windows=tuple(rows), cached=True)
 
 
 class BatchStream(Stream[Any]):
@@ -642,239 +527,3 @@ class BatchStream(Stream[Any]):
                 )
             )
         return tuple(kept), renumbered, gone
-
-
-def _share_capacities(spec: StreamSpec, sources: Sequence[Source]) -> dict[int, int]:
-    """The bytes of finished chunks a patch stream's ``ChunkShare`` keeps, per base array.
-
-    Up to two windows' bytes (``2 * window_bytes``, and two shuffle buffers'
-    of a shuffled stream), and at least four rows of chunks along the first
-    patched dim (two windows' shared rows: a window's first row and the halo
-    after its last; with 8 x 180 x 360 chunks of a 721 x 1440 field, 33 MB a
-    row, a 32 MiB share let 6% of the halo chunks be decoded twice).
-    """
-    found: dict[int, int] = {}
-    for source in sources:
-        if not isinstance(source, PatchSource) or source.base is None:
-            continue
-        base = source.base
-        if id(base) in found:
-            continue
-        lead = source.cut.axes[0] if source.cut is not None and source.cut.axes else 0
-        row = math.prod(
-            max(sizes, default=0) if axis == lead else sum(sizes)
-            for axis, sizes in enumerate(base.chunks)
-        )
-        windows = 2 * max(spec.window_bytes, spec.window_rows * spec.row_bytes)
-        found[id(base)] = max(windows, 4 * row * base.dtype.itemsize)
-    return found
-
-
-def _chunk_shares(
-    spec: StreamSpec,
-    sources: Sequence[Source],
-    plan_order: bool,
-    windows: Callable[[], Iterable[Window]] | None = None,
-) -> dict[int, ChunkShare]:
-    """A :class:`ChunkShare` per base array of a patch stream read locally.
-
-    Sequential: consecutive windows decode each chunk at their edges once
-    (forecast targets and patches that cross a window's edge).  Buffered:
-    ``windows()`` are the windows the stream reads; the
-    share counts how many of them need each chunk, so a chunk several need
-    (a forecast target at ``t + 1`` that another window has as its input) is
-    decoded once and released at its last use, while the share holds it
-    (:func:`_share_capacities`); no share when no chunk is needed twice.
-    Exact: no share (its windows are sized to the memory budget, which a
-    share would exceed).  On a cluster each window decodes its own.
-    """
-    if plan_order or not any(isinstance(s, PatchSource) for s in sources):
-        return {}
-    capacities = _share_capacities(spec, sources)
-    if spec.shuffle == "none":
-        return {base: ChunkShare(capacity) for base, capacity in capacities.items()}
-    if windows is None or spec.shuffle == "exact":
-        return {}  # an exact window is sized to the memory budget: a share would exceed it
-    uses = chunk_uses(sources, windows())
-    return {
-        base: ChunkShare(capacities[base], counts)
-        for base, counts in uses.items()
-        if base in capacities and any(n > 1 for n in counts.values())
-    }
-
-
-def _windows_of(plan: EpochPlan, positions: Ranges, index: int = 0) -> Iterator[Window]:
-    """The windows delivering ``positions`` (epoch positions, in order), numbered on."""
-    for first, end in positions:
-        for window in plan.windows_between(first, end, index):
-            yield window
-            index = window.index + 1
-
-
-class _WindowSource:
-    """The windows a batch stream reads, each with its offset from the stream's start.
-
-    First the windows of offsets ``start:total`` of ``positions``; then, with
-    ``fill``, windows past the end (wrapping around to the positions' start),
-    each asked for as many samples as are still short (:meth:`next`).  Holds
-    the plan and positions, never the stream: a stream dropped with windows
-    left is still finalised by reference counting.
-    """
-
-    def __init__(self, plan: EpochPlan, positions: Ranges, start: int, fill: bool) -> None:
-        self.plan = plan
-        self.positions = positions
-        self.fill = fill
-        self.start = start
-        total = sum(stop - first for first, stop in positions)
-        self.planned = 0  # offsets (from start) covered by the windows handed out
-        self.index = 0
-        self._windows: Iterator[Window] = iter(())
-        if start < total:
-            self._windows = _windows_of(plan, positions_between(positions, start, total))
-
-    def next(self, short: int) -> tuple[Window, int] | None:
-        """The next window and its offset; past the end, one of ``short`` samples at most."""
-        window = next(self._windows, None)
-        if window is None and self.fill and short > 0:
-            at = self.start + self.planned  # wraps: positions_between counts modulo the total
-            self._windows = _windows_of(
-                self.plan, positions_between(self.positions, at, at + short), self.index
-            )
-            window = next(self._windows, None)
-        if window is None:
-            return None
-        offset = self.planned
-        self.planned += window.size
-        self.index = window.index + 1
-        return window, offset
-
-
-def _ids(samples: Any) -> np.ndarray:
-    """A window's sample ids as int64; a ``range`` (sequential) without a Python loop.
-
-    ``np.asarray(range(n))`` converts element by element: 23-30 ms of CPU per
-    sequential epoch of 400,000 samples, a sixth of the epoch (issue 20).
-    """
-    if isinstance(samples, range):
-        return np.arange(samples.start, samples.stop, samples.step, dtype=np.int64)
-    return np.asarray(samples, dtype=np.int64)
-
-
-def _first_rows(
-    outputs: tuple[np.ndarray, ...], order: np.ndarray | None, size: int
-) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
-    """The first ``size`` samples (in plan order) of a window's outputs."""
-    if order is None:
-        return tuple(rows[:size] for rows in outputs), None
-    return outputs, order[:size]
-
-
-class _Progress:
-    """Samples of a batch stream so far: fed to the batcher, skipped, read and kept filling."""
-
-    __slots__ = ("fed", "filled_kept", "filled_read", "skipped")
-
-    def __init__(self) -> None:
-        self.fed = 0  # samples handed to the batcher
-        self.skipped = 0  # samples left out as undecodable, in windows read so far
-        self.filled_read = self.filled_kept = 0  # samples read, and kept, past the end
-
-
-class _Reads:
-    """The windows a batch stream has submitted and not consumed yet, in plan order.
-
-    Windows in flight are counted by their share of a full window's samples
-    (``full``), so the fast-start ramp's small windows (together one window)
-    are read together: on a store with high latency each would otherwise
-    cost a round trip.  ``submit(window, offset)`` sends one; ``short()`` is
-    how many samples past the end are still due.
-    """
-
-    def __init__(
-        self,
-        windows: _WindowSource,
-        full: int,
-        short: Callable[[], int],
-        submit: Callable[[Window, int], Any],
-    ) -> None:
-        self.windows = windows
-        self.full = max(full, 1)
-        self.short = short
-        self.submit = submit
-        self.queue: deque[tuple[Window, int, Any]] = deque()
-        self.pending: list[tuple[Window, int]] = []
-        self.held = 0.0
-
-    def weight(self, window: Window) -> float:
-        return min(1.0, window.size / self.full)
-
-    def top_up(self, limit: int, most: int | None = None) -> None:
-        """Submit windows while they fit ``limit`` full windows (and ``most`` in flight)."""
-        while most is None or len(self.queue) < most:
-            if not self.pending:
-                upcoming = self.windows.next(self.short())
-                if upcoming is None:
-                    return
-                self.pending.append(upcoming)
-            window, offset = self.pending[0]
-            if self.queue and self.held + self.weight(window) > limit + 1e-9:
-                return
-            self.pending.pop()
-            self.held += self.weight(window)
-            self.queue.append((window, offset, self.submit(window, offset)))
-
-    def consumed(self, window: Window) -> None:
-        """The oldest window's result is taken: it no longer counts as in flight."""
-        self.queue.popleft()
-        self.held -= self.weight(window)
-
-
-def _after_first(items: Iterator[T], then: Callable[[], None]) -> Iterator[T]:
-    """``items``, calling ``then()`` after the first one is consumed (or at once if none)."""
-    called = False
-    for item in items:
-        yield item
-        if not called:
-            then()
-            called = True
-    if not called:
-        then()
-
-
-#: Windows beyond ``prefetch + 1`` a stream may have in flight: the fast-start ramp's
-#: small windows, which together count as one (``ramp_split``: about log2 of a window's
-#: chunks).
-RAMP_WINDOWS = 8
-
-
-class _Delivery:
-    """Counts a batch in ``stats`` and hands it out (the per-batch hot path)."""
-
-    __slots__ = ("counted", "created", "labels", "layout", "paired", "stats")
-
-    def __init__(self, stats: StreamStats, paired: bool, created: float, layout: Any) -> None:
-        self.stats = stats
-        self.paired = paired
-        self.created = created
-        self.layout = layout
-        self.counted: int | None = None  # the outputs counted in bytes_yielded (None: all)
-        self.labels: int | None = None  # the output holding discrete labels (``labels=``)
-
-    def __call__(self, batch: tuple[np.ndarray, ...]) -> Any:
-        stats = self.stats
-        first = batch[0]
-        if stats.time_to_first_batch is None:
-            stats.time_to_first_batch = time.perf_counter() - self.created
-        stats.items_yielded += 1
-        stats.samples_yielded += len(first)
-        if self.labels is not None and stats.labels is not None:
-            stats.labels.add(batch[self.labels])
-        if self.layout is not None:
-            stats.bytes_yielded += sum(part.nbytes for part in batch)
-            return self.layout.pack(batch)
-        if self.paired:
-            stats.bytes_yielded += sum(part.nbytes for part in batch[: self.counted])
-            return batch
-        stats.bytes_yielded += first.nbytes
-        return first

@@ -1,0 +1,151 @@
+"""Decoded stored chunks handed on between the windows of one patch stream.
+
+:class:`ChunkShare` (each chunk a window claims decoded once for every
+window that needs it while it stays: the next window of a sequential
+stream, every window that needs it until its last use in a shuffled one)
+and :func:`_edges` (which chunks of a sequential window the windows next
+to it may need).  The task that reads a window is ``read/patches.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..plan.patches import Box, Cut, box_chunks
+
+Block = tuple[int, ...]
+
+
+class ChunkShare:
+    """Decoded stored chunks that the windows of one sequential patch stream hand on.
+
+    Consecutive windows of a sequential patch stream need the same chunks
+    where patches or targets cross a window's edge (a forecast target one
+    step ahead needs the first step of the next window's chunks).  Each read
+    task *claims* a chunk before decoding it: the first claim decodes the
+    whole chunk and publishes it, any later claim (another window's, also one
+    in flight at the same time) waits for it, so each chunk is decoded once
+    for all the windows that need it while it stays here.  Finished chunks
+    stay in a least-recently-used store of ``capacity`` bytes.  Used on this
+    process's Zarr event loop only (every access is on that thread); on a
+    cluster each task decodes its own chunks.
+
+    A shuffled patch stream (buffered or exact) knows from its plan how many
+    of its windows need each chunk (``uses``: a forecast target at ``t + 1``
+    is another window's input when ``t + 1`` is not in the window): the
+    windows share each such chunk, and it is released at its last claim
+    instead of waiting for the least-recently-used order to drop it.
+
+    Parameters
+    ----------
+    capacity : int
+        Bytes of finished chunks kept (at least one chunk stays).
+    uses : dict, optional
+        Claims each chunk will see in the epoch (``None``: unknown, the
+        chunks the windows next to each other share, kept by recency).
+    """
+
+    def __init__(self, capacity: int, uses: dict[Any, int] | None = None) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self.uses = uses
+        self.entries: collections.OrderedDict[Any, asyncio.Future[np.ndarray]] = (
+            collections.OrderedDict()
+        )
+
+    def shared(self, key: Any) -> bool:
+        """Whether more than one window claims chunk ``key`` (``uses`` known)."""
+        return self.uses is not None and self.uses.get(key, 0) > 1
+
+    def _claimed(self, key: Any) -> bool:
+        """Count one claim of ``key``; ``True`` when it was the last one (``uses`` known)."""
+        if self.uses is None or key not in self.uses:
+            return False
+        self.uses[key] -= 1
+        return self.uses[key] <= 0
+
+    def _release(self, key: Any, future: asyncio.Future[np.ndarray]) -> None:
+        """Drop ``key``'s entry at its last claim (its bytes, once it has them)."""
+        if self.entries.get(key) is not future:
+            return
+        del self.entries[key]
+        if future.done() and future.exception() is None:
+            self.held -= future.result().nbytes
+
+    def __reduce__(self) -> Any:  # a task pickled for a cluster decodes on its own
+        return (_no_share, ())
+
+    async def decode(self, key: Any, read: Any) -> np.ndarray:
+        """The chunk ``key``: decoded by ``read()`` if first, else awaited from its first claim."""
+        last = self._claimed(key)
+        found = self.entries.get(key)
+        if found is not None:
+            self.entries.move_to_end(key)
+            try:
+                data = await asyncio.shield(found)
+            except _Abandoned:
+                pass  # its first claim failed: decode it here
+            else:
+                if last:
+                    self._release(key, found)
+                return data
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.entries[key] = future
+        try:
+            data = await read()
+        except BaseException:
+            if self.entries.get(key) is future:
+                del self.entries[key]
+            future.set_exception(_Abandoned())
+            future.exception()  # retrieved: no "never retrieved" message
+            raise
+        future.set_result(data)
+        if last:  # no window claims it again
+            del self.entries[key]
+            return data
+        if self.entries.get(key) is future:
+            self.held += data.nbytes
+            self._evict()
+        return data
+
+    def _evict(self) -> None:
+        while self.held > self.capacity and len(self.entries) > 1:
+            key, oldest = next(iter(self.entries.items()))
+            if not oldest.done():
+                return
+            del self.entries[key]
+            if oldest.exception() is None:
+                self.held -= oldest.result().nbytes
+
+
+class _Abandoned(Exception):
+    """The first claim of a shared chunk failed; a waiter decodes it itself."""
+
+
+def _no_share() -> None:
+    return None
+
+
+def _edges(
+    boxes: Sequence[Box], bounds: Sequence[np.ndarray], cuts: Sequence[Cut], origins: np.ndarray
+) -> frozenset[Block]:
+    """The chunks of a sequential window that the windows before and after it may need.
+
+    Along the first patched dim (the slowest of the C order) the window owns
+    the rows of chunks its patches' origins fall in.  The windows next to it
+    may need its first and last owned rows (their targets or patches reach
+    into them) and it needs rows it does not own (its own halo, which the
+    window after owns): those chunks are shared; the others only this window
+    needs (their boxes go back to the pool).
+    """
+    lead = cuts[0].axes[0] if cuts[0].axes else 0
+    rows = np.searchsorted(bounds[lead], origins[:, lead], side="right") - 1
+    owned = set(rows.tolist())
+    ends = {min(owned), max(owned)} if owned else set()
+    spans, _ = box_chunks(boxes, bounds)
+    return frozenset(b for b in spans if b[lead] not in owned or b[lead] in ends)
