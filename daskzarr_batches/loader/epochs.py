@@ -26,7 +26,6 @@ from ..errors import (
     ArgumentValueError,
     DaskZarrBatchesError,
     LoaderBusyError,
-    StreamFailedError,
 )
 from ..plan.batching import (
     Ranges,
@@ -40,8 +39,6 @@ from ..plan.batching import (
 from ..plan.sampling import ClassSampler
 from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
-from ..store.sources import is_xarray
-from ..store.subsets import ChunkSubset
 from ..streams.base import StreamStats
 from ..streams.batch import BatchStream
 from ..streams.patch import patch_arguments
@@ -58,7 +55,8 @@ from ..streams.spec import (
     shuffle_mode,
 )
 from ..streams.timing import Bottleneck
-from .state import _size, _validated_states
+from .iteration import _Epoch, _structure
+from .state import _check_progress, _intersect, _size, _validated_states
 
 __all__ = ["Loader"]
 
@@ -478,8 +476,8 @@ class Loader:
             kept = self._resumed, self._base
             self._resumed, self._base = one["resumed"], one["base"]
             try:
-                self._check_progress(
-                    one["batches"], position, self._positions(), self.world_size > 1
+                _check_progress(
+                    self, one["batches"], position, self._positions(), self.world_size > 1
                 )
             except DaskZarrBatchesError:
                 self._resumed, self._base = kept
@@ -518,7 +516,7 @@ class Loader:
                 if rank in by_rank
                 else min(batches * self.spec.batch_size, _size(old_share))
             )
-            self._check_progress(batches, position, old_share, old_world > 1)
+            _check_progress(self, batches, position, old_share, old_world > 1)
             consumed += positions_between(old_share, 0, min(position, _size(old_share)))
         covered = complement(complement([r for s in shares for r in s], self._n()), self._n())
         left = _intersect(_intersect(complement(consumed, self._n()), covered), before)
@@ -526,29 +524,6 @@ class Loader:
         self._batches = self._position = self._base = 0
 
     # ------------------------------------------------------------------ helpers
-
-    def _check_progress(self, batches: int, position: int, positions: Ranges, filled: bool) -> None:
-        """``batches`` and ``position`` fit a share of ``positions`` (else raise, naming them).
-
-        ``filled``: the share's stream fills skipped samples past its end (ranks).
-        """
-        total = _size(positions)
-        size = self.spec.batch_size
-        length = count_batches(total, size, self.drop_remainder)
-        if batches > length:
-            raise ArgumentValueError(
-                f"state['batches']={batches} is more than the {length} batches of the "
-                f"share's epoch ({total} samples)"
-            )
-        if position < min(batches * size, total):
-            raise ArgumentValueError(
-                f"state['position']={position} is behind the {batches} batch(es) of {size} "
-                "samples yielded"
-            )
-        if position > total and not filled:
-            raise ArgumentValueError(
-                f"state['position']={position} is past the end of the share's {total} positions"
-            )
 
     def _identity(self) -> dict[str, Any]:
         """The fields that fix the epoch's order: a state applies only to the same."""
@@ -621,76 +596,3 @@ class Loader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._busy = threading.Lock()
-
-
-def _intersect(ranges: Ranges, within: list[tuple[int, int]]) -> Ranges:
-    """The positions of ``ranges`` that lie in ``within``, in the order of ``within``."""
-    out: Ranges = []
-    for lo, hi in within:
-        for start, stop in ranges:
-            a, b = max(lo, start), min(hi, stop)
-            if a < b:
-                out.append((a, b))
-    return out
-
-
-def _structure(arrays: Any) -> tuple[tuple[str, ...] | None, bool, tuple[Any, ...]]:
-    """(names or None, whether one batch array needs wrapping in a tuple, the arrays)."""
-    if isinstance(arrays, ChunkSubset) and arrays.paired:  # its arrays' subsets, by name
-        keys = arrays.keys() if isinstance(arrays.data, Mapping) else range(len(arrays.data))
-        subsets = {key: arrays[key] for key in keys}
-        arrays = subsets if isinstance(arrays.data, Mapping) else tuple(subsets.values())
-    if is_xarray(arrays, "Dataset"):
-        if not arrays.data_vars:
-            raise ArgumentValueError("arrays is an xarray.Dataset without data variables")
-        arrays = {str(name): arrays[name] for name in arrays.data_vars}
-    if isinstance(arrays, Mapping):
-        if not arrays:
-            raise ArgumentValueError("arrays is an empty dict")
-        names = tuple(arrays)
-        if not all(isinstance(name, str) for name in names):
-            raise ArgumentTypeError(f"the names of arrays must be strings, got {names!r}")
-        return names, len(names) == 1, tuple(arrays.values())
-    if isinstance(arrays, tuple | list):
-        if not arrays:
-            raise ArgumentValueError("arrays is empty")
-        return None, len(arrays) == 1, tuple(arrays)
-    return None, False, (arrays,)
-
-
-class _Epoch:
-    """An iteration of a :class:`Loader`: its batches, and after an error, that error.
-
-    A generator that raised is finished, so a ``next()`` after a caught
-    error would end the epoch quietly; here it raises
-    :class:`StreamFailedError` naming the first error instead.
-    """
-
-    __slots__ = ("_batches", "_failure")
-
-    def __init__(self, batches: Iterator[Any]) -> None:
-        self._batches = batches
-        self._failure: BaseException | None = None
-
-    def __iter__(self) -> _Epoch:
-        return self
-
-    def __next__(self) -> Any:
-        if self._failure is not None:
-            error = StreamFailedError(
-                "this Loader iteration stopped at an earlier error and yields nothing more: "
-                f"{type(self._failure).__name__}: {self._failure}; iterate the loader again "
-                "(or resume it from its state_dict()) to go on"
-            )
-            raise error from self._failure
-        try:
-            return next(self._batches)
-        except StopIteration:
-            raise
-        except BaseException as exc:
-            self._failure = exc
-            raise
-
-    def close(self) -> None:
-        """Stop the iteration (as a generator's ``close()``): its stream is released."""
-        self._batches.close()  # type: ignore[attr-defined]

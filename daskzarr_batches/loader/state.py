@@ -18,6 +18,7 @@ from ..errors import (
 )
 from ..plan.batching import (
     Ranges,
+    count_batches,
 )
 
 if TYPE_CHECKING:  # the loader imports this module
@@ -178,3 +179,40 @@ def _worker(value: Any, loader: Loader) -> int:
             "a worker's state into loader.worker(worker, workers)"
         )
     return int(value[2])
+
+
+def _check_progress(
+    loader: Loader, batches: int, position: int, positions: Ranges, filled: bool
+) -> None:
+    """``batches`` and ``position`` fit a share of ``positions`` (else raise, naming them).
+
+    ``filled``: the share's stream fills skipped samples past its end (ranks).
+    """
+    total = _size(positions)
+    size = loader.spec.batch_size
+    length = count_batches(total, size, loader.drop_remainder)
+    if batches > length:
+        raise ArgumentValueError(
+            f"state['batches']={batches} is more than the {length} batches of the "
+            f"share's epoch ({total} samples)"
+        )
+    if position < min(batches * size, total):
+        raise ArgumentValueError(
+            f"state['position']={position} is behind the {batches} batch(es) of {size} "
+            "samples yielded"
+        )
+    if position > total and not filled:
+        raise ArgumentValueError(
+            f"state['position']={position} is past the end of the share's {total} positions"
+        )
+
+
+def _intersect(ranges: Ranges, within: list[tuple[int, int]]) -> Ranges:
+    """The positions of ``ranges`` that lie in ``within``, in the order of ``within``."""
+    out: Ranges = []
+    for lo, hi in within:
+        for start, stop in ranges:
+            a, b = max(lo, start), min(hi, stop)
+            if a < b:
+                out.append((a, b))
+    return out
