@@ -44,6 +44,7 @@ MISSING = {
     if importlib.util.find_spec(module) is None
 }
 collect_ignore = [path for name in MISSING for path in OPTIONAL[name]]
+JAX_MODULES = {path.rpartition("/")[2] for path in OPTIONAL["jax"]}
 
 
 #: markers given by what a test starts (``pytest -m cluster``, ``-m "not s3"``): found in
@@ -114,13 +115,24 @@ def mark_by_use(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
 
 
+def _starts_jax(item: pytest.Item) -> bool:
+    return item.path.name in JAX_MODULES or item.get_closest_marker("jax") is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests by what they start; deselect those of a framework not installed."""
+    """Mark the tests by what they start; deselect those of a framework not installed.
+
+    The tests that may start JAX in this process run last: once JAX's backend is up, every
+    ``os.fork()`` warns that JAX is multithreaded (an error under ``filterwarnings``), and
+    the tests of forked DataLoader workers, cache writers and zarrs readers would fail for
+    JAX's sake, not their own.
+    """
     mark_by_use(items)
     unusable = [item for item in items if any(item.get_closest_marker(m) for m in MISSING)]
     if unusable:
         config.hook.pytest_deselected(items=unusable)
         items[:] = [item for item in items if item not in unusable]
+    items.sort(key=_starts_jax)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# 8 CPU devices; XLA aborts a process whose devices' threads meet late at a collective
+# (40 s by default), which an oversubscribed 2-core machine can reach: wait instead
+os.environ["XLA_FLAGS"] = (
+    "--xla_force_host_platform_device_count=8"
+    " --xla_cpu_collective_call_terminate_timeout_seconds=600"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
