@@ -45,6 +45,11 @@ class PatchSource(Source):
     cut: Cut | None = None
     group: tuple[Cut, ...] = ()
 
+    @property
+    def patched(self) -> Source | None:
+        """``base``, the array the patches are cut from (``None``: the origins)."""
+        return self.base
+
     @classmethod
     def of(
         cls, base: Source, grid: PatchGrid, cut: Cut | None, group: tuple[Cut, ...], name: str

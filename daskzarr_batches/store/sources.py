@@ -84,6 +84,11 @@ class Source:
         return False
 
     @property
+    def patched(self) -> Source | None:
+        """The array a patch stream's output cuts its patches from (``None``: not one)."""
+        return None
+
+    @property
     def sliced(self) -> bool:
         """Whether this is a stored Zarr or numpy array, read by slicing it in a task."""
         return False

@@ -163,12 +163,13 @@ def _share_capacities(spec: StreamSpec, sources: Sequence[Source]) -> dict[int, 
     """
     found: dict[int, int] = {}
     for source in sources:
-        if not isinstance(source, PatchSource) or source.base is None:
+        base = source.patched
+        if base is None:
             continue
-        base = source.base
         if id(base) in found:
             continue
-        lead = source.cut.axes[0] if source.cut is not None and source.cut.axes else 0
+        cut = getattr(source, "cut", None)  # the patch source's cut of ``base``
+        lead = cut.axes[0] if cut is not None and cut.axes else 0
         row = math.prod(
             max(sizes, default=0) if axis == lead else sum(sizes)
             for axis, sizes in enumerate(base.chunks)
@@ -196,7 +197,7 @@ def _chunk_shares(
     Exact: no share (its windows are sized to the memory budget, which a
     share would exceed).  On a cluster each window decodes its own.
     """
-    if plan_order or not any(isinstance(s, PatchSource) for s in sources):
+    if plan_order or not any(s.patched is not None for s in sources):
         return {}
     capacities = _share_capacities(spec, sources)
     if spec.shuffle == "none":
