@@ -104,6 +104,11 @@ def _code(item: pytest.Item) -> str:
     return "\n".join(parts)
 
 
+def _relative(item: pytest.Item) -> str:
+    """The test's file relative to tests/ (``loader/test_jax.py``), as :data:`OPTIONAL`."""
+    return item.path.relative_to(Path(__file__).parent).as_posix()
+
+
 def mark_by_use(items: list[pytest.Item]) -> None:
     """Add the markers of :data:`STARTS` (a test module may set ``pytestmark`` itself too)."""
     for item in items:
@@ -111,7 +116,7 @@ def mark_by_use(items: list[pytest.Item]) -> None:
             item.add_marker("slow")
         code = _code(item)
         for marker, starts in STARTS.items():
-            if starts.search(code) or item.path.name in OPTIONAL.get(marker, ()):
+            if starts.search(code) or _relative(item) in OPTIONAL.get(marker, ()):
                 item.add_marker(marker)
 
 
@@ -125,14 +130,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     The tests that may start JAX in this process run last: once JAX's backend is up, every
     ``os.fork()`` warns that JAX is multithreaded (an error under ``filterwarnings``), and
     the tests of forked DataLoader workers, cache writers and zarrs readers would fail for
-    JAX's sake, not their own.
+    JAX's sake, not their own.  The slow tests run first, so that under ``pytest -n 2``
+    (pytest-xdist, as CI runs) the last minutes are not one worker's long test alone;
+    xdist hands tests out in this order, so a worker that started JAX gets no other.
     """
     mark_by_use(items)
     unusable = [item for item in items if any(item.get_closest_marker(m) for m in MISSING)]
     if unusable:
         config.hook.pytest_deselected(items=unusable)
         items[:] = [item for item in items if item not in unusable]
-    items.sort(key=_starts_jax)
+    items.sort(key=lambda item: (_starts_jax(item), item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from benchmarks.suite.stores_cases import SUBSET_CHUNKS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_benchmark_quick_mode(tmp_path: Path) -> None:
     for peer in ("xbatcher", "torch"):
         if importlib.util.find_spec(peer) is None:
@@ -29,7 +29,7 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
         "--out", str(tmp_path / "results"),
         "--data", str(tmp_path / "data"),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=110, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=220, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for line in done.stdout.splitlines():
         if "skipping" in line:
@@ -59,7 +59,7 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     assert "ratios vs L0" in done.stdout
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
     """The quick ones, in one process, so none of them rots (the others: docs/benchmarks.md)."""
     command = [
@@ -75,7 +75,7 @@ def test_the_standalone_benchmarks_run_at_a_tiny_size(tmp_path: Path) -> None:
         "--fields", "64",
         "--out", str(tmp_path / "results"),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=110, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=220, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     names = ("latency", "shards", "ramp-latency", "codec-pipelines", "compare", "big-samples")
     for name in (*names, "cpu-profile"):
@@ -150,7 +150,7 @@ def test_the_todask_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
 
 
 @pytest.mark.peers
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_the_peer_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
     """Issue 27's peers beside this library: two shards of rows, a field of 4 steps, a round.
 
