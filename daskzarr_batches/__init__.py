@@ -4,7 +4,7 @@ Built on dask (one machine) and dask.distributed (clusters).  The public
 surface is everything in ``__all__`` (listed, grouped, in ``docs/index.md``):
 the streams, the ``Loader``, per-chunk jobs and writes, the cache, collections,
 splits, ``ReadOptions`` and the errors and warnings.  What a plan is made of
-(``StreamSpec``, ``EpochPlan``, ``Window``, ``PlanSummary``, the ``DEFAULT_*``
+(``EpochPlan``, ``Window``, ``PlanSummary``, the ``DEFAULT_*``
 sizes) is for inspection, in ``daskzarr_batches.plan``.  The subpackages are
 the implementation,
 split by what each part knows and importing one way, bottom to top

@@ -72,7 +72,7 @@ class BatchStream(Stream[Any]):
     Yields one ``numpy.ndarray`` per batch, or a tuple of them (one per
     array) for paired streams.  Created by [`batch_stream`][daskzarr_batches.batch_stream] and
     friends
-    from a [`StreamSpec`][daskzarr_batches.plan.StreamSpec].
+    from a [`StreamSpec`][daskzarr_batches.streams.StreamSpec].
 
     Attributes
     ----------

@@ -18,6 +18,7 @@ from ..errors import (
     warn_caller,
 )
 from ..execute.runners import make_runner
+from ..plan.defaults import DEFAULT_IO_BYTES, DEFAULT_IO_CONCURRENCY
 from ..read.blocks import (
     block_graph,
     shard_graph,
@@ -29,7 +30,7 @@ from ..store.collections import ConcatSource
 from ..store.layout import blocks_by_shard
 from ..store.sources import SliceSource, Source
 from .base import SkippedChunk, Stream, _aligned, stored_arrays, stored_sources
-from .spec import DEFAULT_IO_BYTES, DEFAULT_IO_CONCURRENCY, ChunkSpec
+from .spec import ChunkSpec
 
 __all__ = ["ChunkStream", "build_chunk_stream"]
 

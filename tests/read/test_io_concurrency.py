@@ -23,6 +23,7 @@ from strategies import property_settings
 
 import daskzarr_batches as dzb
 import daskzarr_batches.plan as dzplan
+from daskzarr_batches.streams import StreamSpec
 
 PROPERTY = property_settings(15)
 
@@ -100,7 +101,7 @@ def test_bad_io_concurrency_values_are_named(bad: int) -> None:
     with pytest.raises(dzb.ArgumentValueError, match=pattern):
         dzb.Loader(x, 2, io_concurrency=bad)
     with pytest.raises(dzb.ArgumentValueError, match=pattern):
-        dzplan.StreamSpec((x,), 2, io_concurrency=bad)
+        StreamSpec((x,), 2, io_concurrency=bad)
 
 
 @pytest.mark.parametrize("bad", [1.5, True, "4"])

@@ -12,6 +12,7 @@ import pytest
 
 import daskzarr_batches as dzb
 import daskzarr_batches.plan as dzplan
+from daskzarr_batches.streams import StreamSpec
 
 X = np.arange(40, dtype="f4").reshape(10, 4)
 Y = np.arange(10, dtype="f4")
@@ -20,7 +21,7 @@ Y = np.arange(10, dtype="f4")
 def test_spec_is_frozen_validated_and_kept_by_the_stream() -> None:
     with dzb.shuffled_batch_stream(X, 3, seed=5, shuffle_buffer_size=4) as stream:
         spec = stream.spec
-        assert isinstance(spec, dzplan.StreamSpec)
+        assert isinstance(spec, StreamSpec)
         assert (spec.shuffle, spec.seed, spec.batch_size, spec.prefetch) == ("buffer", 5, 3, 2)
         assert stream.plan.summary() == spec.plan().summary()
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -32,11 +33,11 @@ def test_spec_is_frozen_validated_and_kept_by_the_stream() -> None:
 
 
 def test_defaults_resolve_in_the_spec() -> None:
-    exact = dzplan.StreamSpec((X,), 2, shuffle="exact")
+    exact = StreamSpec((X,), 2, shuffle="exact")
     assert exact.prefetch == 0 and isinstance(exact.seed, int)  # entropy drawn once, kept
-    assert dzplan.StreamSpec((X,), 2).prefetch == dzplan.DEFAULT_PREFETCH
-    assert dzplan.StreamSpec((X, Y), 2).roles == ("features", "labels")
-    assert dzplan.StreamSpec((X,), 2, timeout=float("inf")).timeout is None
+    assert StreamSpec((X,), 2).prefetch == dzplan.DEFAULT_PREFETCH
+    assert StreamSpec((X, Y), 2).roles == ("features", "labels")
+    assert StreamSpec((X,), 2, timeout=float("inf")).timeout is None
 
 
 BAD_FIELDS: list[tuple[dict[str, Any], type[Exception], str]] = [
@@ -64,7 +65,7 @@ def test_every_field_is_validated_whatever_the_mode(
     fields: dict[str, Any], error: type[Exception], named: str
 ) -> None:
     with pytest.raises(error, match=named):
-        dzplan.StreamSpec((X,), **{"batch_size": 2, **fields})
+        StreamSpec((X,), **{"batch_size": 2, **fields})
 
 
 @pytest.mark.parametrize(
@@ -90,7 +91,7 @@ def test_plan_epoch_validates_what_the_streams_validate(
 
 def test_lengths_are_checked_by_the_spec() -> None:
     with pytest.raises(dzb.LengthMismatchError, match=r"features has 10 samples.*labels has 9"):
-        dzplan.StreamSpec((X, Y[:9]), 2)
+        StreamSpec((X, Y[:9]), 2)
 
 
 @pytest.mark.parametrize("timeout", [float("inf"), 1e300, threading.TIMEOUT_MAX])

@@ -30,10 +30,6 @@ LAYERS: list[set[str]] = [
     {"torch", "jax", "tools"},
 ]
 ON_THE_PUBLIC_API = {"tools"}  # may import the package root (``from .. import X``)
-#: the one upward import allowed: ``daskzarr_batches.plan``, the namespace for inspecting
-#: a plan, shows ``StreamSpec`` and the ``DEFAULT_*`` sizes of ``streams.spec`` through a
-#: lazy module ``__getattr__`` (never at import time: importing the planner stays pure)
-INSPECTION = {("plan", "streams")}
 PURE_PLANNING = {"__future__", "numpy", "collections", "dataclasses", "functools", "math",
                  "itertools", "typing"}  # fmt: skip
 
@@ -139,16 +135,6 @@ def test_no_import_cycle() -> None:
             visit(name)
 
 
-def test_the_inspection_lookup_is_lazy() -> None:
-    """``plan/__init__`` reaches ``streams`` only inside its module ``__getattr__``."""
-    tree = ast.parse((PACKAGE / "plan" / "__init__.py").read_text(encoding="utf-8"))
-    top = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.level >= 2]
-    assert top == [], "plan/__init__ imports an upper layer at import time"
-    (lookup,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]
-    inner = [n for n in ast.walk(lookup) if isinstance(n, ast.ImportFrom)]
-    assert [(n.level, n.module) for n in inner] == [(2, "streams")]
-
-
 def test_imports_point_down_the_documented_layers() -> None:
     wrong = []
     for name, targets in graph().items():
@@ -160,8 +146,6 @@ def test_imports_point_down_the_documented_layers() -> None:
                     wrong.append(f"{name} imports the package root")
             elif unit(target) == unit(name):
                 continue  # its own subpackage (cycles: test_no_import_cycle)
-            elif (name, unit(target)) in INSPECTION:
-                continue  # plan/__init__'s lazy lookup (test_the_inspection_lookup_is_lazy)
             elif layer(target) >= layer(name):
                 wrong.append(f"{name} (layer {layer(name)}) imports {target} ({layer(target)})")
     assert wrong == [], "\n".join(sorted(wrong))

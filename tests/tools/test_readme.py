@@ -215,11 +215,15 @@ def test_the_top_level_is_small_and_keeps_every_error() -> None:
 
 
 def test_plan_internals_are_for_inspection_in_plan() -> None:
-    import daskzarr_batches.plan as plan
+    import numpy as np
 
-    inside = {"StreamSpec", "EpochPlan", "Window", "ChunkPiece", "PlanSummary", "WindowSummary"}
+    import daskzarr_batches.plan as plan
+    from daskzarr_batches.streams import StreamSpec
+
+    inside = {"EpochPlan", "Window", "ChunkPiece", "PlanSummary", "WindowSummary"}
     assert inside <= set(plan.__all__)
-    assert not inside & set(dzb.__all__)
+    assert not (inside | {"StreamSpec"}) & set(dzb.__all__)
+    assert dzb.batch_stream(np.zeros((4, 1)), 2).spec.__class__ is StreamSpec
     assert not [name for name in dzb.__all__ if name.startswith("DEFAULT_")]
     for name in plan.__all__:
         assert getattr(plan, name) is not None, name
@@ -264,6 +268,7 @@ def test_api_reference_documents_every_public_name_by_its_public_path() -> None:
         "daskzarr_batches.jax.JaxLoader",
         "daskzarr_batches.jax.process_share",
         "daskzarr_batches.streams.timing.Bottleneck",  # what bottleneck() returns
+        "daskzarr_batches.streams.StreamSpec",  # what stream.spec is
     }
     assert set(documented) == expected, (
         f"missing: {sorted(expected - set(documented))}, "
