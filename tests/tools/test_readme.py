@@ -136,7 +136,7 @@ def test_ci_runs_both_legs_each_from_its_constraints() -> None:
         'ruff" check .',
         'ruff" format --check .',
         'mypy" --cache-dir',
-        'python" -m pytest\n',
+        'python" -m pytest -n 2',
     ):
         assert step in leg
     assert "pyenv which python" in (ROOT / ".ci" / "newest-python").read_text(encoding="utf-8")
