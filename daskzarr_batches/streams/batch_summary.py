@@ -163,7 +163,7 @@ def _share_capacities(spec: StreamSpec, sources: Sequence[Source]) -> dict[int, 
             continue
         if id(base) in found:
             continue
-        cut = getattr(source, "cut", None)  # the patch source's cut of ``base``
+        cut = source.patch_cut  # the patch source's cut of ``base``
         lead = cut.axes[0] if cut is not None and cut.axes else 0
         row = math.prod(
             max(sizes, default=0) if axis == lead else sum(sizes)
