@@ -35,7 +35,6 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
 from .store.cache import ChunkCache
-from .store.collections import ConcatSource
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
 from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency, read_options
@@ -419,10 +418,9 @@ def feature_moments(
         source = results.source
         shape, dtype = source.shape, source.dtype
         # a collection's members may tile the features differently: fold per member
-        members = source.members if isinstance(source, ConcatSource) else (source,)
-        owner = source.chunk_member if isinstance(source, ConcatSource) else None
+        members = source.member_sources
         for block, moments in results:
-            member = 0 if owner is None else int(owner[block[0]])
+            member, _ = source.member_block(block)
             folds.setdefault((member, *block[1:]), _PairwiseFold(Moments.merge)).push(moments)
     if not folds:
         # No non-empty chunk: either no samples, or samples without features

@@ -405,10 +405,10 @@ def _add_patches(
         key = (f"dzb-patches-{token}", window.index, position)
         array = getattr(base, "array", None)  # a Zarr, numpy or dask array
         kept: tuple[Any, ...] = ()  # the KeptBlocks, as three arguments (futures in a list)
-        if ctx.kept is not None and isinstance(base, SliceSource):
+        if ctx.kept is not None and base.sliced:  # a Zarr or numpy array's blocks are kept
             ids, counts, _ = patch_ids(pieces, window.size, ctx.plan_order)
             boxes = grid.boxes(ids, counts, source.group) if len(ids) else []
-            parts = _kept_parts(ctx.kept, base, kept_blocks(base.chunks, boxes), ctx.priority)
+            parts = _kept_parts(base, ctx.kept, kept_blocks(base.chunks, boxes), ctx.priority)
             if parts:  # every stored block the boxes reach is kept
                 kept = KeptBlocks([p[0] for p in parts], tuple(p[2] for p in parts),
                                   tuple(p[1] for p in parts))  # fmt: skip
@@ -422,11 +422,19 @@ def _add_patches(
     dsk[out_key] = (operator.getitem, key, source.group.index(source.cut))
 
 
+@functools.singledispatch
 def _kept_parts(
-    kept: Kept, source: SliceSource, blocks: Sequence[tuple[int, ...]], priority: int
+    source: Source, kept: Kept, blocks: Sequence[tuple[int, ...]], priority: int
 ) -> list[tuple[Any, bool, tuple[slice, ...]]]:
     """The kept parts holding ``blocks``, each once (a shard holds several); empty if one
-    of them is not kept (or there are no blocks)."""
+    of them is not kept (or there are no blocks).  Only sliced arrays' blocks are kept."""
+    return []
+
+
+@_kept_parts.register
+def _(
+    source: SliceSource, kept: Kept, blocks: Sequence[tuple[int, ...]], priority: int
+) -> list[tuple[Any, bool, tuple[slice, ...]]]:
     parts: dict[tuple[tuple[int, int], ...], tuple[Any, bool, tuple[slice, ...]]] = {}
     for block in blocks:
         ref = kept.block(source, block, priority, read_kept_part)

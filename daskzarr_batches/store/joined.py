@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from ..plan.windows import ChunkPiece, RunIndex, chunk_offsets
 from .direct import DirectLayout
 from .sources import SliceSource, Source
 
-__all__ = ["ConcatSource", "MixSource", "SourcesSource", "sources_source"]
+__all__ = ["ConcatSource", "MixRule", "MixSource", "SourcesSource", "sources_source"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,23 @@ class ConcatSource(Source):
     def read_collection(self) -> ConcatSource:
         """Itself."""
         return self
+
+    @property
+    def member_sources(self) -> tuple[Source, ...]:
+        """The members."""
+        return self.members
+
+    def member_index(self) -> RunIndex:
+        """:attr:`member_of`."""
+        return self.member_of
+
+    def block_sizes(self, block: tuple[int, ...]) -> tuple[int, ...]:
+        """A member's block: its shape in the member's own grid."""
+        return tuple(s.stop - s.start for s in self.block_slices(block))
+
+    def part_chunk(self, chunk: int) -> tuple[int, int]:
+        """The member holding axis-0 chunk ``chunk`` and its chunk there."""
+        return int(self.chunk_member[chunk]), int(self.chunk_local[chunk])
 
     def member_offsets(self) -> tuple[int, ...]:
         """Where each member starts (empty for a collection of one)."""
@@ -164,6 +181,11 @@ class SourcesSource(Source):
     rows: Source = field(repr=False, default=None)  # type: ignore[assignment]
     collection: ConcatSource = field(repr=False, default=None)  # type: ignore[assignment]
 
+    @property
+    def computed(self) -> bool:
+        """Computed from the sample ids."""
+        return True
+
 
 def sources_source(rows: Source, collection: ConcatSource) -> SourcesSource:
     """The provenance output of a stream whose first source is ``rows``."""
@@ -171,6 +193,16 @@ def sources_source(rows: Source, collection: ConcatSource) -> SourcesSource:
         "sources", (rows.n_samples, 2), np.dtype(np.int64), (rows.chunks[0], (2,)),
         rows, collection,
     )  # fmt: skip
+
+
+class MixRule(NamedTuple):
+    """What fixes a mixture's draws (:attr:`MixSource.rule`), compared as a tuple."""
+
+    lengths: tuple[int, ...]
+    weights: tuple[float, ...]
+    stop: str
+    samples_per_epoch: int | None
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -187,7 +219,12 @@ class MixSource(ConcatSource):
     seed: int = 0
 
     @property
-    def rule(self) -> tuple[Any, ...]:
+    def rule(self) -> MixRule:
         """What fixes the draws: paired mixtures must agree on it."""
         lengths = tuple(member.n_samples for member in self.members)
-        return (lengths, self.weights, self.stop, self.samples_per_epoch, self.seed)
+        return MixRule(lengths, self.weights, self.stop, self.samples_per_epoch, self.seed)
+
+    @property
+    def mix_rule(self) -> MixRule:
+        """:attr:`rule`."""
+        return self.rule

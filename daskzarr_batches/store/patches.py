@@ -13,11 +13,13 @@ for all of them (an input and its forecast target, say).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..plan.patches import Cut, PatchGrid
+from ..plan.windows import IndexArray
 from .sources import Source
 
 __all__ = ["PatchSource"]
@@ -49,6 +51,22 @@ class PatchSource(Source):
     def patched(self) -> Source | None:
         """``base``, the array the patches are cut from (``None``: the origins)."""
         return self.base
+
+    @property
+    def patch_grid(self) -> PatchGrid | None:
+        """``grid``: the patches' origins."""
+        return self.grid
+
+    @property
+    def patch_cut(self) -> Cut | None:
+        """``cut`` (``None``: the origins)."""
+        return self.cut
+
+    def patch_boxes(self, ids: IndexArray, counts: Sequence[int]) -> list[tuple[slice, ...]] | None:
+        """The boxes of ``base`` the patches' cuts of ``group`` span (``None``: the origins)."""
+        if self.cut is None or self.base is None or self.grid is None:
+            return None
+        return self.grid.boxes(ids, counts, self.group) if len(ids) else []
 
     @classmethod
     def of(

@@ -22,7 +22,7 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,11 @@ from ..errors import (
 from .zarr_adapter import unwrapped_store
 
 if TYPE_CHECKING:
+    from ..plan.patches import Cut, PatchGrid
+    from ..plan.splits import Ranges
+    from ..plan.windows import IndexArray, RunIndex
     from .collections import ConcatSource
+    from .joined import MixRule
 
 __all__ = ["DaskSource", "SliceSource", "Source", "SourceLike", "as_source", "dim_names"]
 
@@ -92,6 +96,63 @@ class Source:
     def sliced(self) -> bool:
         """Whether this is a stored Zarr or numpy array, read by slicing it in a task."""
         return False
+
+    @property
+    def patch_grid(self) -> PatchGrid | None:
+        """The grid of origins whose patches are this source's samples (``None``: rows)."""
+        return None
+
+    @property
+    def patch_cut(self) -> Cut | None:
+        """The cut of :attr:`patched` each sample is (``None``: not patches, or their origins)."""
+        return None
+
+    def patch_boxes(self, ids: IndexArray, counts: Sequence[int]) -> list[tuple[slice, ...]] | None:
+        """The regions of :attr:`patched` that patches ``ids`` (``counts`` per unit) read,
+        with the cuts read alongside (``None``: not a cut of an array)."""
+        return None
+
+    @property
+    def split_axis(self) -> int | None:
+        """The axis a chunk subset is split along (``None``: not a chunk subset)."""
+        return None
+
+    @property
+    def subset_ranges(self) -> Ranges | None:
+        """The usable positions of a chunk subset along its axis (``None``: not one)."""
+        return None
+
+    @property
+    def mix_rule(self) -> MixRule | None:
+        """What fixes a mixture's draws (``None``: not a mixture)."""
+        return None
+
+    @property
+    def computed(self) -> bool:
+        """Whether the rows are computed from the sample ids, never read (provenance)."""
+        return False
+
+    @property
+    def member_sources(self) -> tuple[Source, ...]:
+        """The arrays joined end to end along axis 0: a collection's members, else itself."""
+        return (self,)
+
+    def member_index(self) -> RunIndex | None:
+        """The member of each sample id, for a collection (``None``: not a collection)."""
+        return None
+
+    def member_block(self, block: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """The member holding ``block`` and the block's index in its grid (here ``0``, itself)."""
+        return 0, block
+
+    def block_sizes(self, block: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of ``block`` as a chunk stream hands it out."""
+        return tuple(axis[i] for axis, i in zip(self.chunks, block, strict=True))
+
+    def part_chunk(self, chunk: int) -> tuple[int, int] | None:
+        """Which of :meth:`parts` holds chunk ``chunk`` (along a subset's axis, a collection's
+        axis 0) and its chunk there (``None``: no part's chunk, e.g. patches' units)."""
+        return None
 
     @property
     def joins_members(self) -> bool:

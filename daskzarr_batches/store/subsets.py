@@ -49,6 +49,20 @@ class SubsetSource(Source):
         """The collection this subset is cut from, if it is cut from one."""
         return self.base.read_collection()
 
+    @property
+    def split_axis(self) -> int:
+        """``axis``."""
+        return self.axis
+
+    @property
+    def subset_ranges(self) -> Ranges:
+        """``ranges``."""
+        return self.ranges
+
+    def part_chunk(self, chunk: int) -> tuple[int, int]:
+        """The base array's chunk that span ``chunk`` lies in."""
+        return 0, self.spans[chunk][0]
+
     def parts(self) -> tuple[Source, ...]:
         """The base array this subset reads in place."""
         return (self.base,)

@@ -17,9 +17,9 @@ import numpy as np
 from ..errors import ArgumentTypeError, ArgumentValueError, LengthMismatchError
 from ..plan.mix import MixOrder
 from ..plan.sampling import ClassSampler
-from ..store.collections import MixSource, SourcesSource, sources_source
+from ..store.collections import SourcesSource, sources_source
 from ..store.sources import Source, as_source
-from ..store.subsets import ChunkSubset, SubsetSource
+from ..store.subsets import ChunkSubset
 from .checks import as_array
 
 __all__ = ["row_source"]
@@ -90,9 +90,9 @@ def row_source(array: object, role: str) -> Source:
     be whole samples (such splits are for patch and chunk streams).
     """
     source = as_source(as_array(array), role)
-    if isinstance(source, SubsetSource) and source.axis != 0:
+    if source.split_axis not in (None, 0):
         raise ArgumentValueError(
-            f"{role} ({source.name}) is split along axis {source.axis}; row streams "
+            f"{role} ({source.name}) is split along axis {source.split_axis}; row streams "
             "(batch streams, plan_epoch, Loader, count_batches) take samples along axis 0, "
             "so they need a split with dim=0; a split along another axis is for chunk "
             "streams and map/reduce"
@@ -117,7 +117,7 @@ def _unpaired(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _check_subsets(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
     """Arrays read together are all chunk subsets of the same ranges, or none is."""
-    subsets = [isinstance(source, SubsetSource) for source in sources]
+    subsets = [source.subset_ranges is not None for source in sources]
     if not any(subsets):
         return
     if not all(subsets):
@@ -126,13 +126,14 @@ def _check_subsets(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
             f"{', '.join(plain)} is a whole array but the other arrays are chunk subsets; "
             "split the arrays together (chunk_split of a tuple) and pass the subsets"
         )
-    first = sources[0]
+    first = sources[0].subset_ranges
     for role, source in zip(roles[1:], sources[1:], strict=True):
-        assert isinstance(source, SubsetSource) and isinstance(first, SubsetSource)
-        if source.ranges != first.ranges:
+        ranges = source.subset_ranges
+        assert ranges is not None and first is not None
+        if ranges != first:
             raise ArgumentValueError(
                 f"{role} is a chunk subset of other positions than {roles[0]} "
-                f"({_ranges_text(source.ranges)} against {_ranges_text(first.ranges)}); "
+                f"({_ranges_text(ranges)} against {_ranges_text(first)}); "
                 "paired subsets must come from one split of the arrays together "
                 "(chunk_split of a tuple), subset[0] and subset[1]"
             )
@@ -140,7 +141,7 @@ def _check_subsets(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
 
 def _check_mixtures(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None:
     """Arrays read together are all mixtures of one rule (pairs drawn together), or none is."""
-    mixed = [isinstance(source, MixSource) for source in sources]
+    mixed = [source.mix_rule is not None for source in sources]
     if not any(mixed):
         return
     if not all(mixed):
@@ -149,7 +150,7 @@ def _check_mixtures(sources: tuple[Source, ...], roles: tuple[str, ...]) -> None
             f"{', '.join(plain)} is not a mixture but the other arrays are; mix paired "
             "arrays together (mix of dicts or tuples) and pass its mixtures"
         )
-    rules = {source.rule for source in sources if isinstance(source, MixSource)}
+    rules = {source.mix_rule for source in sources}
     if len(rules) > 1:
         raise ArgumentValueError(
             f"the mixtures of {', '.join(roles)} draw differently (lengths, weights, stop, "

@@ -35,7 +35,6 @@ from ..read.graphs import (
 )
 from ..read.kept import read_kept_chunk
 from ..read.window import release_free_memory
-from ..store.collections import ConcatSource
 from ..store.policy import (
     ReadReport,
 )
@@ -336,16 +335,17 @@ class BatchStream(Stream[Any]):
     def _count_sources(self, window: Window, size: int) -> None:
         """``stats.samples_per_source``: the window's first ``size`` samples by member."""
         first = self.spec.sources[0]
-        if not isinstance(first, ConcatSource):
+        member_of = first.member_index()
+        if member_of is None:  # not a collection
             return
         counts = self.stats.samples_per_source
         if counts is None:
-            counts = self.stats.samples_per_source = [0] * len(first.members)
+            counts = self.stats.samples_per_source = [0] * len(first.member_sources)
         samples = window.samples[:size]
         if isinstance(samples, range) and samples.step == 1:  # sequential: by overlap
-            per = first.member_of.counts(samples.start, samples.stop)
+            per = member_of.counts(samples.start, samples.stop)
         else:
-            per = np.bincount(first.member_of(_ids(samples)), minlength=len(counts))
+            per = np.bincount(member_of(_ids(samples)), minlength=len(counts))
         for m, n in enumerate(per.tolist()):
             counts[m] += n
 

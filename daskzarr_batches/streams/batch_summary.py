@@ -23,11 +23,8 @@ from ..plan.windows import Window
 from ..read.chunk_share import ChunkShare
 from ..read.graphs import count_tasks
 from ..store.cache import ChunkCache, array_token, chunk_name, kept_part, rows_name
-from ..store.collections import ConcatSource
 from ..store.layout import chunk_grid
-from ..store.patches import PatchSource
 from ..store.sources import Source
-from ..store.subsets import SubsetSource
 from .patch import chunk_uses, patch_summary
 from .spec import StreamSpec
 
@@ -40,7 +37,7 @@ def _summary(spec: StreamSpec, shared: bool = True) -> PlanSummary:
     """
     plan = spec.plan()
     summary = plan.summary(task_count=lambda window: count_tasks(spec.sources, window))
-    if any(isinstance(source, PatchSource) for source in spec.sources):
+    if any(source.patch_grid is not None for source in spec.sources):
         capacities = _share_capacities(spec, spec.sources) if shared else None
         summary = patch_summary(spec.sources, plan, summary, shared, capacities)
     if spec.cache is not None:
@@ -90,11 +87,11 @@ def _cached_summary(
         return cache.contains(cache.key(token_of(array), name))
 
     def counter(source: Source) -> Callable[[int], bool] | None:
-        if isinstance(source, PatchSource):  # chunks: raveled blocks of the base array
-            base = source.base
+        base = source.patched
+        if base is not None:  # patches: chunks are raveled blocks of the base array
             stored = getattr(base, "base", base)  # a subset's stored array
             array = getattr(stored, "array", None)
-            if base is None or stored is None or not isinstance(array, zarr.Array):
+            if stored is None or not isinstance(array, zarr.Array):
                 return None
             grid = tuple(len(sizes) for sizes in base.chunks)
             stored_array: zarr.Array = array
@@ -108,18 +105,16 @@ def _cached_summary(
                 return held(stored_array, [index], True)
 
             return block
-        if isinstance(source, SubsetSource):  # a subset's chunk: its stored chunk's
-            inner, spans = counter(source.base), source.spans
-            return None if inner is None else (lambda chunk: inner(spans[chunk][0]))
-        if isinstance(source, ConcatSource):  # a collection's chunk: its member's
-            members = [counter(member) for member in source.members]
-            member_of, local = source.chunk_member, source.chunk_local
+        parts = [counter(part) for part in source.parts()]
+        if any(part is not None for part in parts):  # a subset's or collection's: its part's
 
-            def member_chunk(chunk: int) -> bool:
-                count_held = members[int(member_of[chunk])]
-                return count_held is not None and count_held(int(local[chunk]))
+            def part_chunk(chunk: int) -> bool:  # the base's chunk, or the member's
+                found = source.part_chunk(chunk)
+                assert found is not None
+                count_held = parts[found[0]]
+                return count_held is not None and count_held(found[1])
 
-            return member_chunk
+            return part_chunk
         array = getattr(source, "array", None)
         if not isinstance(array, zarr.Array):
             return None
@@ -168,7 +163,7 @@ def _share_capacities(spec: StreamSpec, sources: Sequence[Source]) -> dict[int, 
             continue
         if id(base) in found:
             continue
-        cut = getattr(source, "cut", None)  # the patch source's cut of ``base``
+        cut = source.patch_cut  # the patch source's cut of ``base``
         lead = cut.axes[0] if cut is not None and cut.axes else 0
         row = math.prod(
             max(sizes, default=0) if axis == lead else sum(sizes)

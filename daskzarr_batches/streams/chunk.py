@@ -26,7 +26,6 @@ from ..read.blocks import (
 from ..read.context import ReadContext
 from ..read.kept import read_kept_chunk
 from ..read.tasks import ShardItem
-from ..store.collections import ConcatSource
 from ..store.layout import blocks_by_shard
 from ..store.sources import SliceSource, Source
 from .base import SkippedChunk, Stream, _aligned, stored_arrays, stored_sources
@@ -284,10 +283,7 @@ class ChunkStream(Stream[Any]):
         stats = self.stats
         if stats.time_to_first_batch is None:
             stats.time_to_first_batch = time.perf_counter() - self._created
-        if isinstance(self.source, ConcatSource):  # a member's block: its own grid
-            sizes = [s.stop - s.start for s in self.source.block_slices(block)]
-        else:
-            sizes = [axis[i] for axis, i in zip(self.source.chunks, block, strict=True)]
+        sizes = self.source.block_sizes(block)  # a collection's: in its member's own grid
         stats.windows_read += 1
         if not missing:
             stats.chunks_read += 1

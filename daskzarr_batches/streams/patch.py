@@ -26,10 +26,8 @@ from ..plan.patches import Cut, PatchGrid, box_chunks, chunk_bytes, patch_origin
 from ..plan.summary import PlanSummary
 from ..plan.windows import Window, chunk_offsets
 from ..read.patches import patch_ids
-from ..store.collections import ConcatSource
 from ..store.patches import PatchSource
 from ..store.sources import Source, as_source, dim_names, is_xarray
-from ..store.subsets import SubsetSource
 from .spec import as_array, non_negative_int, positive_int
 
 __all__ = ["Layout", "PatchArguments", "chunk_uses", "patch_arguments", "patch_summary"]
@@ -286,8 +284,8 @@ def _array(name: str, value: Any) -> _Array:
     value = as_array(value)
     dims = dim_names(value)  # xarray's dims, or a Zarr array's own dimension names
     source = as_source(value, name)
-    stored = source.base if isinstance(source, SubsetSource) else source
-    if isinstance(stored, ConcatSource):
+    stored = source.read_collection()  # itself, or the collection a subset is cut from
+    if stored is not None:
         raise ArgumentTypeError(
             f"{name} is a collection ({stored.name}); patch streams take one array per "
             "input: a patch would span two members at their border, so collections are "
@@ -339,13 +337,14 @@ def _axes(array: _Array, dims: Sequence[Any]) -> list[int]:
 
 
 def _window_blocks(
-    source: PatchSource, pieces: Sequence[Any], size: int
+    source: Source, pieces: Sequence[Any], size: int
 ) -> dict[tuple[int, ...], tuple[slice, ...]]:
     """The stored chunks of ``source``'s base array a window's boxes overlap (in order)."""
-    assert source.grid is not None and source.base is not None
+    base = source.patched
     ids, groups, _ = patch_ids(pieces, size, False)
-    boxes = source.grid.boxes(ids, groups, source.group) if len(ids) else []
-    bounds = [chunk_offsets(sizes) for sizes in source.base.chunks]
+    boxes = source.patch_boxes(ids, groups)
+    assert boxes is not None and base is not None
+    bounds = [chunk_offsets(sizes) for sizes in base.chunks]
     return box_chunks(boxes, bounds)[0]
 
 
@@ -362,12 +361,13 @@ def chunk_uses(
     for window in windows:
         seen: set[int] = set()
         for source, pieces in zip(sources, window.pieces, strict=True):
-            if not isinstance(source, PatchSource) or source.cut is None or source.base is None:
+            base = source.patched
+            if source.patch_cut is None or base is None:  # not patches, or the origins
                 continue
-            if id(source.base) in seen:
+            if id(base) in seen:
                 continue
-            seen.add(id(source.base))
-            counts = uses.setdefault(id(source.base), {})
+            seen.add(id(base))
+            counts = uses.setdefault(id(base), {})
             for block in _window_blocks(source, pieces, window.size):
                 counts[block] = counts.get(block, 0) + 1
     return uses
@@ -436,14 +436,15 @@ def patch_summary(
         seen: set[int] = set()
         now: set[tuple[int, tuple[int, ...]]] = set()
         for source, pieces in zip(sources, window.pieces, strict=True):
-            assert isinstance(source, PatchSource) and source.grid is not None
-            base = source.base
-            if source.cut is None or base is None or id(base) in seen:
+            assert source.patch_grid is not None  # every source a patch stream's output
+            base = source.patched
+            if source.patch_cut is None or base is None or id(base) in seen:
                 chunks.append(())
                 continue
             seen.add(id(base))
             ids, groups, _ = patch_ids(pieces, window.size, False)
-            boxes = source.grid.boxes(ids, groups, source.group) if len(ids) else []
+            boxes = source.patch_boxes(ids, groups)
+            assert boxes is not None
             bounds = [chunk_offsets(sizes) for sizes in base.chunks]
             spans, _ = box_chunks(boxes, bounds)
             found = chunk_bytes(spans, bounds, base.dtype.itemsize)

@@ -40,9 +40,8 @@ from ..plan.quality import DEFAULT_SHUFFLE_QUALITY, smallest_buffer
 from ..plan.sampling import ClassSampler
 from ..plan.windows import ShuffleMode, chunk_offsets, sample_units
 from ..store.cache import ChunkCache
-from ..store.collections import MixSource, SourcesSource
+from ..store.collections import SourcesSource
 from ..store.layout import shard_layout
-from ..store.patches import PatchSource
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..store.sources import Source, as_source
 from .arrays import (
@@ -304,7 +303,7 @@ class StreamSpec:
             put("shuffle_buffer_size", self._auto_buffer())
         elif self.shuffle == "buffer":
             put("shuffle_buffer_size", buffer_samples(buffer, self.row_bytes))
-        if any(isinstance(source, PatchSource) for source in sources):
+        if any(source.patch_grid is not None for source in sources):
             # a patch grid's units (the plan's "chunks") fit the window when they can
             rows = self.window_rows
             put("sources", tuple(_sized(source, rows) for source in sources))
@@ -440,24 +439,25 @@ class StreamSpec:
     def mix(self) -> MixOrder | None:
         """A mixture's draws (``plan.mix``), when the arrays are mixtures
         ([`mix`][daskzarr_batches.mix])."""
-        mixed = [s for s in self.sources if isinstance(s, MixSource)]
+        mixed = [s for s in self.sources if s.mix_rule is not None]
         if not mixed:
             return None
-        first = mixed[0]
+        rule = mixed[0].mix_rule
+        assert rule is not None
+        members = [source.member_sources for source in mixed]
         return MixOrder(
-            lengths=tuple(member.n_samples for member in first.members),
+            lengths=rule.lengths,
             offsets=tuple(
-                tuple(chunk_offsets(source.members[k].chunks[0]) for source in mixed)
-                for k in range(len(first.members))
+                tuple(chunk_offsets(of[k].chunks[0]) for of in members)
+                for k in range(len(members[0]))
             ),
             shards=tuple(
-                tuple(shard_layout(source.members[k]) for source in mixed)
-                for k in range(len(first.members))
+                tuple(shard_layout(of[k]) for of in members) for k in range(len(members[0]))
             ),
-            weights=first.weights,
-            stop=first.stop,
-            samples_per_epoch=first.samples_per_epoch,
-            seed=first.seed,
+            weights=rule.weights,
+            stop=rule.stop,
+            samples_per_epoch=rule.samples_per_epoch,
+            seed=rule.seed,
         )
 
     @property

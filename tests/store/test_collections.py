@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from strategies import property_settings, seeds, to_zarr
 
 import daskzarr_batches as dzb
+from daskzarr_batches.store.sources import as_source
 
 WIDTH = 3
 
@@ -405,3 +406,32 @@ def test_run_index_finds_each_ids_member_as_searchsorted(
     ids = np.concatenate([ids, offsets[:-1][np.diff(offsets) > 0], [offsets[-1] - 1]])
     expected = np.searchsorted(offsets, ids, side="right") - 1
     np.testing.assert_array_equal(RunIndex(offsets)(ids), expected)
+
+
+def test_each_source_kind_answers_what_the_streams_ask() -> None:
+    """The streams ask a source, not its kind: each kind overrides the answers it differs in."""
+    a, b = np.arange(40.0).reshape(20, 2), np.arange(24.0).reshape(12, 2)
+    plain = as_source(a)
+    assert plain.member_sources == (plain,) and plain.member_index() is None
+    assert plain.member_block((1, 0)) == (0, (1, 0))
+    assert plain.split_axis is None and plain.subset_ranges is None and plain.mix_rule is None
+    assert plain.patch_grid is None and plain.patch_cut is None and plain.patched is None
+    assert plain.part_chunk(0) is None and not plain.computed
+    assert plain.block_sizes((0, 0)) == (plain.chunks[0][0], 2)
+    joined = as_source(dzb.concat([zarr.array(a, chunks=(8, 2)), zarr.array(b, chunks=(5, 1))]))
+    assert joined.member_sources == joined.parts() and joined.member_index() is not None
+    assert joined.part_chunk(3) == (1, 0) and joined.member_block((3, 1)) == (1, (0, 1))
+    assert joined.block_sizes((3, 1)) == (5, 1)  # the member's own grid, not the first's
+    subset = as_source(dzb.chunk_split(zarr.array(a, chunks=(8, 2)), [0.5, 0.5], seed=0)[1])
+    assert subset.split_axis == 0 and subset.subset_ranges is not None
+    assert subset.part_chunk(0) == (0, subset.block_index((0, 0))[0])
+    mixture = as_source(dzb.mix([a, b], [0.5, 0.5], seed=3))
+    assert mixture.mix_rule is not None and mixture.mix_rule.lengths == (20, 12)
+    stream = dzb.patch_stream(zarr.array(a, chunks=(8, 2)), {0: 4}, 2, return_origins=True)
+    patches, origins = stream.spec.sources
+    assert patches.patch_grid is not None and patches.patch_cut is not None
+    assert origins.patch_grid is not None and origins.patch_cut is None  # the origins
+    assert patches.patch_boxes(np.arange(2), [2]) is not None
+    assert origins.patch_boxes(np.arange(2), [2]) is None
+    provenance = dzb.batch_stream(dzb.concat([a, b]), 4, return_sources=True).spec.sources[-1]
+    assert provenance.computed
