@@ -3,7 +3,8 @@
 :class:`ChunkCache` keeps decoded chunks in a least-recently-used store in
 memory and, with a ``directory``, spills them to files there (LRU within the
 disk budget too) that survive the process and can be shared by several
-processes at once (ranks and DataLoader workers on one node).  Reads consult
+processes at once (ranks and DataLoader workers on one node); each tier
+(memory, disk, cluster) is a class of ``cache_tiers`` that it composes.  Reads consult
 it through :class:`CachingPipeline`, Zarr's own codec pipeline with a
 chunk's fetch and decode replaced by a cache lookup when the cache holds it,
 so every read path that goes through Zarr's pipeline (batch windows, chunk
@@ -25,16 +26,12 @@ there.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
-import errno
 import hashlib
 import os
 import threading
 import uuid
 import weakref
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +75,7 @@ from .cache_keys import (  # noqa: F401
     kept_part,
     rows_name,
 )
+from .cache_tiers import _DIRECTORY_ERRNOS, ClusterTier, DiskTier, MemoryTier  # noqa: F401
 from .zarr_adapter import (
     BatchedCodecPipeline,
     concurrent_map,
@@ -106,13 +104,6 @@ def __getattr__(name: str) -> Any:
         return cache_keys._PROCESS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-#: Write errors of the cache's directory as a whole (others are of one entry: that file alone).
-_DIRECTORY_ERRNOS = frozenset(
-    getattr(errno, name)
-    for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOENT", "ENOTDIR", "EIO")
-    if hasattr(errno, name)
-)
 
 #: Every cache made in this process, by id: a cache sent to a worker finds its twin there.
 #: Caches made by their users are held weakly (one dropped releases its cluster futures);
@@ -215,20 +206,12 @@ class ChunkCache:
             _REGISTRY[self.id] = self
 
     def _init_state(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
-        self._held = 0
-        self._writable = True
-        # why writes failed, by kind ("directory": all of them, "entry": one file), and
-        # the kinds already warned about (once each per cache and process)
-        self._write_errors: dict[str, str] = {}
-        self._warned: set[str] = set()
-        self._disk_used = self._scan() if self.directory is not None else 0
-        # cluster futures of decoded chunks: key -> (client id, future, bytes), LRU order
-        self._cluster: collections.OrderedDict[str, tuple[str, Any, int]] = (
-            collections.OrderedDict()
+        self._lock = threading.Lock()  # shared by the tiers: each guards its state with it
+        self._memory = MemoryTier(self.memory, self._lock)
+        self._disk = (
+            None if self.directory is None else DiskTier(self.directory, self.disk, self._lock)
         )
-        self._cluster_held = 0
+        self._cluster = ClusterTier(self.memory, self._lock)
 
     def __reduce__(self) -> Any:
         return (_cache_of, (self.id, self.memory, str(self.directory) if self.directory else None,
@@ -236,7 +219,7 @@ class ChunkCache:
 
     def __repr__(self) -> str:
         where = f", directory={str(self.directory)!r}, disk={self.disk}" if self.directory else ""
-        return f"ChunkCache(memory={self.memory}{where}; {len(self._entries)} chunks in memory)"
+        return f"ChunkCache(memory={self.memory}{where}; {len(self._memory)} chunks in memory)"
 
     # ---------------------------------------------------------------- lookups
 
@@ -248,22 +231,18 @@ class ChunkCache:
         self, key: str, counts: CacheCounts | None = None, disk: bool = True
     ) -> np.ndarray | None:
         """The chunk ``key`` from memory or (``disk``) the directory, else ``None``."""
-        with self._lock:
-            found = self._entries.get(key)
+        found = self._memory.get(key)
+        if found is None and disk and self._disk is not None:
+            found = self._disk.load(key, counts)
             if found is not None:
-                self._entries.move_to_end(key)
-        if found is None and disk and self.directory is not None:
-            found = self._load(key, counts)
-            if found is not None:
-                self._remember(key, found)
+                self._memory.remember(key, found)
         return found
 
     def contains(self, key: str) -> bool:
         """Whether the chunk is in memory, on the cluster or has a file (not checked)."""
-        with self._lock:
-            if key in self._entries or key in self._cluster:
-                return True
-        return self.directory is not None and self._path(key).exists()
+        if self._memory.has(key) or self._cluster.has(key):
+            return True
+        return self._disk is not None and self._disk.has(key)
 
     def holds(self, token: str, names: Iterable[str]) -> bool:
         """Whether every chunk ``names`` (store-side names, `chunk_name`) is held.
@@ -278,9 +257,9 @@ class ChunkCache:
         """Keep a decoded chunk (in memory, and in the directory if there is one)."""
         data = np.ascontiguousarray(data)
         data.setflags(write=False)
-        self._remember(key, data)
-        if self.directory is not None:
-            self._store(key, data)
+        self._memory.remember(key, data)
+        if self._disk is not None:
+            self._disk.store(key, data)
 
     def take_write_error(self) -> str | None:
         """Why the directory could not be written, the first time it is asked (else ``None``).
@@ -289,23 +268,14 @@ class ChunkCache:
         ([`CacheWarning`][daskzarr_batches.CacheWarning]),
         once per cache in a process; the reads never warn from their threads.
         """
-        with self._lock:
-            for kind, problem in self._write_errors.items():
-                if kind not in self._warned:
-                    self._warned.add(kind)
-                    return problem
-            return None
+        return None if self._disk is None else self._disk.take_write_error()
 
     def clear(self) -> None:
         """Forget every chunk, in memory, on the cluster and in the directory."""
-        with self._lock:
-            self._entries.clear()
-            self._held = 0
+        self._memory.clear()
         self.release_cluster()
-        if self.directory is not None:
-            for path in self.directory.glob("*.chunk"):
-                path.unlink(missing_ok=True)
-            self._disk_used = 0
+        if self._disk is not None:
+            self._disk.clear()
 
     # ---------------------------------------------------------------- cluster
 
@@ -322,176 +292,16 @@ class ChunkCache:
         least recently used released first; a chunk larger than the budget is
         not kept (its future lives as long as the tasks that need it).
         """
-        with self._lock:
-            found = self._cluster.get(key)
-            if found is not None and found[0] == owner and found[1].status not in (
-                "error", "cancelled", "lost",
-            ):  # fmt: skip
-                self._cluster.move_to_end(key)
-                return found[1], False
-        future = make(found is not None)
-        released = []
-        with self._lock:
-            old = self._cluster.pop(key, None)
-            if old is not None:
-                self._cluster_held -= old[2]
-                released.append(old[1])
-            if nbytes <= self.memory:
-                self._cluster[key] = (owner, future, nbytes)
-                self._cluster_held += nbytes
-                while self._cluster_held > self.memory:
-                    _, (_, gone, size) = self._cluster.popitem(last=False)
-                    self._cluster_held -= size
-                    released.append(gone)
-        for gone in released:
-            if gone is not future:
-                gone.release()  # the scheduler keeps it while a window in flight needs it
-        return future, True
+        return self._cluster.chunk(key, owner, nbytes, make)
 
     def release_cluster(self) -> None:
         """Release every cluster future of a decoded chunk (workers drop them)."""
-        with self._lock:
-            held = [future for _, future, _ in self._cluster.values()]
-            self._cluster.clear()
-            self._cluster_held = 0
-        for future in held:
-            future.release()
+        self._cluster.release()
 
     @property
     def cluster_chunks(self) -> int:
         """Decoded chunks this cache keeps on a cluster (futures held)."""
         return len(self._cluster)
-
-    # ---------------------------------------------------------------- memory
-
-    def _remember(self, key: str, data: np.ndarray) -> None:
-        if data.nbytes > self.memory:
-            return  # larger than the budget: not kept (reads bypass the memory)
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return
-            self._entries[key] = data
-            self._held += data.nbytes
-            while self._held > self.memory:
-                _, old = self._entries.popitem(last=False)
-                self._held -= old.nbytes
-
-    # ---------------------------------------------------------------- disk
-
-    def _path(self, key: str) -> Path:
-        assert self.directory is not None
-        return self.directory / f"{key}.chunk"
-
-    def _scan(self) -> int:
-        assert self.directory is not None
-        total = 0
-        if not self.directory.is_dir():
-            return 0
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                if entry.name.endswith(".chunk"):
-                    with contextlib.suppress(FileNotFoundError):  # removed by another process
-                        total += entry.stat().st_size
-        return total
-
-    def _load(self, key: str, counts: CacheCounts | None) -> np.ndarray | None:
-        path = self._path(key)
-        try:
-            with open(path, "rb") as file:
-                data = _read_file(file, key)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except _OldFormat:  # written by an earlier version: dropped, not damaged
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
-            return None
-        except Exception:  # damaged (any way at all): dropped and read again from the store
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
-            if counts is not None:
-                counts.damaged += 1
-            return None
-        try:
-            os.utime(path)  # recently used: the last to be evicted
-        except FileNotFoundError:
-            pass  # removed by another process since: the chunk read is still right
-        except OSError as error:  # a read-only directory: served, not written
-            self._write_failed(error, None)
-        return data
-
-    def _store(self, key: str, data: np.ndarray) -> None:
-        if not self._writable:
-            return
-        header = _header(key, data)
-        start = MAGIC + _HEADER.pack(len(header)) + header
-        size = len(start) + data.nbytes + _CRC.size
-        if self.disk is not None and size > self.disk:
-            return  # larger than the budget: not kept on disk
-        path = self._path(key)
-        # the pid read now, not at import: forked processes never share a temporary name
-        temporary = path.with_name(
-            f".{key}.{os.getpid()}-{cache_keys._PROCESS}.{threading.get_ident()}.tmp"
-        )
-        try:
-            with open(temporary, "wb") as file:
-                file.write(start)
-                file.write(_bytes(data))
-                file.write(_CRC.pack(zlib.crc32(_bytes(data), zlib.crc32(start))))
-            os.replace(temporary, path)  # atomic: a reader sees the old file or the new one
-        except OSError as error:
-            with contextlib.suppress(OSError):
-                temporary.unlink(missing_ok=True)
-            self._write_failed(error, path)
-            return
-        self._disk_used += size
-        if self.disk is not None and self._disk_used > self.disk:
-            self._evict_files()
-
-    def _write_failed(self, error: OSError, path: Path | None) -> None:
-        """Note a failed write (the stream that meets it warns: :meth:`take_write_error`).
-
-        An error of the directory (full, read-only, gone) stops the writes; one
-        of a single entry (``path``: a directory where its file belongs) fails
-        that chunk alone, and the others are still written.
-        """
-        kind = "entry" if path is not None and error.errno not in _DIRECTORY_ERRNOS else "directory"
-        if kind == "entry":
-            problem = (
-                f"cannot write the chunk cache's file {str(path)!r} "
-                f"({type(error).__name__}: {error}); that chunk is read from the store, "
-                "the others are still cached"
-            )
-        else:
-            self._writable = False
-            problem = (
-                f"cannot write to the chunk cache's directory {str(self.directory)!r} "
-                f"({type(error).__name__}: {error}); reads go on without writing to it"
-            )
-        with self._lock:
-            self._write_errors.setdefault(kind, problem)
-
-    def _evict_files(self) -> None:
-        """Remove the least recently used files until the directory fits its budget."""
-        assert self.directory is not None and self.disk is not None
-        files = []
-        with os.scandir(self.directory) as entries:
-            for entry in entries:
-                if entry.name.endswith(".chunk"):
-                    try:
-                        stat = entry.stat()
-                    except FileNotFoundError:
-                        continue
-                    files.append((stat.st_mtime, stat.st_size, entry.path))
-        files.sort()
-        total = sum(size for _, size, _ in files)
-        target = int(self.disk * 0.9)
-        for _, size, where in files:
-            if total <= target:
-                break
-            Path(where).unlink(missing_ok=True)  # another process may have removed it
-            total -= size
-        self._disk_used = total
 
 
 def _cache_of(cache_id: str, memory: int, directory: str | None, disk: int | None) -> ChunkCache:

@@ -3,7 +3,7 @@
 A file is ``MAGIC``, the JSON header's length, the header (key, dtype,
 shape, order, size), the chunk's bytes and a CRC-32 of all of them
 (:func:`_read_file`); the directory they sit in is made by :func:`_made`.
-What files a cache keeps, where and for how long is ``store/cache.py``'s.
+What files a cache keeps, where and for how long is ``store/cache_tiers.py``'s.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 metadata and the versions of its stored objects), the names a decoded
 chunk is kept under (:func:`chunk_name`, :func:`inner_chunk_name`) and what
 a cluster keeps for a stored block (:func:`kept_part`).  No cache state:
-that is ``store/cache.py``'s.
+that is ``store/cache.py``'s and its tiers' (``store/cache_tiers.py``).
 """
 
 from __future__ import annotations

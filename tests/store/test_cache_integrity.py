@@ -24,6 +24,7 @@ import zarr.storage
 import daskzarr_batches as dzb
 from daskzarr_batches.errors import CacheWarning, DaskZarrBatchesError
 from daskzarr_batches.store import cache as cache_module
+from daskzarr_batches.store import cache_tiers
 from daskzarr_batches.store.cache import ChunkCache
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])}
@@ -275,7 +276,7 @@ def test_a_read_only_directory_serves_its_files_and_warns_once(
                 return real_open(file, mode, *args, **kwargs)
 
             monkeypatch.setattr(cache_module.os, "utime", refuse)
-            monkeypatch.setattr(cache_module, "open", opener, raising=False)
+            monkeypatch.setattr(cache_tiers, "open", opener, raising=False)  # the disk tier's
         cache = ChunkCache(0, directory=directory)
         with pytest.warns(CacheWarning, match="cannot write") as caught:
             got, stats = read(array, cache)
