@@ -91,10 +91,10 @@ CAUSES: tuple[tuple[str, str], ...] = (
     (r"^\[pairs\].*ahead of insitubatch",
      "reading the pairs' inputs alone costs both the same (1.78x vs 1.76x L0); pairing costs "
      "this library 1.39x that (windows cut into x and y arrays, then each batch copied out "
-     "again, against insitubatch's one gather from its pool), and cache hits go through "
-     "zarr's selection per inner chunk (issue 27's read engine: one copy per pair, cache "
-     "tiers); shuffled pairs decode each chunk once since the windows hand on the chunks "
-     "they share (1.77 chunks per chunk before)"),
+     "again, against insitubatch's one gather from its pool: read/patches.py cuts, then "
+     "plan/batching.py's Batcher copies, not yet one copy per pair), and cache hits go "
+     "through zarr's selection per inner chunk; shuffled pairs decode each chunk once since "
+     "the windows hand on the chunks they share (1.77 chunks per chunk before)"),
     (r"^torch DataLoader, 0 workers",
      "the DataLoader's own per-batch machinery (fetcher, pin/collate hooks) on 64 KiB batches; "
      "the Loader under it meets its target"),
