@@ -24,10 +24,6 @@ process's batch one after another.
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 try:
@@ -39,6 +35,7 @@ except ImportError as error:  # pragma: no cover - exercised where jax is absent
 
 import numpy as np
 
+from ._device_feed import DeviceFeed
 from .errors import ArgumentTypeError, ArgumentValueError
 from .loader import Loader
 
@@ -58,7 +55,7 @@ def process_share() -> dict[str, int]:
     return {"rank": jax.process_index(), "world_size": jax.process_count()}
 
 
-class JaxLoader:
+class JaxLoader(DeviceFeed):
     """A [`Loader`][daskzarr_batches.Loader] whose batches are ``jax.Array`` (sharded across
     devices if asked).
 
@@ -110,10 +107,7 @@ class JaxLoader:
                 f"sharding must be a jax.sharding.Sharding (e.g. NamedSharding) or None, "
                 f"got {sharding!r}"
             )
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int | np.integer):
-            raise ArgumentTypeError(f"prefetch must be an int, got {prefetch!r}")
-        if prefetch < 0:
-            raise ArgumentValueError(f"prefetch must be >= 0, got {prefetch}")
+        super().__init__(loader, prefetch)
         processes = jax.process_count()
         if processes > 1 and (loader.rank, loader.world_size) != (
             jax.process_index(),
@@ -124,107 +118,8 @@ class JaxLoader:
                 f"reads rank {loader.rank} of {loader.world_size}: build it with "
                 "Loader(..., **daskzarr_batches.jax.process_share())"
             )
-        self.loader = loader
         self.sharding = sharding
-        self.prefetch = int(prefetch)
         self._processes = processes
-        self._state: dict[str, Any] | None = None  # after the last batch handed out
-
-    # ------------------------------------------------------------ forwarding
-
-    def __len__(self) -> int:
-        """Batches of a whole epoch (this process's share)."""
-        return len(self.loader)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next (or current) iteration runs, as far as handed out."""
-        state = self._state
-        return self.loader.epoch if state is None else int(state["epoch"])
-
-    def set_epoch(self, epoch: int) -> None:
-        """Run epoch ``epoch`` in the next iteration (from its start)."""
-        self.loader.set_epoch(epoch)
-        self._state = None
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's state after the last batch this iterator handed out."""
-        return dict(self.loader.state_dict() if self._state is None else self._state)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from ``state_dict``; see
-        [`Loader.load_state_dict`][daskzarr_batches.Loader.load_state_dict])."""
-        self.loader.load_state_dict(state)
-        self._state = None
-
-    get_state = state_dict
-    set_state = load_state_dict
-
-    def bottleneck(self) -> Any:
-        """What limited the current (or last) epoch: ``Loader.bottleneck``."""
-        return self.loader.bottleneck()
-
-    # ------------------------------------------------------------ iteration
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._epoch()
-
-    def _epoch(self) -> Iterator[Any]:
-        if self.prefetch == 0:
-            for batch in self.loader:
-                out = self.put(batch)
-                self._state = self.loader.state_dict()
-                yield out
-            self._state = None  # the epoch is over: the loader's own state is exact
-            return
-        # A thread pulls host batches and starts their transfers, at most ``prefetch``
-        # ahead: JAX's dispatch of a sharded put (a fraction of a millisecond) overlaps
-        # the step instead of adding to it.
-        ahead: queue.Queue[tuple[str, Any, Any]] = queue.Queue(self.prefetch)
-        stop = threading.Event()
-        producer = threading.Thread(
-            target=self._produce, args=(ahead, stop), name="JaxLoader", daemon=True
-        )
-        producer.start()
-        try:
-            while True:
-                kind, out, state = ahead.get()
-                if kind == "end":
-                    self._state = None  # the epoch is over: the loader's state is exact
-                    return
-                if kind == "error":
-                    raise out
-                self._state = state
-                yield out
-        finally:
-            stop.set()
-            while producer.is_alive():  # let it see the stop, however full the queue
-                with contextlib.suppress(queue.Empty):
-                    ahead.get(timeout=0.05)
-            producer.join()
-
-    def _produce(self, ahead: queue.Queue[tuple[str, Any, Any]], stop: threading.Event) -> None:
-        """Pull the loader's batches and put them on the devices (the prefetch thread)."""
-        host = iter(self.loader)
-        try:
-            for batch in host:
-                item = ("batch", self.put(batch), self.loader.state_dict())
-                while not stop.is_set():
-                    try:
-                        ahead.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            ahead.put(("end", None, None))
-        except BaseException as error:  # handed to the consumer, raised there
-            if not stop.is_set():
-                ahead.put(("error", error, None))
-        finally:
-            close = getattr(host, "close", None)
-            if close is not None:
-                close()
 
     def put(self, batch: Any) -> Any:
         """``batch`` (numpy arrays in a tuple, dict, ...) with every array on the devices."""

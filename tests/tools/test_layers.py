@@ -26,8 +26,8 @@ LAYERS: list[set[str]] = [
     {"execute", "fingerprints"},
     {"read"},
     {"streams"},
-    {"loader", "mapreduce", "writes", "_torch_tensors"},
-    {"torch", "jax", "tools"},
+    {"loader", "mapreduce", "writes", "_torch_tensors", "_device_feed"},
+    {"torch", "jax", "cupy", "tools"},
 ]
 ON_THE_PUBLIC_API = {"tools"}  # may import the package root (``from .. import X``)
 PURE_PLANNING = {"__future__", "numpy", "collections", "dataclasses", "functools", "math",

@@ -267,6 +267,7 @@ def test_api_reference_documents_every_public_name_by_its_public_path() -> None:
         "daskzarr_batches.torch.DevicePrefetcher",
         "daskzarr_batches.jax.JaxLoader",
         "daskzarr_batches.jax.process_share",
+        "daskzarr_batches.cupy.CupyLoader",
         "daskzarr_batches.streams.timing.Bottleneck",  # what bottleneck() returns
         "daskzarr_batches.streams.StreamSpec",  # what stream.spec is
     }
