@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
 
-__all__ = ["DeviceFeed", "map_arrays"]
+__all__ = ["DeviceFeed", "checked_prefetch", "map_arrays"]
 
 
 def map_arrays(batch: Any, fn: Callable[[np.ndarray], Any]) -> Any:

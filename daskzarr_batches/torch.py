@@ -39,6 +39,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
 
 import numpy as np
 
+from ._device_feed import checked_prefetch
 from ._torch_tensors import _check_dtype, _converter, _map_tensors
 from ._torch_tensors import to_tensors as to_tensors  # re-exported: tests use it here
 from .errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
@@ -138,7 +139,7 @@ class ZarrIterableDataset(IterableDataset):
             raise ArgumentTypeError(f"loader must be a daskzarr_batches.Loader, got {loader!r}")
         self.device = None if device is None else _device(device)
         self.pin_memory = pin_memory
-        self.prefetch = _prefetch(prefetch)
+        self.prefetch = checked_prefetch(prefetch)
         self._prefetcher: DevicePrefetcher | None = None
         if loader.transform is None:
             for source in loader.spec.sources:
@@ -442,7 +443,7 @@ class DevicePrefetcher:
         if pin_memory is not None and not isinstance(pin_memory, bool):
             raise ArgumentTypeError(f"pin_memory must be a bool or None, got {pin_memory!r}")
         self.pin_memory = cuda if pin_memory is None else pin_memory and cuda
-        self.prefetch = _prefetch(prefetch)
+        self.prefetch = checked_prefetch(prefetch)
         self.dlpack = bool(dlpack)
         self._stream = torch.cuda.Stream(self.device) if cuda else None
         #: the state of ``batches`` after the last batch handed out (None: none taken)
@@ -508,14 +509,6 @@ def _device(device: Any) -> torch.device:
         return torch.device(device)
     except (TypeError, RuntimeError) as error:
         raise ArgumentValueError(f"device must name a torch device, got {device!r}") from error
-
-
-def _prefetch(prefetch: Any) -> int:
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int):
-        raise ArgumentTypeError(f"prefetch must be an int, got {prefetch!r}")
-    if prefetch < 0:
-        raise ArgumentValueError(f"prefetch must be >= 0, got {prefetch}")
-    return prefetch
 
 
 def _raise(error: Exception) -> Iterator[Any]:
