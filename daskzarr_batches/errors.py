@@ -320,3 +320,15 @@ def renamed_keywords(**renames: str) -> Callable[[Callable[P, R]], Callable[P, R
         return call
 
     return wrap
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra, as the errors say it.
+
+    From a clone (the way this package is installed today), or from a package
+    index that has it.
+    """
+    return (
+        f"pip install '.[{extra}]' from a clone of daskzarr_batches "
+        f"(pip install 'daskzarr-batches[{extra}]' from an index that has the package)"
+    )

@@ -12,6 +12,7 @@ its unit) or ``ONE_OFF`` once it is checked not to be a second name of one there
 from __future__ import annotations
 
 import inspect
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 import zarr
 
 import daskzarr_batches as dzb
+from daskzarr_batches.errors import install_hint
 from daskzarr_batches.plan import DEFAULT_MEMORY_BUDGET
 
 #: the names several entry points share: each one meaning, one unit (docs/parameters.md)
@@ -239,3 +241,16 @@ def test_chunk_streams_concurrency_is_the_seeds_name_and_does_not_warn() -> None
     assert np.array_equal(np.concatenate(chunks), X)
     with pytest.raises(dzb.ArgumentValueError, match="concurrency=2 and io_concurrency=3"):
         dzb.chunk_stream(X, concurrency=2, io_concurrency=3)
+
+
+def test_install_hints_work_from_a_clone() -> None:
+    """The package is installed from a clone: every hint says ``pip install '.[extra]'``."""
+    package = Path(dzb.__file__).parent
+    wrong = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for match in re.finditer(r"daskzarr-batches\[(\w+)\]", text):
+            if f"'.[{match.group(1)}]'" not in text[max(0, match.start() - 300) : match.start()]:
+                wrong.append(f"{path.relative_to(package)}: {match.group(0)}")
+    assert wrong == [], "name the clone's form, pip install '.[extra]':\n" + "\n".join(wrong)
+    assert "pip install '.[s3]' from a clone" in install_hint("s3")
