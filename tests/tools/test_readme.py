@@ -325,3 +325,13 @@ def test_constraints_pin_every_test_requirement_within_its_range(
         assert requirement.specifier.contains(pins[name], prereleases=True), (
             f"{constraints} pins {name}=={pins[name]}, outside {requirement.specifier}"
         )
+
+
+def test_every_extra_is_listed_in_the_readme_and_the_index() -> None:
+    """A newcomer finds every extra of pyproject.toml where the install is described."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = sorted(project["optional-dependencies"])
+    install = _section("Install")
+    table = _section("Install", INDEX)
+    assert [e for e in extras if f"`[{e}]`" not in install] == [], "README.md's Install"
+    assert [e for e in extras if f"| `[{e}]` |" not in table] == [], "docs/index.md's table"
