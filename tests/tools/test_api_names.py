@@ -254,3 +254,16 @@ def test_install_hints_work_from_a_clone() -> None:
                 wrong.append(f"{path.relative_to(package)}: {match.group(0)}")
     assert wrong == [], "name the clone's form, pip install '.[extra]':\n" + "\n".join(wrong)
     assert "pip install '.[s3]' from a clone" in install_hint("s3")
+
+
+def test_prefetch_none_resolves_by_the_order() -> None:
+    """``prefetch=None``: DEFAULT_PREFETCH for the sequential and buffered orders, 0 exact."""
+    from daskzarr_batches.plan import DEFAULT_PREFETCH
+
+    with dzb.batch_stream(X, 4) as sequential, dzb.paired_batch_stream(X, X, 4) as pairs:
+        assert sequential.spec.prefetch == pairs.spec.prefetch == DEFAULT_PREFETCH
+    with dzb.shuffled_batch_stream(X, 4, shuffle_buffer_size=4) as buffered:
+        assert buffered.spec.prefetch == DEFAULT_PREFETCH
+    with dzb.shuffled_batch_stream(X, 4) as exact:
+        assert exact.spec.prefetch == 0
+    assert dzb.Loader(X, 4, shuffle=True).spec.prefetch == 0
