@@ -162,7 +162,9 @@ def test_float_reduction_is_bit_identical_everywhere(client: Any, concurrency: i
         assert got.count == reference.count
         np.testing.assert_array_equal(got.mean, reference.mean, strict=True)
         np.testing.assert_array_equal(got.m2, reference.m2, strict=True)
-    total = dzb.reduce_chunks(np.sum, operator.add, array, client=client, io_concurrency=concurrency)
+    total = dzb.reduce_chunks(
+        np.sum, operator.add, array, client=client, io_concurrency=concurrency
+    )
     assert total == dzb.reduce_chunks(np.sum, operator.add, array)
 
 
