@@ -37,10 +37,13 @@ well as ``except dzb.DaskZarrBatchesError``::
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 __all__ = [
     "ArgumentTypeError",
@@ -63,6 +66,9 @@ __all__ = [
     "WindowError",
     "WindowTimeoutError",
 ]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class DaskZarrBatchesError(Exception):
@@ -277,3 +283,52 @@ def warn_caller(warning: Warning) -> None:
         frame = frame.f_back
         level += 1
     warnings.warn(warning, stacklevel=level)
+
+
+def renamed_keywords(**renames: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Keep old keyword names of ``func`` working, each a ``DeprecationWarning``.
+
+    ``renamed_keywords(threads="io_concurrency")``: a call with ``threads=``
+    warns (attributed to the caller, :func:`warn_caller`) and is passed on as
+    ``io_concurrency=``; the signature shows the new names only.  Giving an
+    old name and its new one together raises :class:`ArgumentTypeError`.
+    """
+
+    def wrap(func: Callable[P, R]) -> Callable[P, R]:
+        name = func.__qualname__.removesuffix(".__init__")
+        names = list(inspect.signature(func).parameters)
+
+        @functools.wraps(func)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            for old, new in renames.items():
+                if old not in kwargs:
+                    continue
+                given = new in kwargs or (new in names and names.index(new) < len(args))
+                if given:
+                    raise ArgumentTypeError(
+                        f"{name}: {old}= is the former name of {new}=; pass {new} only"
+                    )
+                warn_caller(
+                    DeprecationWarning(
+                        f"{name}: {old}= is deprecated, renamed {new}= (the same "
+                        f"meaning); pass {new}= instead"
+                    )
+                )
+                kwargs[new] = kwargs.pop(old)
+            return func(*args, **kwargs)
+
+        return call
+
+    return wrap
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra, as the errors say it.
+
+    From a clone (the way this package is installed today), or from a package
+    index that has it.
+    """
+    return (
+        f"pip install '.[{extra}]' from a clone of daskzarr_batches "
+        f"(pip install 'daskzarr-batches[{extra}]' from an index that has the package)"
+    )

@@ -1,8 +1,9 @@
 """JAX adapter: a [`Loader`][daskzarr_batches.Loader]'s batches as ``jax.Array``, laid out across
 devices.
 
-``import daskzarr_batches.jax`` needs JAX (``pip install 'daskzarr-batches[jax]'``);
-the package itself never imports this module.
+``import daskzarr_batches.jax`` needs JAX (``pip install '.[jax]'`` from a clone,
+``pip install 'daskzarr-batches[jax]'`` from an index that has the package); the package
+itself never imports this module.
 
 [`JaxLoader`][daskzarr_batches.jax.JaxLoader] wraps a [`Loader`][daskzarr_batches.Loader]: each
 iteration is one of its epochs,
@@ -30,7 +31,8 @@ try:
     import jax
 except ImportError as error:  # pragma: no cover - exercised where jax is absent
     raise ImportError(
-        "daskzarr_batches.jax needs JAX: pip install 'daskzarr-batches[jax]'"
+        "daskzarr_batches.jax needs JAX: pip install '.[jax]' from a clone of daskzarr_batches "
+        "(pip install 'daskzarr-batches[jax]' from an index that has the package)"
     ) from error
 
 import numpy as np

@@ -33,11 +33,11 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .errors import ArgumentTypeError, ArgumentValueError
+from .errors import ArgumentTypeError, ArgumentValueError, renamed_keywords
 from .store.cache import ChunkCache
 from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
-from .streams.spec import ChunkSpec, ReadOptions, merged_io_concurrency, read_options
+from .streams.spec import ChunkSpec, ReadOptions, read_options
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
 
@@ -52,13 +52,13 @@ class _NoInitial:
 NO_INITIAL: Any = _NoInitial()
 
 
+@renamed_keywords(concurrency="io_concurrency")
 def map_chunks(
     func: Callable[[np.ndarray], Any],
     array: Any,
     *,
     client: Any = None,
     ordered: bool = True,
-    concurrency: int | None = None,
     with_index: bool = False,
     timeout: float | None = None,
     missing: MissingMode = "fill",
@@ -88,8 +88,6 @@ def map_chunks(
     ordered : bool, default True
         ``True``: results in C order of the chunk grid.  ``False``: as they
         complete.
-    concurrency : int, optional
-        The former name of ``io_concurrency``; prefer ``io_concurrency``.
     io_concurrency : int, optional
         Reads in flight, as for [`chunk_stream`][daskzarr_batches.chunk_stream] (a sharded array
         is read
@@ -97,6 +95,8 @@ def map_chunks(
         at most one ``func`` call per CPU runs at once, whatever the value.
         Default: one per CPU on a local store, 16 on others (fewer for large
         chunks or shards), twice the cluster's worker threads on a cluster.
+        Its former name ``concurrency=`` (here, in ``reduce_chunks`` and
+        ``feature_moments``) still works, with a ``DeprecationWarning``.
     with_index : bool, default False
         Yield ``(block_index, result)`` tuples.
     cache : ChunkCache, optional
@@ -140,12 +140,13 @@ def map_chunks(
         raise ArgumentTypeError(f"func must be callable, got {func!r}")
     options = read_options(
         read, client=client, timeout=timeout, missing=missing, on_error=on_error,
-        retries=retries, io_concurrency=merged_io_concurrency(concurrency, io_concurrency),
+        retries=retries, io_concurrency=io_concurrency,
         cache=cache,
     )  # fmt: skip
     return build_chunk_stream(ChunkSpec(array, ordered, with_index, options), transform=func)
 
 
+@renamed_keywords(concurrency="io_concurrency")
 def reduce_chunks(
     func: Callable[[np.ndarray], R],
     combine: Callable[[R, R], R],
@@ -153,7 +154,6 @@ def reduce_chunks(
     *,
     initial: Any = NO_INITIAL,
     client: Any = None,
-    concurrency: int | None = None,
     timeout: float | None = None,
     missing: MissingMode = "fill",
     on_error: OnError = "raise",
@@ -182,8 +182,6 @@ def reduce_chunks(
     initial : optional
         Placed before the first result, as in `functools.reduce`; it is
         also the result for an array without chunks.
-    concurrency : int, optional
-        As for [`map_chunks`][daskzarr_batches.map_chunks].
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
@@ -223,7 +221,6 @@ def reduce_chunks(
         func,
         array,
         client=client,
-        concurrency=concurrency,
         timeout=timeout,
         missing=missing,
         on_error=on_error,
@@ -353,11 +350,11 @@ class Moments:
         return np.sqrt(self.variance(ddof))
 
 
+@renamed_keywords(concurrency="io_concurrency")
 def feature_moments(
     array: Any,
     *,
     client: Any = None,
-    concurrency: int | None = None,
     timeout: float | None = None,
     missing: MissingMode = "fill",
     on_error: OnError = "raise",
@@ -377,8 +374,6 @@ def feature_moments(
     ----------
     array : zarr.Array, dask.array.Array, numpy.ndarray, path or URL, or ChunkSubset
         Samples along axis 0, features along the other axes.
-    concurrency : int, optional
-        As for [`map_chunks`][daskzarr_batches.map_chunks].
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
@@ -405,7 +400,6 @@ def feature_moments(
         Moments.from_chunk,
         array,
         client=client,
-        concurrency=concurrency,
         timeout=timeout,
         with_index=True,
         missing=missing,

@@ -1,7 +1,8 @@
 """PyTorch adapter: a [`Loader`][daskzarr_batches.Loader] as a ``torch.utils.data.IterableDataset``.
 
-``import daskzarr_batches.torch`` needs PyTorch (``pip install
-'daskzarr-batches[torch]'``); the package itself never imports this module.
+``import daskzarr_batches.torch`` needs PyTorch (``pip install '.[torch]'`` from a clone,
+``pip install 'daskzarr-batches[torch]'`` from an index that has the package); the
+package itself never imports this module.
 
 Each iteration of [`ZarrIterableDataset`][daskzarr_batches.torch.ZarrIterableDataset] is one epoch
 of the loader,
@@ -34,7 +35,8 @@ try:
     from torch.utils.data import IterableDataset, get_worker_info
 except ImportError as error:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
-        "daskzarr_batches.torch needs PyTorch: pip install 'daskzarr-batches[torch]'"
+        "daskzarr_batches.torch needs PyTorch: pip install '.[torch]' from a clone of "
+        "daskzarr_batches (pip install 'daskzarr-batches[torch]' from an index that has it)"
     ) from error
 
 import numpy as np

@@ -26,6 +26,7 @@ from ..errors import (
     ArgumentValueError,
     DaskZarrBatchesError,
     LoaderBusyError,
+    renamed_keywords,
 )
 from ..plan.batching import (
     Ranges,
@@ -41,7 +42,6 @@ from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
 from ..streams.base import StreamStats
 from ..streams.batch import BatchStream
-from ..streams.patch import patch_arguments
 from ..streams.spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PATCH_WINDOW_BYTES,
@@ -55,7 +55,7 @@ from ..streams.spec import (
     shuffle_mode,
 )
 from ..streams.timing import Bottleneck
-from .iteration import _Epoch, _structure
+from .iteration import _Epoch, _sources
 from .state import _check_progress, _intersect, _size, _validated_states
 
 __all__ = ["Loader"]
@@ -68,7 +68,7 @@ class Loader:
 
     Parameters
     ----------
-    arrays : array, tuple of arrays, dict of named arrays or xarray.Dataset
+    data : array, tuple of arrays, dict of named arrays or xarray.Dataset
         ``zarr.Array``, ``dask.array.Array``, ``numpy.ndarray``,
         ``xarray.DataArray`` (its data, samples along its first dimension) or
         a path or URL (``str`` or ``os.PathLike``, opened with ``open_array``),
@@ -82,6 +82,9 @@ class Loader:
         [`Collection`][daskzarr_batches.Collection] ([`concat`][daskzarr_batches.concat],
         [`open_collection`][daskzarr_batches.open_collection]) is one
         array of many members; ``concat`` of dicts gives a dict of them.
+        ``data`` as ``patch_stream``, ``map_to_zarr`` and ``chunk_split`` name
+        it (its former name ``arrays=`` still works, with a
+        ``DeprecationWarning``).
     batch_size : int
         Samples per batch.
     shuffle : bool, default False
@@ -99,7 +102,9 @@ class Loader:
         As for [`batch_stream`][daskzarr_batches.batch_stream]; ``None``: 32 MiB,
         or 16 MiB for patches, as [`patch_stream`][daskzarr_batches.patch_stream].
     prefetch : int, optional
-        As for [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream].
+        Windows read ahead, as for
+        [`shuffled_batch_stream`][daskzarr_batches.shuffled_batch_stream]
+        (``None``: ``DEFAULT_PREFETCH``, 0 for the exact shuffle).
     seed : int, default 0
         The shuffle's seed; the order of epoch ``e`` comes from ``(seed, e)``
         exactly as the streams' ``seed=``, ``epoch=`` do.
@@ -121,7 +126,7 @@ class Loader:
         which samples a batch holds.
     input_dims : Mapping[Any, int], optional
         Samples are N-D patches (and forecast pairs), as for
-        [`patch_stream`][daskzarr_batches.patch_stream]: ``arrays`` is then its ``data`` (an
+        [`patch_stream`][daskzarr_batches.patch_stream]: ``data`` is then its ``data`` (an
         ``xarray.Dataset`` gives a dict of patch batches), and epochs, ranks,
         resume and ``transform`` work on patches as on rows.
     input_overlap : Mapping[Any, int], optional
@@ -181,9 +186,10 @@ class Loader:
     raises [`StreamFailedError`][daskzarr_batches.StreamFailedError].
     """
 
+    @renamed_keywords(arrays="data")
     def __init__(
         self,
-        arrays: Any,
+        data: Any,
         batch_size: int,
         *,
         shuffle: bool = False,
@@ -216,29 +222,10 @@ class Loader:
         sampler: ClassSampler | None = None,
         labels: str | None = None,
     ) -> None:
-        layout = None
-        if input_dims is None:
-            given = {
-                "input_overlap": input_overlap, "target_offset": target_offset,
-                "target_dims": target_dims, "target_data": target_data,
-            }  # fmt: skip
-            if return_origins:
-                given["return_origins"] = return_origins
-            named = sorted(name for name, value in given.items() if value is not None)
-            if named:
-                raise ArgumentValueError(
-                    f"{', '.join(named)} given without input_dims: patch arguments need "
-                    "input_dims (the patch size along each patched dim)"
-                )
-            self._names, self._wrap, values = _structure(arrays)
-            roles = tuple(self._names) if self._names else None
-        else:  # samples are patches: their sources, and how a batch is packed
-            patches = patch_arguments(
-                arrays, input_dims, input_overlap=input_overlap, target_offset=target_offset,
-                target_dims=target_dims, target_data=target_data, return_origins=return_origins,
-            )  # fmt: skip
-            self._names, self._wrap, values = None, False, patches.sources
-            roles, layout = patches.roles, patches.layout
+        self._names, self._wrap, values, roles, layout = _sources(
+            data, input_dims, input_overlap=input_overlap, target_offset=target_offset,
+            target_dims=target_dims, target_data=target_data, return_origins=return_origins,
+        )  # fmt: skip
         if window_bytes is None:  # the stream's own default
             window_bytes = (
                 DEFAULT_WINDOW_BYTES if input_dims is None else DEFAULT_PATCH_WINDOW_BYTES

@@ -1,6 +1,7 @@
 """A :class:`Loader`'s iteration and its batches' structure: ``_Epoch`` (one epoch's
-iterator that, after an error, names it on every later ``next()``) and ``_structure``
-(the arrays given: names, whether a single array is wrapped in a tuple)."""
+iterator that, after an error, names it on every later ``next()``), ``_structure``
+(the arrays given: names, whether a single array is wrapped in a tuple) and ``_sources``
+(the data as rows or, with ``input_dims``, as patches)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from ..errors import ArgumentTypeError, ArgumentValueError, StreamFailedError
 from ..store.sources import is_xarray
 from ..store.subsets import ChunkSubset
+from ..streams.patch import patch_arguments
 
 
 def _structure(arrays: Any) -> tuple[tuple[str, ...] | None, bool, tuple[Any, ...]]:
@@ -20,18 +22,18 @@ def _structure(arrays: Any) -> tuple[tuple[str, ...] | None, bool, tuple[Any, ..
         arrays = subsets if isinstance(arrays.data, Mapping) else tuple(subsets.values())
     if is_xarray(arrays, "Dataset"):
         if not arrays.data_vars:
-            raise ArgumentValueError("arrays is an xarray.Dataset without data variables")
+            raise ArgumentValueError("data is an xarray.Dataset without data variables")
         arrays = {str(name): arrays[name] for name in arrays.data_vars}
     if isinstance(arrays, Mapping):
         if not arrays:
-            raise ArgumentValueError("arrays is an empty dict")
+            raise ArgumentValueError("data is an empty dict")
         names = tuple(arrays)
         if not all(isinstance(name, str) for name in names):
-            raise ArgumentTypeError(f"the names of arrays must be strings, got {names!r}")
+            raise ArgumentTypeError(f"the names of data's arrays must be strings, got {names!r}")
         return names, len(names) == 1, tuple(arrays.values())
     if isinstance(arrays, tuple | list):
         if not arrays:
-            raise ArgumentValueError("arrays is empty")
+            raise ArgumentValueError("data is empty")
         return None, len(arrays) == 1, tuple(arrays)
     return None, False, (arrays,)
 
@@ -72,3 +74,28 @@ class _Epoch:
     def close(self) -> None:
         """Stop the iteration (as a generator's ``close()``): its stream is released."""
         self._batches.close()  # type: ignore[attr-defined]
+
+
+def _sources(
+    data: Any, input_dims: Mapping[Any, int] | None, **patch: Any
+) -> tuple[tuple[str, ...] | None, bool, Any, tuple[str, ...] | None, Any]:
+    """A loader's data as sources: its names, whether wrapped, values, roles and layout.
+
+    Rows (``input_dims=None``, every patch argument unset) or patches (their
+    sources and how a batch is packed, from ``patch_arguments``).
+    """
+    if input_dims is not None:
+        patches = patch_arguments(data, input_dims, **patch)
+        return None, False, patches.sources, patches.roles, patches.layout
+    named = sorted(
+        name
+        for name, value in patch.items()
+        if (value if name == "return_origins" else value is not None)
+    )
+    if named:
+        raise ArgumentValueError(
+            f"{', '.join(named)} given without input_dims: patch arguments need "
+            "input_dims (the patch size along each patched dim)"
+        )
+    names, wrap, values = _structure(data)
+    return names, wrap, values, names or None, None

@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args
 import zarr.abc.store
 import zarr.storage
 
-from ..errors import ArgumentTypeError, ArgumentValueError
+from ..errors import ArgumentTypeError, ArgumentValueError, install_hint
 
 __all__ = [
     "BACKENDS",
@@ -98,7 +98,7 @@ def resolve_backend(backend: object, protocol: str | None) -> Literal["obstore",
     if not obstore_installed():
         raise ArgumentValueError(
             "backend='obstore' needs the obstore package, which is not installed; install it "
-            "with pip install 'daskzarr-batches[obstore]' (or pass backend='fsspec')"
+            f"with {install_hint('obstore')} (or pass backend='fsspec')"
         )
     return "obstore"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentTypeError, ArgumentValueError
+from ..errors import ArgumentTypeError, ArgumentValueError, renamed_keywords
 from .joined import ConcatSource, MixSource, SourcesSource
 from .joined import sources_source as sources_source  # imported from here (streams.spec)
 from .open import open_array
@@ -175,16 +175,19 @@ def _concat_source(members: Sequence[Any], role: str, names: Sequence[str] | Non
     return ConcatSource(name, (total, *first.shape[1:]), first.dtype, chunks, parts)
 
 
-def concat(datas: Sequence[Any]) -> Any:
+@renamed_keywords(datas="sources")
+def concat(sources: Sequence[Any]) -> Any:
     """Many arrays or stores as one dataset along the sample axis (axis 0).
 
     Parameters
     ----------
-    datas : sequence
+    sources : sequence
         The members, in order: arrays (``zarr.Array``, ``dask.array.Array``,
         ``numpy.ndarray``, ``xarray.DataArray``, a path or URL), or each a
         dict or tuple of such arrays (paired data per source, e.g.
-        ``{"x": x1, "y": y1}``).  Lengths and chunkings may differ; the
+        ``{"x": x1, "y": y1}``), as [`mix`][daskzarr_batches.mix]'s ``sources``
+        (the former name ``datas=`` still works, with a
+        ``DeprecationWarning``).  Lengths and chunkings may differ; the
         trailing shape and dtype must match across members (per name).
 
     Returns
@@ -203,12 +206,12 @@ def concat(datas: Sequence[Any]) -> Any:
         Members of different kinds (an array beside a dict), dicts with
         different names, or a member that is not an array.
     """
-    if isinstance(datas, str | os.PathLike | Mapping) or not isinstance(datas, Sequence):
+    if isinstance(sources, str | os.PathLike | Mapping) or not isinstance(sources, Sequence):
         raise ArgumentTypeError(
             f"concat takes a list or tuple of arrays (or of dicts / tuples of arrays), "
-            f"got {type(datas).__name__}"
+            f"got {type(sources).__name__}"
         )
-    members = [open_member(data) for data in datas]
+    members = [open_member(data) for data in sources]
     if not members:
         raise ArgumentValueError("concat needs at least one array, got an empty sequence")
     first = members[0]
@@ -277,13 +280,14 @@ def _label(path: Any) -> str:
     return os.fspath(path) if isinstance(path, str | os.PathLike) else repr(path)
 
 
+@renamed_keywords(array_path="path", threads="io_concurrency")
 def open_collection(
     urls_or_glob: str | os.PathLike[str] | Sequence[Any],
-    array_path: str | None = None,
+    path: str | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
     codec_pipeline: str | None = None,
-    threads: int = OPEN_THREADS,
+    io_concurrency: int = OPEN_THREADS,
 ) -> Collection:
     """Open many Zarr stores as one [`Collection`][daskzarr_batches.Collection] (their metadata
     read concurrently).
@@ -293,14 +297,18 @@ def open_collection(
     urls_or_glob : str, os.PathLike or sequence
         A glob of local paths (``"data/plate-*.zarr"``, sorted), or a list of
         paths / URLs (in the order given).
-    array_path : str, optional
-        The array inside each store (``None``: the store's root is the array).
+    path : str, optional
+        The array inside each store (``None``: the store's root is the
+        array), as ``open_array``'s ``path``.  Its former name
+        ``array_path=`` still works, with a ``DeprecationWarning``.
     storage_options : dict, optional
         Passed to fsspec for URLs (credentials, endpoint, ...).
     codec_pipeline : {"auto", "zarrs", "zarr"}, optional
         As for [`open_array`][daskzarr_batches.open_array].
-    threads : int, default ``OPEN_THREADS``
-        Stores opened at once; each opening waits on its metadata reads.
+    io_concurrency : int, default 32 (``OPEN_THREADS``)
+        Metadata reads in flight, as the streams' ``io_concurrency``: stores
+        opened at once, each opening one read at a time.  Its former name
+        ``threads=`` still works, with a ``DeprecationWarning``.
 
     Returns
     -------
@@ -329,24 +337,26 @@ def open_collection(
             f"open_collection takes a glob or a list of paths / URLs, got "
             f"{type(urls_or_glob).__name__}"
         )
-    if not isinstance(threads, int) or threads < 1:
-        raise ArgumentValueError(f"threads must be a positive int, got {threads!r}")
+    if isinstance(io_concurrency, bool) or not isinstance(io_concurrency, int):
+        raise ArgumentTypeError(f"io_concurrency must be a positive int, got {io_concurrency!r}")
+    if io_concurrency < 1:
+        raise ArgumentValueError(f"io_concurrency must be a positive int, got {io_concurrency!r}")
 
-    def one(path: Any) -> Any:
+    def one(member: Any) -> Any:
         return open_array(
-            path, array_path, storage_options=storage_options,
+            member, path, storage_options=storage_options,
             codec_pipeline=codec_pipeline,  # type: ignore[arg-type]
         )  # fmt: skip
 
     if len(paths) == 1:
         members = [one(paths[0])]
     else:
-        pool = DaemonExecutor(min(threads, len(paths)), "dzb-open")  # a hung store: no join
+        pool = DaemonExecutor(min(io_concurrency, len(paths)), "dzb-open")  # a hung store: no join
         try:
             members = list(pool.map(one, paths))
         finally:
             pool.shutdown(wait=False)
-    collection = Collection(members, names=[_label(path) for path in paths])
+    collection = Collection(members, names=[_label(member) for member in paths])
     collection.describe("collection")  # the mismatch errors now, naming the store
     return collection
 

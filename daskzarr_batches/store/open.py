@@ -22,6 +22,7 @@ from ..errors import (
     ArgumentValueError,
     ArrayNotFoundError,
     InvalidMetadataError,
+    install_hint,
 )
 from .backends import Backend, backend_of, check_url, error_text, resolve_backend, url_store
 from .layout import (
@@ -73,13 +74,13 @@ def open_array(
     backend : {"auto", "obstore", "fsspec"}
         What reads a URL source.  ``"obstore"``: zarr's
         ``zarr.storage.ObjectStore`` over an obstore store (``s3``, ``gs``,
-        ``az``/``abfs``, ``http(s)`` URLs; ``pip install
-        'daskzarr-batches[obstore]'``); ``"fsspec"``: zarr's ``FsspecStore``
-        (any fsspec URL); ``"auto"`` (default): obstore when it is installed
+        ``az``/``abfs``, ``http(s)`` URLs; the ``[obstore]`` extra, ``pip
+        install '.[obstore]'`` from a clone); ``"fsspec"``: zarr's
+        ``FsspecStore`` (any fsspec URL); ``"auto"`` (default): obstore when it is installed
         and reads the URL's protocol, else fsspec.  Ignored for other sources.
     codec_pipeline : {"auto", "zarrs", "zarr"}, optional
         What decodes the array's chunks.  ``"zarrs"``: the Rust pipeline of
-        the ``zarrs`` package (``pip install 'daskzarr-batches[zarrs]'``),
+        the ``zarrs`` package (the ``[zarrs]`` extra),
         which reads stores it supports natively (a local directory) itself;
         ``"zarr"``: zarr-python's own pipeline (the off switch); ``"auto"``:
         zarrs when it is installed, else zarr's.  An array zarrs cannot read
@@ -107,7 +108,7 @@ def open_array(
         ``path`` has a ``..`` or ``.`` segment (a Zarr path only goes down),
         or a ``.zip`` path is not a zip file; a URL whose filesystem package
         is not installed (the message says which extra to install, e.g.
-        ``pip install 'daskzarr-batches[s3]'``); a store that cannot be
+        ``pip install '.[s3]'`` from a clone); a store that cannot be
         reached or refuses the credentials (the message names the source,
         the original error is the ``__cause__``); a ``codec_pipeline`` (or
         environment variable) that is not one of the choices, or
@@ -208,7 +209,7 @@ def _raise_if_unreadable(error: BaseException, where: str, protocol: str | None)
     if protocol is not None and isinstance(error, ImportError):
         extra = _PROTOCOL_EXTRAS.get(protocol)
         hint = (
-            f"install it with pip install 'daskzarr-batches[{extra}]'"
+            f"install it with {install_hint(extra)}"
             if extra is not None
             else "install the fsspec filesystem package for it"
         )

@@ -18,6 +18,7 @@ from dask.tokenize import normalize_token
 from ..errors import (
     ArgumentTypeError,
     ArgumentValueError,
+    install_hint,
 )
 from .zarr_adapter import array_view, codec_pipeline, zarr_pipeline
 
@@ -69,7 +70,7 @@ def resolve_codec_pipeline(value: object) -> Literal["zarrs", "zarr"]:
     if value == "zarrs":
         raise ArgumentValueError(
             f"{where} is 'zarrs' but the zarrs package cannot be imported ({problem}); "
-            "install it with pip install 'daskzarr-batches[zarrs]', or choose 'auto' "
+            f"install it with {install_hint('zarrs')}, or choose 'auto' "
             "(zarrs when installed) or 'zarr'"
         )
     return "zarr"

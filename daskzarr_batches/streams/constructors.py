@@ -79,7 +79,8 @@ def chunk_stream(
         member after member).  Numpy arrays are split along axis 0
         into blocks of dask's default chunk size.
     concurrency : int, optional
-        The former name of ``io_concurrency`` (the same meaning); prefer
+        The seed's name of ``io_concurrency`` (the same meaning and unit,
+        reads in flight), kept here only: the other entry points take
         ``io_concurrency``.  Giving both with different values is an error.
     ordered : bool, default True
         ``True``: C order of block index.  ``False``: as reads complete.
@@ -140,7 +141,7 @@ def batch_stream(
     batch_size: int,
     *,
     drop_remainder: bool = False,
-    prefetch: int = DEFAULT_PREFETCH,
+    prefetch: int | None = None,
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     client: Any = None,
     timeout: float | None = None,
@@ -166,9 +167,11 @@ def batch_stream(
         Samples per batch (>= 1; numpy integers accepted).
     drop_remainder : bool, default False
         Drop the short last batch instead of yielding it.
-    prefetch : int, default 2
+    prefetch : int, optional
         Windows computed ahead of the one being consumed (0: compute on
-        demand).  About ``prefetch + 1`` windows are held at once.
+        demand).  About ``prefetch + 1`` windows are held at once.  ``None``
+        (every stream's and the ``Loader``'s default): ``DEFAULT_PREFETCH``
+        (2), or 0 for the exact shuffle.
     window_bytes : int, default 32 MiB
         Target decoded size of one window of work (rounded to whole chunks;
         at least one chunk).  A window's consecutive chunks are read with one
@@ -347,9 +350,10 @@ def shuffled_batch_stream(
         share, ``plan.budget.DECODE_SHARE``, at least one chunk); the
         allocator may keep more (``docs/benchmarks.md``).
     prefetch : int, optional
-        Windows computed ahead of the one being consumed.  Default: 2 with a
-        shuffle buffer; 0 for the exact shuffle, whose windows would
-        otherwise split ``memory_budget`` and multiply the reads.
+        Windows computed ahead of the one being consumed.  ``None`` (the
+        default): ``DEFAULT_PREFETCH`` (2) with a shuffle buffer; 0 for the
+        exact shuffle, whose windows would otherwise split ``memory_budget``
+        and multiply the reads.
     return_sources : bool, default False
         As for [`batch_stream`][daskzarr_batches.batch_stream].
     read : ReadOptions, optional
@@ -393,7 +397,7 @@ def paired_batch_stream(
     batch_size: int,
     *,
     drop_remainder: bool = False,
-    prefetch: int = DEFAULT_PREFETCH,
+    prefetch: int | None = None,
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     client: Any = None,
     timeout: float | None = None,

@@ -125,28 +125,7 @@ def patch_arguments(
     resolved = [_axis(inputs[0], dim, "input_dims") for dim in dims]
     if len(set(resolved)) < len(resolved):
         raise ArgumentValueError(f"input_dims names one axis twice: {dict(sizes)!r}")
-    for name, given in (("input_overlap", overlap), ("target_offset", offset)):
-        extra = sorted(set(given) - set(sizes), key=str)
-        if extra:
-            raise ArgumentValueError(
-                f"{name} names {extra!r}, which input_dims does not patch (input_dims: "
-                f"{dict(sizes)!r}); a dim not in input_dims is taken whole and cannot "
-                f"{'overlap' if name == 'input_overlap' else 'shift'}"
-            )
-    extra = sorted(set(lead) - set(offset), key=str)
-    if extra:
-        raise ArgumentValueError(
-            f"target_dims names {extra!r} without a target_offset for them; target_dims sets "
-            "the target's size along the dims target_offset shifts"
-        )
-    for dim, step in overlap.items():
-        if step >= sizes[dim]:
-            raise ArgumentValueError(
-                f"input_overlap[{dim!r}]={step} must be smaller than input_dims[{dim!r}]="
-                f"{sizes[dim]} (the stride is size - overlap)"
-            )
-    if target_data is not None and not offset:
-        raise ArgumentValueError("target_data needs target_offset (the targets' lead)")
+    _check_patch_dims(sizes, overlap, offset, lead, target_data)
     targets: list[_Array] = []
     target_template: Any = None
     if offset:
@@ -157,21 +136,7 @@ def patch_arguments(
     every = inputs + [t for t in targets if all(t is not i for i in inputs)]
     axes = [_axes(array, dims) for array in every]
     first = every[0]
-    lengths = [first.source.shape[axis] for axis in axes[0]]
-    for array, where in zip(every[1:], axes[1:], strict=True):
-        for dim, axis, length in zip(dims, where, lengths, strict=True):
-            if array.source.shape[axis] != length:
-                raise LengthMismatchError(
-                    f"{array.name} has {array.source.shape[axis]} positions along dim {dim!r} "
-                    f"but {first.name} has {length}; every array of a patch stream shares "
-                    "the patched dims"
-                )
-    for dim, length in zip(dims, lengths, strict=True):
-        if sizes[dim] > length > 0:
-            raise ArgumentValueError(
-                f"input_dims[{dim!r}]={sizes[dim]} is larger than the {length} positions "
-                f"of {first.name} along that dim: no patch fits"
-            )
+    lengths = _patched_lengths(every, axes, dims, sizes)
     origins = []
     for j, dim in enumerate(dims):
         cuts = [(0, sizes[dim])]
@@ -229,6 +194,65 @@ def patch_arguments(
         leaf: Any = Coords(index, coords) if first.xarray else index
         layout = (*layout, leaf) if offset else (layout, leaf)
     return PatchArguments(tuple(sources), tuple(source.name for source in sources), Layout(layout))
+
+
+def _check_patch_dims(
+    sizes: dict[Any, int],
+    overlap: dict[Any, int],
+    offset: dict[Any, int],
+    lead: dict[Any, int],
+    target_data: Any,
+) -> None:
+    """Check that the patch dims' arguments agree with each other.
+
+    Overlaps and offsets along patched dims only, target dims only where an
+    offset shifts, each overlap below its patch size, target data with an offset.
+    """
+    for name, given in (("input_overlap", overlap), ("target_offset", offset)):
+        extra = sorted(set(given) - set(sizes), key=str)
+        if extra:
+            raise ArgumentValueError(
+                f"{name} names {extra!r}, which input_dims does not patch (input_dims: "
+                f"{dict(sizes)!r}); a dim not in input_dims is taken whole and cannot "
+                f"{'overlap' if name == 'input_overlap' else 'shift'}"
+            )
+    extra = sorted(set(lead) - set(offset), key=str)
+    if extra:
+        raise ArgumentValueError(
+            f"target_dims names {extra!r} without a target_offset for them; target_dims sets "
+            "the target's size along the dims target_offset shifts"
+        )
+    for dim, step in overlap.items():
+        if step >= sizes[dim]:
+            raise ArgumentValueError(
+                f"input_overlap[{dim!r}]={step} must be smaller than input_dims[{dim!r}]="
+                f"{sizes[dim]} (the stride is size - overlap)"
+            )
+    if target_data is not None and not offset:
+        raise ArgumentValueError("target_data needs target_offset (the targets' lead)")
+
+
+def _patched_lengths(
+    every: list[_Array], axes: list[list[int]], dims: list[Any], sizes: dict[Any, int]
+) -> list[int]:
+    """The positions along each patched dim, which every array shares, each fitting a patch."""
+    first = every[0]
+    lengths = [first.source.shape[axis] for axis in axes[0]]
+    for array, where in zip(every[1:], axes[1:], strict=True):
+        for dim, axis, length in zip(dims, where, lengths, strict=True):
+            if array.source.shape[axis] != length:
+                raise LengthMismatchError(
+                    f"{array.name} has {array.source.shape[axis]} positions along dim {dim!r} "
+                    f"but {first.name} has {length}; every array of a patch stream shares "
+                    "the patched dims"
+                )
+    for dim, length in zip(dims, lengths, strict=True):
+        if sizes[dim] > length > 0:
+            raise ArgumentValueError(
+                f"input_dims[{dim!r}]={sizes[dim]} is larger than the {length} positions "
+                f"of {first.name} along that dim: no patch fits"
+            )
+    return lengths
 
 
 def _renumber(template: Any, by: int) -> Any:

@@ -114,8 +114,9 @@ def bottleneck_of(stats: StreamStats) -> Bottleneck:
     elif assemble > wait:
         stage = "assembling batches"
         setting = (
-            "batch_size (fewer, larger batches), a cheaper transform=, or DataLoader "
-            "workers (daskzarr_batches.torch) to cut batches in parallel"
+            "batch_size (fewer, larger batches) or a cheaper transform=; not DataLoader "
+            "workers, whose hand-over of each batch measured slower than cutting it "
+            "(docs/training.md)"
         )
     elif stats.store_requests == 0:
         stage = "reading"

@@ -167,8 +167,10 @@ def _shuffle_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
     print(
         f"shuffled {', '.join(names)} of {args.store} to {args.out} (seed {args.seed}, "
-        f"{described}): {stats.units_written} of {stats.units} chunks written, "
-        f"{stats.units_skipped} already complete, {stats.bytes_written} bytes",
+        f"{described}): {stats.units_written} of {stats.units} rows of chunks written "
+        f"({stats.chunks_written} chunks of {len(names)} array{'s' * (len(names) > 1)}), "
+        f"{stats.units_skipped} "
+        f"already complete, {stats.bytes_written} bytes",
         file=out,
     )
     return 0

@@ -63,7 +63,7 @@ def test_map_chunks_one_result_per_cropped_chunk(
     client = request.getfixturevalue("client") if on_cluster else None
     array = zarr_array(DATA, (20, 4))
     with dzb.map_chunks(
-        shape_and_sum, array, ordered=ordered, with_index=True, client=client, concurrency=3
+        shape_and_sum, array, ordered=ordered, with_index=True, client=client, io_concurrency=3
     ) as stream:
         assert len(stream) == 6 * 3
         items = list(stream)
@@ -108,7 +108,7 @@ def test_map_chunks_failure_names_the_chunk(
 
 
 def test_map_chunks_break_releases_everything(client: Any) -> None:
-    for _ in dzb.map_chunks(np.sum, DATA[:, :2].copy(), client=client, concurrency=4):
+    for _ in dzb.map_chunks(np.sum, DATA[:, :2].copy(), client=client, io_concurrency=4):
         break
     assert our_tasks(client) == []
 
@@ -127,7 +127,7 @@ def test_map_chunks_rejects_non_callables() -> None:
 def test_reduce_chunks_follows_chunk_order_without_commutativity() -> None:
     data = np.arange(60.0).reshape(30, 2)
     array = zarr_array(data, (4, 1))
-    got = dzb.reduce_chunks(first_value, operator.add, array, concurrency=5)
+    got = dzb.reduce_chunks(first_value, operator.add, array, io_concurrency=5)
     assert got == [float(data[i, j]) for i in range(0, 30, 4) for j in range(2)]
     assert dzb.reduce_chunks(first_value, operator.add, array, initial=[-1.0])[0] == -1.0
 
@@ -149,20 +149,22 @@ def test_histogram_matches_numpy_and_is_identical_on_a_cluster(client: Any) -> N
 
     local = dzb.reduce_chunks(hist, operator.add, array)
     np.testing.assert_array_equal(local, np.histogram(DATA, bins=edges)[0])
-    remote = dzb.reduce_chunks(hist, operator.add, array, client=client, concurrency=2)
+    remote = dzb.reduce_chunks(hist, operator.add, array, client=client, io_concurrency=2)
     np.testing.assert_array_equal(remote, local)
 
 
 @pytest.mark.parametrize("concurrency", [1, 3, 8])
 def test_float_reduction_is_bit_identical_everywhere(client: Any, concurrency: int) -> None:
     array = zarr_array(DATA, (7, 3))
-    reference = dzb.feature_moments(array, concurrency=1)
+    reference = dzb.feature_moments(array, io_concurrency=1)
     for on in (None, client):
-        got = dzb.feature_moments(array, client=on, concurrency=concurrency)
+        got = dzb.feature_moments(array, client=on, io_concurrency=concurrency)
         assert got.count == reference.count
         np.testing.assert_array_equal(got.mean, reference.mean, strict=True)
         np.testing.assert_array_equal(got.m2, reference.m2, strict=True)
-    total = dzb.reduce_chunks(np.sum, operator.add, array, client=client, concurrency=concurrency)
+    total = dzb.reduce_chunks(
+        np.sum, operator.add, array, client=client, io_concurrency=concurrency
+    )
     assert total == dzb.reduce_chunks(np.sum, operator.add, array)
 
 
@@ -193,7 +195,7 @@ def test_feature_moments_match_numpy(
     rows: int, features: int, row_chunk: int, feature_chunk: int, seed: int
 ) -> None:
     data = np.random.default_rng(seed).normal(3.0, 2.0, (rows, features))
-    moments = dzb.feature_moments(zarr_array(data, (row_chunk, feature_chunk)), concurrency=2)
+    moments = dzb.feature_moments(zarr_array(data, (row_chunk, feature_chunk)), io_concurrency=2)
     assert moments.count == rows
     np.testing.assert_allclose(moments.mean, data.mean(axis=0), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(moments.variance(), data.var(axis=0), rtol=1e-10, atol=1e-12)

@@ -53,7 +53,7 @@ COMPLEX_CHUNKINGS = {
 def test_feature_moments_of_complex_data_match_numpy(kind: str, dtype: str, layout: str) -> None:
     shape, chunks = COMPLEX_CHUNKINGS[layout]
     data = complex_data(shape, dtype)
-    moments = dzb.feature_moments(as_kind(data, kind, chunks), concurrency=2)
+    moments = dzb.feature_moments(as_kind(data, kind, chunks), io_concurrency=2)
     assert moments.count == shape[0]
     assert moments.mean.dtype == np.complex128
     assert moments.mean.shape == shape[1:]

@@ -459,9 +459,12 @@ def test_cli_shuffle_writes_and_resumes(tmp_path: Path, capsys: pytest.CaptureFi
     argv = [str(tmp_path / "in.zarr"), str(tmp_path / "out.zarr"), "--array", "x",
             "--labels", "y", "--seed", "7", "--memory-budget", "2K"]  # fmt: skip
     assert main(["shuffle", *argv]) == 0
-    assert "7 of 7 chunks written" in capsys.readouterr().out
+    # a row of chunks holds one chunk of each array: 7 rows, 14 chunks
+    assert "7 of 7 rows of chunks written (14 chunks of 2 arrays)" in capsys.readouterr().out
     assert main(["shuffle", *argv]) == 0
-    assert "0 of 7 chunks written, 7 already complete" in capsys.readouterr().out
+    assert "0 of 7 rows of chunks written (0 chunks of 2 arrays), 7 already complete" in (
+        capsys.readouterr().out
+    )
     order = dzb.shuffle_order(50, 7)
     result = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")
     np.testing.assert_array_equal(result["y"][:], order)
@@ -562,7 +565,7 @@ def test_cli_shuffle_reads_a_url_store_with_storage_options(
     argv = ["shuffle", url, str(tmp_path / "out.zarr"), "--array", "x", "--seed", "3",
             "--backend", "fsspec", "--storage-option", "skip_instance_cache=true"]  # fmt: skip
     assert main(argv) == 0
-    assert "4 of 4 chunks written" in capsys.readouterr().out
+    assert "4 of 4 rows of chunks written (4 chunks of 1 array)" in capsys.readouterr().out
     assert seen and all(s["storage_options"] == {"skip_instance_cache": True} for s in seen)
     result = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")
     np.testing.assert_array_equal(result["x"][:, 0], dzb.shuffle_order(30, 3) * 2)

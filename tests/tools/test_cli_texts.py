@@ -44,6 +44,20 @@ def test_cli_md_lists_every_command_once() -> None:
     assert all(f"`{command}" in described for command in commands)
 
 
+def test_cli_md_synopsis_names_every_option_of_its_command() -> None:
+    """Each row of cli.md's command table names every long option its parser takes."""
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8").split("## Commands", 1)[1]
+    (sub,) = (a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    missing = {}
+    for command, parser in (sub.choices or {}).items():
+        (row,) = re.findall(rf"^\| `{command}[ `](.*?)` \|", text, re.M)
+        options = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+        left = sorted(o for o in options - {"--help"} if not re.search(rf"{o}\b", row))
+        if left:
+            missing[command] = left
+    assert missing == {}, f"docs/cli.md's synopsis leaves out {missing}"
+
+
 class _Bar:
     """A live progress bar that notes what ``out`` held when the epoch's first batch came."""
 

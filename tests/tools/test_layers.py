@@ -185,3 +185,29 @@ def test_no_module_over_600_lines() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MOST_LINES
     ]
     assert too_long == [], "split by what its parts know:\n" + "\n".join(too_long)
+
+
+#: the most lines a function of the package may have, its docstring not counted (issue 38)
+MOST_FUNCTION_LINES = 100
+
+
+def _function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines from ``def`` to its last, less its docstring's."""
+    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+    first = node.body[0]
+    doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    if doc and isinstance(first.value.value, str):  # type: ignore[attr-defined]
+        lines -= (first.end_lineno or first.lineno) - first.lineno + 1
+    return lines
+
+
+def test_no_function_over_100_lines() -> None:
+    """A function past 100 lines (its docstring aside) is split into named steps (issue 38)."""
+    too_long = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {n} lines"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (n := _function_lines(node)) > MOST_FUNCTION_LINES
+    ]
+    assert too_long == [], "split into named steps:\n" + "\n".join(too_long)

@@ -140,6 +140,16 @@ def test_ci_runs_both_legs_each_from_its_constraints() -> None:
     ):
         assert step in leg
     assert "pyenv which python" in (ROOT / ".ci" / "newest-python").read_text(encoding="utf-8")
+    # each leg in a venv of its own, never the .venv of the README's demo command
+    venvs = re.findall(r"\bvenv=(\S+)", leg)
+    assert venvs == [".venv-ci-pinned", ".venv-ci-newest"], venvs
+    demo = re.findall(r"```bash\n(.*?)\n```", _section("Two commands for a fresh machine"), re.S)[0]
+    assert demo.startswith("python3 -m venv .venv ") and ".venv" not in venvs
+    assert ".venv-ci-*/" in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    # no pip conflict at the zarr releases between the legs: insitubatch needs zarr>=3.3
+    between = leg[leg.index("for zarr in") :]
+    assert 'pip" uninstall -q -y insitubatch' in leg[: leg.index("for zarr in")]
+    assert "zarr insitubatch  # back to the pinned newest" in between
     # the zarr-facing tests the newest leg reruns against older zarr releases exist where named
     named = re.findall(r"tests/[\w/]+\.py", leg)
     assert named and [path for path in named if not (ROOT / path).is_file()] == []
@@ -315,3 +325,13 @@ def test_constraints_pin_every_test_requirement_within_its_range(
         assert requirement.specifier.contains(pins[name], prereleases=True), (
             f"{constraints} pins {name}=={pins[name]}, outside {requirement.specifier}"
         )
+
+
+def test_every_extra_is_listed_in_the_readme_and_the_index() -> None:
+    """A newcomer finds every extra of pyproject.toml where the install is described."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = sorted(project["optional-dependencies"])
+    install = _section("Install")
+    table = _section("Install", INDEX)
+    assert [e for e in extras if f"`[{e}]`" not in install] == [], "README.md's Install"
+    assert [e for e in extras if f"| `[{e}]` |" not in table] == [], "docs/index.md's table"
