@@ -230,9 +230,9 @@ def test_cluster_compute_and_to_zarr(client: Any, tmp_path: Any) -> None:
     np.testing.assert_array_equal(client.compute(pair.to_dask()).result(), _delivered(pair))
 
 
-def _leaves(value: Any) -> list[da.Array]:
-    """The dask arrays of a ``to_dask()`` result (a tuple or dict, nested)."""
-    if isinstance(value, da.Array):
+def _leaves(value: Any) -> list[Any]:
+    """The arrays of a ``to_dask()`` result or of its computed value (a tuple or dict, nested)."""
+    if isinstance(value, da.Array | np.ndarray):
         return [value]
     parts = value.values() if isinstance(value, dict) else value
     return [leaf for part in parts for leaf in _leaves(part)]
@@ -343,3 +343,46 @@ def test_patch_origins_have_a_column_per_axis_with_a_dim_taken_whole() -> None:
         np.testing.assert_array_equal(
             found[name].compute(), np.concatenate([batch[name] for batch in delivered])
         )
+
+
+def _cached_kind(kind: str, paths: list[str], cache: Any) -> Any:
+    """A stream of ``kind`` over the arrays at ``paths`` (counted), reading through ``cache``."""
+    counts: collections.Counter[str] = collections.Counter()
+    x, y = (open_wrapped(CountingStore(zarr.storage.LocalStore(p), counts)) for p in paths)
+    kw = {"cache": cache}
+    stream = {
+        "batch": lambda: dzb.batch_stream(x, 7, **kw),
+        "exact": lambda: dzb.shuffled_batch_stream(x, 7, seed=1, memory_budget=2**11, **kw),
+        "paired": lambda: dzb.paired_shuffled_batch_stream(x, y, 7, seed=2, **kw),
+        "collection": lambda: dzb.shuffled_batch_stream(dzb.concat([x, y]), 7, seed=3, **kw),
+        "subset": lambda: dzb.batch_stream(dzb.chunk_split(x, [0.5, 0.5])[1], 7, **kw),
+        "patches": lambda: dzb.patch_stream(x, {0: 4}, 3, shuffle=True, return_origins=True, **kw),
+    }[kind]()
+    return stream, counts
+
+
+@pytest.mark.parametrize("kind", ["batch", "exact", "paired", "collection", "subset", "patches"])
+def test_cached_epoch_array_is_fresh_after_a_rewrite_in_place(kind: str, tmp_path: Any) -> None:
+    """A cache serves a second compute (no store read); after the arrays are written again in
+    place (same metadata) the same dask array computes the new values, as a new stream reads."""
+    paths = [str(tmp_path / name) for name in ("x.zarr", "y.zarr")]
+    for path in paths:
+        to_zarr(make_data((40, 3)), (10, 3), store=zarr.storage.LocalStore(path))
+    cache = dzb.ChunkCache("16MiB")
+    stream, counts = _cached_kind(kind, paths, cache)
+    epoch = stream.to_dask()
+    first = dask.compute(epoch)
+    assert counts and set(counts.values()) <= {1, 2, 3, 4}
+    counts.clear()
+    assert_equal = np.testing.assert_equal
+    assert_equal(dask.compute(epoch), first)
+    assert not counts  # every chunk a hit
+    for path in paths:  # rewritten in place: the same metadata, new values
+        zarr.open_array(path, mode="r+")[:] = -make_data((40, 3)) - 1
+    again = dask.compute(epoch)
+    assert counts  # read again from the store
+    fresh, _ = _cached_kind(kind, paths, None)
+    assert_equal(again, dask.compute(fresh.to_dask()))
+    assert not all(
+        np.array_equal(a, b) for a, b in zip(_leaves(again), _leaves(first), strict=True)
+    )
