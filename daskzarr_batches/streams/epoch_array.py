@@ -104,8 +104,13 @@ def _tokened(dsk: dict[Key, Any], tokens: str) -> dict[Key, Any]:
     """
     out: dict[Key, Any] = {}
     for key, task in dsk.items():
-        if isinstance(task, tuple) and task and callable(task[0]) and any(
-            isinstance(arg, ReadContext) and arg.policy.cache is not None for arg in task[1:]
+        if (
+            isinstance(task, tuple)
+            and task
+            and callable(task[0])
+            and any(
+                isinstance(arg, ReadContext) and arg.policy.cache is not None for arg in task[1:]
+            )
         ):
             task = (fresh_tokens, tokens, *task)
         out[key] = task

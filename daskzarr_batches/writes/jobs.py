@@ -20,9 +20,9 @@ from ..errors import ArgumentTypeError, ArgumentValueError, WindowError
 from ..plan.budget import exact_budget
 from ..plan.epoch import permutation
 from ..store.cache import ChunkCache
-from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
+from ..store.policy import MissingMode, OnError
 from ..store.sources import _check_dtype
-from ..streams.spec import ReadOptions, byte_size, non_negative_int, read_options
+from ..streams.spec import UNSET, ReadOptions, byte_size, non_negative_int, read_options
 from .outputs import (
     _check_shards,
     _normal_grid,
@@ -65,13 +65,13 @@ def map_to_zarr(
     overwrite: bool = False,
     resume: bool = True,
     job_id: str | None = None,
-    client: Any = None,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
+    client: Any = UNSET.client,
+    timeout: float | None = UNSET.timeout,
+    missing: MissingMode = UNSET.missing,
+    on_error: OnError = UNSET.on_error,
+    retries: int = UNSET.retries,
+    io_concurrency: int | None = UNSET.io_concurrency,
+    cache: ChunkCache | None = UNSET.cache,
     read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -254,13 +254,13 @@ def write_shuffled(
     overwrite: bool = False,
     resume: bool = True,
     job_id: str | None = None,
-    client: Any = None,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
+    client: Any = UNSET.client,
+    timeout: float | None = UNSET.timeout,
+    missing: MissingMode = UNSET.missing,
+    on_error: OnError = UNSET.on_error,
+    retries: int = UNSET.retries,
+    io_concurrency: int | None = UNSET.io_concurrency,
+    cache: ChunkCache | None = UNSET.cache,
     read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
