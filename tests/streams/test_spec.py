@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
+import pickle
 import threading
 from typing import Any
 
@@ -188,6 +190,15 @@ def test_a_flat_keyword_given_at_its_default_must_agree_with_read(entry: str) ->
     result = call(read=agreeing, missing="fill", retries=5)  # agreeing, a default among them
     getattr(result, "close", lambda: None)()
     assert _parameters(getattr(dzb, entry))["missing"].default == "fill"  # shown as the default
+
+
+def test_the_flat_defaults_are_markers_equal_to_the_defaults_that_pickle_as_themselves() -> None:
+    from daskzarr_batches.streams.spec import UNSET
+
+    for field in dataclasses.fields(dzb.ReadOptions):
+        marker = getattr(UNSET, field.name)
+        assert marker == field.default and repr(marker) == repr(field.default)
+        assert pickle.loads(pickle.dumps(marker)) is marker and copy.deepcopy(marker) is marker
 
 
 def test_read_shares_one_set_and_a_flat_keyword_must_agree() -> None:
