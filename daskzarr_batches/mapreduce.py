@@ -35,9 +35,9 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError, renamed_keywords
 from .store.cache import ChunkCache
-from .store.policy import DEFAULT_RETRIES, MissingMode, OnError
+from .store.policy import MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
-from .streams.spec import ChunkSpec, ReadOptions, read_options
+from .streams.spec import UNSET, ChunkSpec, ReadOptions, read_options
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
 
@@ -57,15 +57,15 @@ def map_chunks(
     func: Callable[[np.ndarray], Any],
     array: Any,
     *,
-    client: Any = None,
+    client: Any = UNSET.client,
     ordered: bool = True,
     with_index: bool = False,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
+    timeout: float | None = UNSET.timeout,
+    missing: MissingMode = UNSET.missing,
+    on_error: OnError = UNSET.on_error,
+    retries: int = UNSET.retries,
+    io_concurrency: int | None = UNSET.io_concurrency,
+    cache: ChunkCache | None = UNSET.cache,
     read: ReadOptions | None = None,
 ) -> ChunkStream:
     """Stream ``func(chunk)`` for every stored chunk of ``array``.
@@ -153,13 +153,13 @@ def reduce_chunks(
     array: Any,
     *,
     initial: Any = NO_INITIAL,
-    client: Any = None,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
+    client: Any = UNSET.client,
+    timeout: float | None = UNSET.timeout,
+    missing: MissingMode = UNSET.missing,
+    on_error: OnError = UNSET.on_error,
+    retries: int = UNSET.retries,
+    io_concurrency: int | None = UNSET.io_concurrency,
+    cache: ChunkCache | None = UNSET.cache,
     read: ReadOptions | None = None,
 ) -> R:
     """Reduce ``func(chunk)`` over every stored chunk with ``combine``.
@@ -354,13 +354,13 @@ class Moments:
 def feature_moments(
     array: Any,
     *,
-    client: Any = None,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
+    client: Any = UNSET.client,
+    timeout: float | None = UNSET.timeout,
+    missing: MissingMode = UNSET.missing,
+    on_error: OnError = UNSET.on_error,
+    retries: int = UNSET.retries,
+    io_concurrency: int | None = UNSET.io_concurrency,
+    cache: ChunkCache | None = UNSET.cache,
     read: ReadOptions | None = None,
 ) -> Moments:
     """Per-feature count, mean and variance of ``array``'s samples, in one pass.

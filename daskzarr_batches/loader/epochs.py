@@ -39,13 +39,14 @@ from ..plan.batching import (
 )
 from ..plan.sampling import ClassSampler
 from ..store.cache import ChunkCache
-from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
+from ..store.policy import MissingMode, OnError
 from ..streams.base import StreamStats
 from ..streams.batch import BatchStream
 from ..streams.spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PATCH_WINDOW_BYTES,
     DEFAULT_WINDOW_BYTES,
+    UNSET,
     ReadOptions,
     StreamSpec,
     flag,
@@ -204,13 +205,13 @@ class Loader:
         even_batches: bool = True,
         transform: Callable[[Any], Any] | None = None,
         prefetch: int | None = None,
-        client: Any = None,
-        timeout: float | None = None,
-        missing: MissingMode = "fill",
-        on_error: OnError = "raise",
-        retries: int = DEFAULT_RETRIES,
-        io_concurrency: int | None = None,
-        cache: ChunkCache | None = None,
+        client: Any = UNSET.client,
+        timeout: float | None = UNSET.timeout,
+        missing: MissingMode = UNSET.missing,
+        on_error: OnError = UNSET.on_error,
+        retries: int = UNSET.retries,
+        io_concurrency: int | None = UNSET.io_concurrency,
+        cache: ChunkCache | None = UNSET.cache,
         read: ReadOptions | None = None,
         input_dims: Mapping[Any, int] | None = None,
         input_overlap: Mapping[Any, int] | None = None,

@@ -95,6 +95,13 @@ class ReadContext:
         """The kept future of ``piece``'s chunk at this context's priority (``None``: not kept)."""
         return None if self.kept is None else self.kept(source, piece, self.priority)
 
+    def with_cache_tokens(self, tokens: tuple[tuple[str, str], ...]) -> ReadContext:
+        """This context with the cache tokens ``tokens`` (looked up at compute time)."""
+        if self.policy.cache is None or self.policy.cache_tokens == tokens:
+            return self
+        policy = dataclasses.replace(self.policy, cache_tokens=tokens)
+        return dataclasses.replace(self, policy=policy)
+
     def uncached(self) -> ReadContext:
         """This context with its policy less the cache (a read again from the store)."""
         policy = dataclasses.replace(self.policy, cache=None, cache_tokens=())

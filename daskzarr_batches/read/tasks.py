@@ -82,6 +82,23 @@ Key = Any  # a dask key: str or tuple starting with str
 # Task functions (run on the scheduler's workers)
 
 
+def cache_tokens(policy: ReadPolicy, arrays: list[Any]) -> tuple[tuple[str, str], ...]:
+    """The cache tokens of ``arrays`` now (``ReadPolicy.tokened``): a task of an epoch array.
+
+    A dask array is computed any time after it is built, as often as asked,
+    so its reads look its arrays' stored versions up when it is computed,
+    once per compute, as a stream does when it is made (see
+    :func:`fresh_tokens`).
+    """
+    return policy.tokened(arrays).cache_tokens
+
+
+def fresh_tokens(tokens: tuple[tuple[str, str], ...], func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)``, each read context among ``args`` with the cache tokens ``tokens``."""
+    fresh = [arg.with_cache_tokens(tokens) if isinstance(arg, ReadContext) else arg for arg in args]
+    return func(*fresh)
+
+
 def read_views(
     array: Any,
     name: str,

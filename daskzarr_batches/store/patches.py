@@ -74,8 +74,9 @@ class PatchSource(Source):
     ) -> PatchSource:
         """The patch source of ``cut`` of ``base`` (``None``: the origins)."""
         shape: tuple[int, ...]
-        if cut is None:
-            shape, dtype = (grid.n_patches, len(grid.shape)), np.dtype(np.int64)
+        if cut is None:  # an origin per axis of the array cut (read_origins), patched or not
+            axes = len(group[0].size) if group else len(grid.shape)
+            shape, dtype = (grid.n_patches, axes), np.dtype(np.int64)
         else:
             shape, dtype = (grid.n_patches, *cut.size), base.dtype
         chunks = (grid.unit_sizes, *((n,) for n in shape[1:]))

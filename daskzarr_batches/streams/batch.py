@@ -356,7 +356,10 @@ class BatchStream(Stream[Any]):
         by the window's own graph: every stored chunk the window touches is
         decoded once, so computing the arrays reads what iterating the stream
         reads (the same read amplification), through the stream's read
-        policy and cache.  Nothing is read until the arrays are computed;
+        policy and cache (the cache checked against the arrays' stored
+        versions at each compute, as a stream checks it when it is made: an
+        array written again in place is read again, not served from the
+        cache).  Nothing is read until the arrays are computed;
         they compute on whatever scheduler dask uses (a ``distributed``
         client's workers), like any dask array, and ``to_zarr`` writes the
         epoch's order (shuffled) to a store.  The graph holds a few tasks per

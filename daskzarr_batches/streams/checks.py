@@ -20,13 +20,16 @@ from ..store.open import open_array
 
 __all__ = [
     "AUTO",
+    "NotGiven",
     "as_array",
     "buffer_samples",
     "byte_size",
     "flag",
+    "given_value",
     "io_concurrency",
     "merged_io_concurrency",
     "non_negative_int",
+    "not_given",
     "positive_int",
     "shuffle_mode",
     "timeout_seconds",
@@ -180,10 +183,65 @@ def as_array(value: object) -> object:
     return value
 
 
-def merged_io_concurrency(concurrency: object, io: object) -> int | None:
-    """``io_concurrency``, or its former name ``concurrency``; both must agree."""
-    old = None if concurrency is None else positive_int("concurrency", concurrency)
-    new = io_concurrency(io)
+class NotGiven:
+    """A keyword's default in a signature, standing for ``value`` while it is not given.
+
+    Equal to ``value`` and shown as it (``repr``, ``str``: signatures and the
+    reference show the real default), yet told apart from the same value
+    given explicitly (``isinstance(x, NotGiven)``): what lets ``read_options``
+    refuse a flat read keyword given at its default beside a ``read=`` that
+    holds another value.  Pickles as the same marker (``_not_given``).
+    """
+
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: object) -> None:
+        self.name, self.value = name, value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or bool(other == self.value)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return _not_given, (self.name,)
+
+
+#: the markers made, by name (``_not_given``: one per keyword in a process)
+_MARKERS: dict[str, NotGiven] = {}
+
+
+def not_given(name: str, value: object) -> NotGiven:
+    """The :class:`NotGiven` marker of keyword ``name`` (default ``value``), made once."""
+    return _MARKERS.setdefault(name, NotGiven(name, value))
+
+
+def _not_given(name: str) -> NotGiven:
+    return _MARKERS[name]
+
+
+def given_value(value: object) -> object:
+    """``value``, or the default a :class:`NotGiven` marker stands for."""
+    return value.value if isinstance(value, NotGiven) else value
+
+
+def merged_io_concurrency(concurrency: object, io: object) -> object:
+    """``io_concurrency``, or its former name ``concurrency``; both must agree.
+
+    Without ``concurrency``, ``io`` as given (a :class:`NotGiven` marker stays
+    one, for ``read_options`` to tell from a value given).
+    """
+    if concurrency is None:
+        return io
+    old = positive_int("concurrency", concurrency)
+    new = io_concurrency(given_value(io))
     if old is not None and new is not None and old != new:
         raise ArgumentValueError(
             f"concurrency={old} and io_concurrency={new} disagree; concurrency is the "

@@ -25,9 +25,10 @@ from dask.highlevelgraph import HighLevelGraph
 from ..plan.windows import Window
 from ..read.context import ReadContext
 from ..read.graphs import window_graph
-from ..read.tasks import Key, window_block
+from ..read.tasks import Key, cache_tokens, fresh_tokens, window_block
 from ..store.policy import ReadPolicy
 from ..store.sources import Source
+from .base import stored_arrays
 from .patch import Coords
 
 __all__ = ["epoch_arrays", "pack_arrays"]
@@ -63,10 +64,14 @@ def epoch_arrays(
     reads_name = f"dzb-epoch-reads-{token}"
     reads: dict[Key, Any] = {}
     windows_read: list[tuple[Key, np.ndarray | None, int]] = []
+    tokens = None  # a cache's tokens, looked up when the arrays are computed
+    if policy.cache is not None:
+        tokens = f"dzb-epoch-tokens-{token}"
+        reads[tokens] = (cache_tokens, policy, stored_arrays(sources))
     for window in windows:
         ctx = ReadContext(policy, None, plan_order, decode_bytes)
         dsk, key = window_graph(sources, window, f"epoch-{token}", ctx)
-        reads.update(dsk)
+        reads.update(dsk if tokens is None else _tokened(dsk, tokens))
         order = None if plan_order else window.gather_index()
         windows_read.append((key, order, window.size))
     arrays = []
@@ -87,6 +92,29 @@ def epoch_arrays(
         )
         arrays.append(da.Array(graph, name, (sizes, *rest), meta=meta))
     return tuple(arrays)
+
+
+def _tokened(dsk: dict[Key, Any], tokens: str) -> dict[Key, Any]:
+    """``dsk`` with each task that reads through a cache taking its tokens from task ``tokens``.
+
+    The stream looked its arrays' stored versions up when it was made; a dask
+    array may be computed later and again, after the arrays were written in
+    place, so its reads take the versions of the moment (``fresh_tokens``),
+    and a rewritten array's chunks are read again instead of served stale.
+    """
+    out: dict[Key, Any] = {}
+    for key, task in dsk.items():
+        if (
+            isinstance(task, tuple)
+            and task
+            and callable(task[0])
+            and any(
+                isinstance(arg, ReadContext) and arg.policy.cache is not None for arg in task[1:]
+            )
+        ):
+            task = (fresh_tokens, tokens, *task)
+        out[key] = task
+    return out
 
 
 def _joins_members(source: Source) -> bool:

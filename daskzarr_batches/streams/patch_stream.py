@@ -11,13 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..store.cache import ChunkCache
-from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
+from ..store.policy import MissingMode, OnError
 from .batch import BatchStream
 from .patch import patch_arguments
 from .spec import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_PATCH_WINDOW_BYTES,
     DEFAULT_PREFETCH,
+    UNSET,
     ReadOptions,
     StreamSpec,
     read_options,
@@ -46,13 +47,13 @@ def patch_stream(
     prefetch: int | None = None,
     drop_remainder: bool = False,
     return_origins: bool = False,
-    client: Any = None,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
+    client: Any = UNSET.client,
+    timeout: float | None = UNSET.timeout,
+    missing: MissingMode = UNSET.missing,
+    on_error: OnError = UNSET.on_error,
+    retries: int = UNSET.retries,
+    io_concurrency: int | None = UNSET.io_concurrency,
+    cache: ChunkCache | None = UNSET.cache,
     read: ReadOptions | None = None,
 ) -> BatchStream:
     """Stream minibatches of N-D patches: spatial tiles, time windows, forecast pairs.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import reprlib
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +20,9 @@ from ..errors import ArgumentTypeError, ArgumentValueError
 from ..execute.runners import resolve_client
 from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
-from .checks import io_concurrency, non_negative_int, timeout_seconds
+from .checks import NotGiven, io_concurrency, non_negative_int, not_given, timeout_seconds
 
-__all__ = ["ReadOptions", "read_options"]
+__all__ = ["UNSET", "ReadOptions", "read_options"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class ReadOptions:
     once (each check names the parameter and the value).  Each entry point
     takes them flat (``retries=5``) or as one value (``read=ReadOptions(retries=5)``)
     to share one set across streams; a flat keyword given beside ``read=``
-    must agree with it (``read_options``).  Constructing one, also through
+    must agree with it, even given at its default value (``missing="fill"``
+    beside ``read=ReadOptions(missing="error")`` raises; ``read_options``).
+    Constructing one, also through
     ``dataclasses.replace``, validates every field.  A new read setting is a
     new field here (and a flat keyword on the entry points).
 
@@ -101,6 +104,14 @@ class ReadOptions:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+#: The defaults of the flat read keywords in every entry point's signature
+#: (``missing: MissingMode = UNSET.missing``): markers equal to ``ReadOptions``'
+#: defaults and shown as them, which ``read_options`` tells from a keyword given.
+UNSET: Any = types.SimpleNamespace(
+    **{f.name: not_given(f"read.{f.name}", f.default) for f in dataclasses.fields(ReadOptions)}
+)
+
+
 def read_options(read: object = None, /, **flat: Any) -> ReadOptions:
     """An entry point's read options: ``read=`` or its flat read keywords, validated once.
 
@@ -110,34 +121,36 @@ def read_options(read: object = None, /, **flat: Any) -> ReadOptions:
         The ``read=`` argument; ``None``: the flat keywords alone.
     **flat : Any
         The entry point's flat read keywords (``client``, ``timeout``, ...:
-        the fields of :class:`ReadOptions`), at their defaults when not given.
+        the fields of :class:`ReadOptions`), each its :data:`UNSET` marker
+        where the caller did not give it.
 
     Returns
     -------
     ReadOptions
-        ``ReadOptions(**flat)`` without ``read``; else ``read``.
+        ``ReadOptions(**flat)`` (the keywords given) without ``read``; else
+        ``read``.
 
     Raises
     ------
     ArgumentTypeError
         ``read`` is not a ``ReadOptions``.
     ArgumentValueError
-        A flat keyword is set (not its default) beside ``read`` to another
-        value than ``read`` holds; the message names it.  One set to the
-        value ``read`` holds is allowed.
+        A flat keyword is given beside ``read`` with another value than
+        ``read`` holds, its default value included (``missing="fill"``
+        beside ``read=ReadOptions(missing="error")``); the message names it.
+        One given with the value ``read`` holds is allowed.
     """
+    given = {k: v for k, v in flat.items() if not isinstance(v, NotGiven)}
     if read is None:
-        return ReadOptions(**flat)
+        return ReadOptions(**given)
     if not isinstance(read, ReadOptions):
         raise ArgumentTypeError(
             f"read must be a ReadOptions or None, got {reprlib.repr(read)} of type "
             f"{type(read).__name__}"
         )
-    defaults = {f.name: f.default for f in dataclasses.fields(ReadOptions)}
-    unknown = sorted(set(flat) - set(defaults))
+    unknown = sorted(set(flat) - {f.name for f in dataclasses.fields(ReadOptions)})
     if unknown:
         raise ArgumentTypeError(f"not read options: {unknown}")
-    given = {k: v for k, v in flat.items() if v is not defaults[k] and v != defaults[k]}
     if given:
         mine = ReadOptions(**given)  # validated and normalised as read's fields were
         for name in given:

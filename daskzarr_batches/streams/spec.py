@@ -75,7 +75,7 @@ from .checks import (
     shuffle_mode,
     timeout_seconds,
 )
-from .read_options import ReadOptions, read_options
+from .read_options import UNSET, ReadOptions, read_options
 
 __all__ = [
     "DEFAULT_IO_CONCURRENCY",
@@ -83,6 +83,7 @@ __all__ = [
     "DEFAULT_PATCH_WINDOW_BYTES",
     "DEFAULT_PREFETCH",
     "DEFAULT_WINDOW_BYTES",
+    "UNSET",
     "ChunkSpec",
     "ReadOptions",
     "StreamSpec",

@@ -20,9 +20,10 @@ from ..errors import ArgumentTypeError, ArgumentValueError, WindowError
 from ..plan.budget import exact_budget
 from ..plan.epoch import permutation
 from ..store.cache import ChunkCache
-from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
+from ..store.policy import MissingMode, OnError
 from ..store.sources import _check_dtype
-from ..streams.spec import ReadOptions, byte_size, non_negative_int, read_options
+from ..streams.spec import UNSET, ReadOptions, byte_size, non_negative_int, read_options
+from .aliasing import check_not_input
 from .outputs import (
     _check_shards,
     _normal_grid,
@@ -65,13 +66,13 @@ def map_to_zarr(
     overwrite: bool = False,
     resume: bool = True,
     job_id: str | None = None,
-    client: Any = None,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
+    client: Any = UNSET.client,
+    timeout: float | None = UNSET.timeout,
+    missing: MissingMode = UNSET.missing,
+    on_error: OnError = UNSET.on_error,
+    retries: int = UNSET.retries,
+    io_concurrency: int | None = UNSET.io_concurrency,
+    cache: ChunkCache | None = UNSET.cache,
     read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -157,6 +158,12 @@ def map_to_zarr(
 
     Raises
     ------
+    ArgumentValueError
+        ``out`` is where an input array is stored, the group holding one or
+        a node inside one (however either is spelled: relative or absolute,
+        a symlink, a URL through either backend, a store object, a
+        collection's member, the Zarr array a dask or xarray array reads);
+        the message names both, and nothing is created or deleted.
     ResumeMismatchError
         ``out`` holds an array of another job, ``func``, input (name, shape,
         dtype or contents), shape, dtype or grid.
@@ -184,7 +191,8 @@ def map_to_zarr(
     rows = inputs.rows
     dtype = None if dtype is None else _output_dtype(dtype)
     sample_shape = None if sample_shape is None else _sample_shape(sample_shape)
-    out = output_store(out, storage_options, backend)
+    given, out = out, output_store(out, storage_options, backend)
+    check_not_input("map_to_zarr", given, out, [None], inputs.described())
     existing = None if overwrite else _existing(out, None)
     if existing is not None:  # a resume: its dtype and sample shape, func not called
         dtype = existing.dtype if dtype is None else dtype
@@ -254,13 +262,13 @@ def write_shuffled(
     overwrite: bool = False,
     resume: bool = True,
     job_id: str | None = None,
-    client: Any = None,
-    timeout: float | None = None,
-    missing: MissingMode = "fill",
-    on_error: OnError = "raise",
-    retries: int = DEFAULT_RETRIES,
-    io_concurrency: int | None = None,
-    cache: ChunkCache | None = None,
+    client: Any = UNSET.client,
+    timeout: float | None = UNSET.timeout,
+    missing: MissingMode = UNSET.missing,
+    on_error: OnError = UNSET.on_error,
+    retries: int = UNSET.retries,
+    io_concurrency: int | None = UNSET.io_concurrency,
+    cache: ChunkCache | None = UNSET.cache,
     read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -333,6 +341,14 @@ def write_shuffled(
     zarr.Array, dict or tuple of zarr.Array
         Shaped as ``data``.
 
+    Raises
+    ------
+    ArgumentValueError
+        An output array is where an input array is stored, the group holding
+        one or a node inside one, as for
+        [`map_to_zarr`][daskzarr_batches.map_to_zarr]; nothing is created or
+        deleted.
+
     Examples
     --------
     >>> import numpy as np, zarr, daskzarr_batches as dzb
@@ -361,7 +377,9 @@ def write_shuffled(
     fingerprint = {"job": job_id or "write_shuffled", "kind": "write_shuffled",
                    "seed": int(seed), "inputs": inputs.identity(),
                    "contents": inputs.contents()}  # fmt: skip
-    out = output_store(out, storage_options, backend)
+    given, out = out, output_store(out, storage_options, backend)
+    names = [None] if inputs.kind == "single" else list(inputs.names)
+    check_not_input("write_shuffled", given, out, names, inputs.described())
     outs = []
     for name, source in zip(inputs.names, inputs.sources, strict=True):
         sample = tuple(source.shape[1:])

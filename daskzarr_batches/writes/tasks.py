@@ -106,6 +106,13 @@ class _Inputs:
             return dict(zip(self.names, parts, strict=True))
         return tuple(parts)
 
+    def described(self) -> list[tuple[str, Source]]:
+        """Each input as messages name it (``data``, ``data['x']``, ``data[0]``), its source."""
+        if self.kind == "single":
+            return [("data", self.sources[0])]
+        keys = self.names if self.kind == "dict" else range(len(self.names))
+        return [(f"data[{key!r}]", s) for key, s in zip(keys, self.sources, strict=True)]
+
     def identity(self) -> list[dict[str, Any]]:
         return [
             {"name": name, "array": s.name, "shape": list(s.shape), "dtype": s.dtype.str}

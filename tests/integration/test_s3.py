@@ -524,3 +524,25 @@ def test_writes_go_to_an_s3_url_on_either_backend(s3_server: Any, backend: str) 
         x, f"s3://{bucket}/shuffled.zarr", seed=3, storage_options=options, backend=backend
     )
     np.testing.assert_array_equal(shuffled[:], x[dzb.shuffle_order(40, 3)])
+
+
+@pytest.mark.parametrize("read_with", BACKENDS)
+@pytest.mark.parametrize("write_with", BACKENDS)
+def test_a_write_onto_its_own_bucket_path_is_refused(
+    s3_server: Any, read_with: str, write_with: str
+) -> None:
+    """The same bucket and path, read through one backend and written through the other (a
+    trailing slash, the group that holds it): refused, the input intact."""
+    options = s3_server.storage_options()
+    url = f"s3://{s3_server.new_bucket()}/g.zarr"
+    data = np.arange(24, dtype="f4").reshape(12, 2)
+    group = zarr.open_group(url, mode="w", storage_options=options)
+    group.create_array("x", shape=data.shape, chunks=(4, 2), dtype="f4")[:] = data
+    source = dzb.open_array(url, "x", storage_options=options, backend=read_with)
+    for out in (f"{url}/x", f"{url}/x/", url):
+        with pytest.raises(dzb.ArgumentValueError, match="never writes onto its own input"):
+            dzb.write_shuffled(
+                source, out, overwrite=True, storage_options=options, backend=write_with
+            )
+    again = dzb.open_array(url, "x", storage_options=options, backend="fsspec")
+    np.testing.assert_array_equal(again.compute(), data)

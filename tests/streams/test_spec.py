@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
+import pickle
 import threading
 from typing import Any
 
 import numpy as np
 import pytest
+import zarr
+import zarr.storage
 
 import daskzarr_batches as dzb
 import daskzarr_batches.plan as dzplan
@@ -126,6 +130,75 @@ def test_every_entry_point_takes_the_read_keywords_flat_and_as_read() -> None:
         for key in READ_KEYWORDS:  # the flat defaults are ReadOptions' own
             field = {f.name: f for f in dataclasses.fields(dzb.ReadOptions)}[key]
             assert parameters[key].default == field.default, (name, key)
+
+
+#: every entry point with read keywords, called with the rest of its arguments valid
+_READ_ENTRY_POINTS: dict[str, Any] = {
+    "batch_stream": lambda **kw: dzb.batch_stream(X, 2, **kw),
+    "shuffled_batch_stream": lambda **kw: dzb.shuffled_batch_stream(X, 2, **kw),
+    "paired_batch_stream": lambda **kw: dzb.paired_batch_stream(X, Y, 2, **kw),
+    "paired_shuffled_batch_stream": lambda **kw: dzb.paired_shuffled_batch_stream(X, Y, 2, **kw),
+    "chunk_stream": lambda **kw: dzb.chunk_stream(X, **kw),
+    "patch_stream": lambda **kw: dzb.patch_stream(X, {0: 2}, 2, **kw),
+    "map_chunks": lambda **kw: dzb.map_chunks(np.max, X, **kw),
+    "reduce_chunks": lambda **kw: dzb.reduce_chunks(np.max, max, X, **kw),
+    "feature_moments": lambda **kw: dzb.feature_moments(X, **kw),
+    "map_to_zarr": lambda **kw: dzb.map_to_zarr(np.negative, X, zarr.storage.MemoryStore(), **kw),
+    "write_shuffled": lambda **kw: dzb.write_shuffled(X, zarr.storage.MemoryStore(), **kw),
+    "Loader": lambda **kw: dzb.Loader(X, 2, **kw),
+}
+#: a value of each read option other than its default (a client aside: it needs a cluster)
+_OTHER_VALUES: dict[str, Any] = {
+    "timeout": 30.0,
+    "missing": "error",
+    "on_error": "skip",
+    "retries": 5,
+    "io_concurrency": 3,
+    "cache": dzb.ChunkCache("1MiB"),
+}
+
+
+def _read_entry_points() -> set[str]:
+    found = set()
+    for name in dzb.__all__:
+        value = getattr(dzb, name)
+        if callable(value) and {"retries", "read"} <= set(_parameters(value)):
+            found.add(name)
+    return found
+
+
+def _parameters(value: Any) -> Any:
+    try:
+        return inspect.signature(value).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+@pytest.mark.parametrize("entry", sorted(_READ_ENTRY_POINTS))
+def test_a_flat_keyword_given_at_its_default_must_agree_with_read(entry: str) -> None:
+    """Given explicitly, a flat read keyword at its default value disagrees with a ``read=``
+    holding another value, at every entry point; left out, or equal to read's, it does not."""
+    assert _read_entry_points() == set(_READ_ENTRY_POINTS)  # a new entry point is listed here
+    call = _READ_ENTRY_POINTS[entry]
+    defaults = {f.name: f.default for f in dataclasses.fields(dzb.ReadOptions)}
+    for name, other in _OTHER_VALUES.items():
+        read = dzb.ReadOptions(**{name: other})
+        disagrees = rf"^{name}=.* disagrees with read\.{name}="
+        with pytest.raises(dzb.ArgumentValueError, match=disagrees):
+            call(read=read, **{name: defaults[name]})
+    agreeing = dzb.ReadOptions(missing="fill", retries=5)
+    result = call(read=agreeing, missing="fill", retries=5)  # agreeing, a default among them
+    getattr(result, "close", lambda: None)()
+    assert _parameters(getattr(dzb, entry))["missing"].default == "fill"  # shown as the default
+
+
+def test_the_flat_defaults_are_markers_equal_to_the_defaults_that_pickle_as_themselves() -> None:
+    from daskzarr_batches.streams.spec import UNSET
+
+    for field in dataclasses.fields(dzb.ReadOptions):
+        marker = getattr(UNSET, field.name)
+        assert marker == field.default and repr(marker) == repr(field.default)
+        assert pickle.loads(pickle.dumps(marker)) is marker and copy.deepcopy(marker) is marker
 
 
 def test_read_shares_one_set_and_a_flat_keyword_must_agree() -> None:

@@ -228,3 +228,161 @@ def test_cluster_compute_and_to_zarr(client: Any, tmp_path: Any) -> None:
     # a collection's window joins its members' reads by placing their rows (any worker)
     pair = dzb.shuffled_batch_stream(dzb.concat([array, array]), 25, seed=1, shuffle_buffer_size=90)
     np.testing.assert_array_equal(client.compute(pair.to_dask()).result(), _delivered(pair))
+
+
+def _leaves(value: Any) -> list[Any]:
+    """The arrays of a ``to_dask()`` result or of its computed value (a tuple or dict, nested)."""
+    if isinstance(value, da.Array | np.ndarray):
+        return [value]
+    parts = value.values() if isinstance(value, dict) else value
+    return [leaf for part in parts for leaf in _leaves(part)]
+
+
+def _declared_is_computed(epoch: Any) -> None:
+    """Every block of every array computes to the shape and dtype the array declares."""
+    for array in _leaves(epoch):
+        assert array._meta.dtype == array.dtype and array._meta.ndim == array.ndim
+        for index in np.ndindex(*array.numblocks):
+            block = array.blocks[index].compute(scheduler="sync")
+            want = tuple(sizes[i] for sizes, i in zip(array.chunks, index, strict=True))
+            assert (block.shape, block.dtype) == (want, array.dtype), (array.name, index)
+
+
+def _xarray_field() -> Any:
+    xr = pytest.importorskip("xarray")
+    data = make_data((6, 8, 3), "float32")
+    coords = {"time": np.arange(6) * 10, "x": np.linspace(0, 1, 8), "band": ["r", "g", "b"]}
+    return xr.DataArray(data, dims=("time", "x", "band"), coords=coords).chunk({"time": 2})
+
+
+def _members() -> list[zarr.Array]:
+    return [to_zarr(make_data((k, 2)) + 100 * i, (4, 2)) for i, k in enumerate((11, 6, 9))]
+
+
+def _field() -> zarr.Array:
+    return to_zarr(make_data((6, 10, 4), "float32"), (2, 5, 4))
+
+
+def _x() -> zarr.Array:
+    return to_zarr(make_data((30, 3)), (7, 3))
+
+
+def _labels() -> zarr.Array:
+    return to_zarr(np.arange(30, dtype=np.int64) % 3, (9,))
+
+
+#: each kind's data, made when drawn: (array, labels or None, keywords) or a patch stream's
+_BATCH_KINDS: dict[str, Any] = {
+    "numpy": lambda: (make_data((30, 2, 2), "int16"), None, {}),
+    "zarr3": lambda: (_x(), None, {}),
+    "zarr2-big-endian": lambda: (
+        to_zarr(make_data((30, 2), ">f4"), (8, 2), zarr_format=2),
+        None,
+        {},
+    ),
+    "dask": lambda: (
+        da.from_array(make_data((30, 3), "float64"), chunks=((5, 10, 15), 3)),
+        None,
+        {},
+    ),
+    "empty": lambda: (to_zarr(make_data((0, 3)), (4, 3)), None, {}),
+    "paired": lambda: (_x(), _labels(), {}),
+    "paired-drop": lambda: (_x(), _labels(), {"drop_remainder": True}),
+    "collection": lambda: (dzb.concat(_members()), None, {"return_sources": True}),
+    "mixture": lambda: (dzb.mix(_members(), [2.0, 1.0, 1.0], seed=5), None, {}),
+    "subset": lambda: (dzb.chunk_split(_x(), [0.5, 0.5], seed=1)[0], None, {}),
+}
+_PATCH_KINDS: dict[str, Any] = {
+    "patches-whole-dim": lambda: (_field(), {0: 2, 1: 5}, {}),
+    "patches-target": lambda: (_field(), {0: 1, 1: 5, 2: 4}, {"target_offset": {0: 1}}),
+    "patches-dict": lambda: ({"a": _field(), "b": _field()}, {1: 5}, {}),
+    "patches-xarray": lambda: (_xarray_field(), {"time": 2, "x": 4}, {}),
+    "patches-xarray-last-axis": lambda: (_xarray_field(), {"time": 3, "band": 1}, {}),
+    "patches-xarray-target": lambda: (_xarray_field(), {"time": 2}, {"target_offset": {"time": 1}}),
+}
+
+
+def _kind_stream(kind: str, mode: str, batch: int, seed: int) -> Any:
+    if kind in _PATCH_KINDS:
+        data, dims, kw = _PATCH_KINDS[kind]()
+        shuffle = mode != "none"
+        return dzb.patch_stream(data, dims, batch, shuffle=shuffle, seed=seed, return_origins=True,
+                                **kw)  # fmt: skip
+    array, labels, kw = _BATCH_KINDS[kind]()
+    kw |= {"buffer": {"shuffle_buffer_size": 10}, "exact": {"memory_budget": 2**11}}.get(mode, {})
+    return _stream(array, mode, batch, seed, labels=labels, **kw)
+
+
+@property_settings(30)
+@given(
+    kind=st.sampled_from(sorted(_BATCH_KINDS) + sorted(_PATCH_KINDS)),
+    mode=st.sampled_from(MODES),
+    batch=st.integers(1, 9),
+    seed=seeds,
+)
+def test_declared_chunks_and_dtype_are_what_blocks_compute(
+    kind: str, mode: str, batch: int, seed: int
+) -> None:
+    """Each array's chunks, dtype and meta are its blocks' (a patch stream's origins with a dim
+    taken whole have a column per axis; xarray coordinates at them), for every stream kind."""
+    _declared_is_computed(_kind_stream(kind, mode, batch, seed).to_dask())
+
+
+def test_patch_origins_have_a_column_per_axis_with_a_dim_taken_whole() -> None:
+    """The origins of patches that take a dim whole: one column per axis, as the stream's,
+    and an xarray's coordinates at them, a coordinate of any axis."""
+    stream = dzb.patch_stream(_field(), {0: 2, 1: 5}, 4, return_origins=True)
+    _, origins = stream.to_dask()
+    assert origins.shape == (len(origins), 3)
+    want = np.concatenate([batch[1] for batch in stream])
+    np.testing.assert_array_equal(origins.compute(), want)
+    stream = dzb.patch_stream(_xarray_field(), {"time": 3, "band": 1}, 4, return_origins=True)
+    _, found = stream.to_dask()
+    delivered = [batch[1] for batch in stream]
+    for name in ("index", "time", "band"):
+        np.testing.assert_array_equal(
+            found[name].compute(), np.concatenate([batch[name] for batch in delivered])
+        )
+
+
+def _cached_kind(kind: str, paths: list[str], cache: Any) -> Any:
+    """A stream of ``kind`` over the arrays at ``paths`` (counted), reading through ``cache``."""
+    counts: collections.Counter[str] = collections.Counter()
+    x, y = (open_wrapped(CountingStore(zarr.storage.LocalStore(p), counts)) for p in paths)
+    kw = {"cache": cache}
+    stream = {
+        "batch": lambda: dzb.batch_stream(x, 7, **kw),
+        "exact": lambda: dzb.shuffled_batch_stream(x, 7, seed=1, memory_budget=2**11, **kw),
+        "paired": lambda: dzb.paired_shuffled_batch_stream(x, y, 7, seed=2, **kw),
+        "collection": lambda: dzb.shuffled_batch_stream(dzb.concat([x, y]), 7, seed=3, **kw),
+        "subset": lambda: dzb.batch_stream(dzb.chunk_split(x, [0.5, 0.5])[1], 7, **kw),
+        "patches": lambda: dzb.patch_stream(x, {0: 4}, 3, shuffle=True, return_origins=True, **kw),
+    }[kind]()
+    return stream, counts
+
+
+@pytest.mark.parametrize("kind", ["batch", "exact", "paired", "collection", "subset", "patches"])
+def test_cached_epoch_array_is_fresh_after_a_rewrite_in_place(kind: str, tmp_path: Any) -> None:
+    """A cache serves a second compute (no store read); after the arrays are written again in
+    place (same metadata) the same dask array computes the new values, as a new stream reads."""
+    paths = [str(tmp_path / name) for name in ("x.zarr", "y.zarr")]
+    for path in paths:
+        to_zarr(make_data((40, 3)), (10, 3), store=zarr.storage.LocalStore(path))
+    cache = dzb.ChunkCache("16MiB")
+    stream, counts = _cached_kind(kind, paths, cache)
+    epoch = stream.to_dask()
+    first = dask.compute(epoch)
+    assert counts and set(counts.values()) <= {1, 2, 3, 4}
+    counts.clear()
+    assert_equal = np.testing.assert_equal
+    assert_equal(dask.compute(epoch), first)
+    assert not counts  # every chunk a hit
+    for path in paths:  # rewritten in place: the same metadata, new values
+        zarr.open_array(path, mode="r+")[:] = -make_data((40, 3)) - 1
+    again = dask.compute(epoch)
+    assert counts  # read again from the store
+    fresh, _ = _cached_kind(kind, paths, None)
+    assert_equal(again, dask.compute(fresh.to_dask()))
+    assert not all(
+        np.array_equal(a, b) for a, b in zip(_leaves(again), _leaves(first), strict=True)
+    )

@@ -25,6 +25,7 @@ import zarr
 import daskzarr_batches as dzb
 from daskzarr_batches.errors import install_hint
 from daskzarr_batches.plan import DEFAULT_MEMORY_BUDGET
+from daskzarr_batches.streams.checks import given_value
 
 #: the names several entry points share: each one meaning, one unit (docs/parameters.md)
 VOCABULARY = {
@@ -155,7 +156,7 @@ def test_stream_keywords_have_one_default(name: str) -> None:
     parameters = inspect.signature(getattr(dzb, name)).parameters
     assert parameters["prefetch"].default is None  # DEFAULT_PREFETCH, 0 for the exact shuffle
     if "io_concurrency" in parameters:
-        assert parameters["io_concurrency"].default is None
+        assert given_value(parameters["io_concurrency"].default) is None  # a read keyword: UNSET
     if "memory_budget" in parameters:
         assert parameters["memory_budget"].default == DEFAULT_MEMORY_BUDGET
     assert parameters["seed" if "seed" in parameters else "batch_size"].default in (
