@@ -19,10 +19,12 @@ from ..plan.windows import ChunkPiece, Window
 from ..store.collections import ConcatSource, SourcesSource
 from ..store.patches import PatchSource
 from ..store.sources import DaskSource, SliceSource, Source
+from ..store.sparse import CsrSource
 from ..store.subsets import SubsetSource
 from .context import DEFAULT_CONTEXT, Kept, ReadContext
 from .kept import cut_kept_chunks, read_kept_part
 from .patches import KeptBlocks, PatchBase, kept_blocks, patch_ids, read_origins, read_patches
+from .sparse import read_csr_window
 from .tasks import (
     Key,
     assemble_rows,
@@ -213,6 +215,21 @@ def _(
         dsk[out_key] = (read_window, *args, into)
     else:
         dsk[out_key] = (read_subset_window, local, *args, into)
+
+
+@_add_rows.register
+def _(
+    source: CsrSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    """Sparse rows: one task gathering the rows from their stored chunks, each decoded once."""
+    dsk[keys[0]] = (read_csr_window, source, tuple(pieces), size, ctx.for_tasks())
 
 
 @_add_rows.register

@@ -1,0 +1,112 @@
+"""Reading a window of a CSR source: its rows' stored chunks decoded once, rows gathered.
+
+:func:`read_csr_window` is the task of a :class:`~daskzarr_batches.store.sparse.CsrSource`'s
+window: the stored chunks of ``data`` and ``indices`` that hold the window's
+rows' non-zeros, each decoded once by :func:`read_window` (the array's own
+chunk reader: the shard reader for annbatch's sharded layout, the read
+policy's retries, missing chunks and cache, errors naming the chunk), then
+the rows gathered into one ``scipy.sparse.csr_matrix`` (``store.sparse``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptChunkError
+from ..plan.windows import ChunkPiece
+from ..store.policy import ReadReport
+from ..store.sparse import CsrSource, Decoded, chunk_runs, gather_rows, needed_chunks
+from .context import DEFAULT_CONTEXT, ReadContext
+from .window import read_window
+
+__all__ = ["read_csr_rows", "read_csr_window", "window_rows"]
+
+
+def window_rows(pieces: Sequence[ChunkPiece], size: int, plan_order: bool) -> np.ndarray:
+    """The window's global row ids: ascending (chunk by chunk), or in plan order."""
+    parts = [np.arange(p.start, p.stop, dtype=np.int64)[p.take] for p in pieces]
+    rows = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    if not plan_order:
+        return rows
+    ordered = np.empty(size, dtype=np.int64)
+    at = 0
+    for piece, part in zip(pieces, parts, strict=True):
+        ordered[piece.dest] = rows[at : at + len(part)]
+        at += len(part)
+    return ordered
+
+
+def read_csr_window(
+    source: CsrSource,
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    ctx: ReadContext = DEFAULT_CONTEXT,
+) -> tuple[Any, ReadReport]:
+    """One window of ``source``: its rows as a CSR matrix, and what was read.
+
+    Rows in ascending sample order, or with ``ctx.plan_order`` in the
+    window's plan order; the report lists every stored chunk decoded
+    (``decoded``: ``(("data" or "indices", chunk), bytes)``), so
+    ``stats.read_amplification`` is how often each was decoded.
+    """
+    rows = window_rows(pieces, size, ctx.plan_order)
+    return read_csr_rows(source, rows, ctx)
+
+
+def read_csr_rows(
+    source: CsrSource, rows: np.ndarray, ctx: ReadContext = DEFAULT_CONTEXT
+) -> tuple[Any, ReadReport]:
+    """Rows ``rows`` of ``source`` (global ids, in that order) as a CSR matrix, and its report."""
+    wanted = np.unique(rows)
+    inner = ctx.narrowed(plan_order=False, pool=None, decode_bytes=None)
+    parts: dict[str, Decoded] = {}
+    decoded: list[tuple[Any, int]] = []
+    missing: list[str] = []
+    retries = 0
+    for part, array in (("data", source.data), ("indices", source.indices)):
+        values, starts, at, report = _read_chunks(source, part, array, wanted, inner)
+        parts[part] = (values, starts, at)
+        itemsize = np.dtype(array.dtype).itemsize
+        decoded += [((part, chunk), nbytes * itemsize) for chunk, nbytes in report.decoded or ()]
+        missing += report.missing_keys
+        retries += report.retries
+    matrix = gather_rows(source, rows, parts)
+    return matrix, ReadReport(missing_keys=tuple(missing), retries=retries, decoded=tuple(decoded))
+
+
+def _read_chunks(
+    source: CsrSource, part: str, array: Any, rows: np.ndarray, ctx: ReadContext
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, ReadReport]:
+    """The stored chunks of ``array`` that ``rows`` need, decoded once each, as runs."""
+    unit = source.unit_of(array)
+    length = int(array.shape[0])
+    chunks = needed_chunks(source, rows, unit)
+    pieces, at = [], 0
+    for chunk in chunks.tolist():
+        stop = min((chunk + 1) * unit, length)
+        pieces.append(
+            ChunkPiece(chunk, chunk * unit, stop, slice(None), slice(at, at + stop - chunk * unit))
+        )
+        at += stop - chunk * unit
+    name = f"{source.name}/{part}"
+    values, report = read_window(array, name, at, np.dtype(array.dtype).itemsize, pieces, ctx)
+    if report.skipped:
+        raise CorruptChunkError(
+            f"{name}: stored chunks {[c for c, _, _ in report.skipped]} do not decode; a "
+            "csr_matrix's rows cannot leave out part of their non-zeros, so on_error='skip' "
+            "is not supported for sparse rows (use on_error='raise')"
+        )
+    runs = chunk_runs(chunks)
+    starts = np.array([first * unit for first, _ in runs], dtype=np.int64)
+    lengths = [min(end * unit, length) - first * unit for first, end in runs]
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if runs else starts
+    sizes = [(p.chunk, p.stop - p.start) for p in pieces]
+    return (
+        values,
+        starts,
+        offsets,
+        ReadReport(report.missing_keys, (), report.retries, (), tuple(sizes)),
+    )
