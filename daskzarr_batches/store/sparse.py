@@ -90,6 +90,17 @@ class CsrSource(Source):
         """Whether a window of this source is a ``scipy.sparse`` matrix of its rows."""
         return True
 
+    @property
+    def meta(self) -> Any:
+        """An empty CSR matrix (a dask array's ``meta``)."""
+        return self.empty_rows()
+
+    def empty_rows(self) -> Any:
+        """No rows, as a CSR matrix of the columns."""
+        import scipy.sparse
+
+        return scipy.sparse.csr_matrix((0, self.shape[1]), dtype=self.dtype)
+
     def unit_of(self, array: Any) -> int:
         """The stored chunk length (elements) of ``data`` or ``indices``."""
         return int(array.chunks[0])
@@ -353,7 +364,6 @@ class CsrArray(SourceLike):
         empty CSR matrix, so ``x.compute()`` is one CSR matrix of every row.
         """
         import dask.array as da
-        import scipy.sparse
         from dask.highlevelgraph import HighLevelGraph
 
         source = self._source
@@ -363,7 +373,7 @@ class CsrArray(SourceLike):
             (name, i, 0): (_block_rows, source, int(bounds[i]), int(bounds[i + 1]))
             for i in range(len(source.chunks[0]))
         }
-        meta = scipy.sparse.csr_matrix((0, source.shape[1]), dtype=source.dtype)
+        meta = source.meta
         graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
         return da.Array(graph, name, source.chunks, meta=meta)
 
