@@ -309,7 +309,9 @@ def _add_members(
     share = None
     if decode_bytes is not None:
         share = max(1, decode_bytes // min(len(touched), 4 * MEMBER_READS))
-    shared = (f"dzb-rows-{where[0]}", *where[1:]) if _shares_output(plan_order) else None
+    shared = None  # sparse members' rows are stacked by the join
+    if _shares_output(plan_order) and not source.sparse:
+        shared = (f"dzb-rows-{where[0]}", *where[1:])
     if shared is not None and _read_together(source, touched, ctx):
         _add_members_together(dsk, source, touched, size, out_key, ctx, local)
         return

@@ -22,7 +22,7 @@ from ..store.sparse import CsrSource, Decoded, chunk_runs, gather_rows, needed_c
 from .context import DEFAULT_CONTEXT, ReadContext
 from .window import read_window
 
-__all__ = ["read_csr_rows", "read_csr_window", "window_rows"]
+__all__ = ["read_csr_block", "read_csr_rows", "read_csr_window", "window_rows"]
 
 
 def window_rows(pieces: Sequence[ChunkPiece], size: int, plan_order: bool) -> np.ndarray:
@@ -54,6 +54,13 @@ def read_csr_window(
     """
     rows = window_rows(pieces, size, ctx.plan_order)
     return read_csr_rows(source, rows, ctx)
+
+
+def read_csr_block(
+    source: CsrSource, start: int, stop: int, ctx: ReadContext = DEFAULT_CONTEXT
+) -> tuple[Any, ReadReport]:
+    """Rows ``start:stop`` of ``source`` (a chunk stream's block: a unit) as a CSR matrix."""
+    return read_csr_rows(source, np.arange(start, stop, dtype=np.int64), ctx)
 
 
 def read_csr_rows(

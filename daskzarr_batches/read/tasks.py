@@ -398,6 +398,11 @@ def join_members(
                 target[...] = part
     elif placement is None:
         out = join_rows(rows)
+    elif not isinstance(rows[0], np.ndarray):  # sparse rows: stacked, then in plan order
+        positions = [
+            np.arange(placement[0])[dest] for pieces in placement[1] for _, dest, _ in pieces
+        ]
+        out = take_rows(join_rows(rows), np.argsort(np.concatenate(positions), kind="stable"))
     else:
         size, per_part = placement
         first = rows[0]

@@ -88,6 +88,11 @@ class Source:
         return False
 
     @property
+    def sparse(self) -> bool:
+        """Whether its windows and batches are ``scipy.sparse`` CSR matrices of rows."""
+        return any(part.sparse for part in self.parts())
+
+    @property
     def meta(self) -> Any:
         """An empty array of this source's kind (a dask array's ``meta``): numpy here."""
         return np.empty((0,) * len(self.shape), self.dtype)

@@ -147,3 +147,35 @@ def test_an_epoch_as_dask_and_the_group_as_dask(store, cells):
     lazy = stream.to_dask()
     assert isinstance(lazy._meta, sp.csr_matrix)
     assert _same(lazy.compute(), _rows(stream))
+
+
+def test_chunk_stream_and_map_chunks_hand_out_units_of_rows(store, cells):
+    x = dzb.open_array(store, "X")
+    blocks = list(dzb.chunk_stream(x))
+    assert [b.shape[0] for b in blocks] == list(x.chunks[0])
+    assert all(isinstance(b, sp.csr_matrix) for b in blocks)
+    assert _same(sp.vstack(blocks, format="csr"), cells)
+    sums = list(dzb.map_chunks(lambda block: np.asarray(block.sum(axis=1)).ravel(), x))
+    assert np.allclose(np.concatenate(sums), np.asarray(cells.sum(axis=1)).ravel())
+
+
+def test_collections_and_mixtures_of_csr_groups(store, cells, tmp_path):
+    other = random_cells(500, N_GENES, 20, seed=9)
+    write_sharded_like(tmp_path / "other.zarr", other, n_obs_per_chunk=8)
+    x, y = dzb.open_array(store, "X"), dzb.open_array(tmp_path / "other.zarr", "X")
+    joined = dzb.concat([x, y])
+    both = sp.vstack([cells, other], format="csr")
+    assert _same(_rows(dzb.batch_stream(joined, batch_size=128)), both)
+    shuffled = dzb.Loader(
+        {"x": joined, "id": np.arange(both.shape[0])}, batch_size=64, shuffle=True,
+        shuffle_buffer_size=500, seed=3,
+    )  # fmt: skip
+    ids = []
+    for batch in shuffled:
+        assert _same(batch["x"], both[batch["id"]])
+        ids.append(batch["id"])
+    assert sorted(np.concatenate(ids).tolist()) == list(range(both.shape[0]))
+    mixture = dzb.mix([x, y], [0.5, 0.5], seed=1)
+    mixed = list(dzb.shuffled_batch_stream(mixture, batch_size=100, shuffle_buffer_size=400))
+    assert all(isinstance(b, sp.csr_matrix) for b in mixed)
+    assert sum(b.shape[0] for b in mixed) == len(mixture)
