@@ -10,6 +10,7 @@ the rows gathered into one ``scipy.sparse.csr_matrix`` (``store.sparse``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,12 +18,25 @@ import numpy as np
 
 from ..errors import CorruptChunkError
 from ..plan.windows import ChunkPiece
-from ..store.policy import ReadReport
+from ..store.policy import ReadReport, is_program_error
 from ..store.sparse import CsrSource, Decoded, chunk_runs, gather_rows, needed_chunks
+from ..store.threads import DaemonExecutor
 from .context import DEFAULT_CONTEXT, ReadContext
 from .window import read_window
 
 __all__ = ["read_csr_block", "read_csr_rows", "read_csr_window", "window_rows"]
+
+
+_POOL: list[DaemonExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _parts_pool() -> DaemonExecutor:
+    """The threads that read a window's ``indices`` beside its ``data`` (made once)."""
+    with _POOL_LOCK:
+        if not _POOL or _POOL[0]._shutdown:
+            _POOL[:] = [DaemonExecutor(8, "dzb_csr_indices")]
+        return _POOL[0]
 
 
 def window_rows(pieces: Sequence[ChunkPiece], size: int, plan_order: bool) -> np.ndarray:
@@ -73,8 +87,15 @@ def read_csr_rows(
     decoded: list[tuple[Any, int]] = []
     missing: list[str] = []
     retries = 0
-    for part, array in (("data", source.data), ("indices", source.indices)):
-        values, starts, at, report = _read_chunks(source, part, array, wanted, inner)
+    # indices on a thread of their own while data is read here: both decode at once
+    later = _parts_pool().submit(_read_chunks, source, "indices", source.indices, wanted, inner)
+    try:
+        first = _read_chunks(source, "data", source.data, wanted, inner)
+    finally:
+        second = later.result()
+    for (part, array), (values, starts, at, report) in zip(
+        (("data", source.data), ("indices", source.indices)), (first, second), strict=True
+    ):
         parts[part] = (values, starts, at)
         itemsize = np.dtype(array.dtype).itemsize
         decoded += [((part, chunk), nbytes * itemsize) for chunk, nbytes in report.decoded or ()]
@@ -91,6 +112,18 @@ def _read_chunks(
     unit = source.unit_of(array)
     length = int(array.shape[0])
     chunks = needed_chunks(source, rows, unit)
+    runs = chunk_runs(chunks)
+    starts = np.array([first * unit for first, _ in runs], dtype=np.int64)
+    lengths = [min(end * unit, length) - first * unit for first, end in runs]
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if runs else starts
+    sizes = tuple((int(c), min((int(c) + 1) * unit, length) - int(c) * unit) for c in chunks)
+    if _sliced_directly(ctx):
+        try:
+            values = _read_runs(array, starts, lengths)
+            return values, starts, offsets, ReadReport(decoded=sizes)
+        except Exception as exc:  # read again through the read policy, which names the chunk
+            if is_program_error(exc):
+                raise
     pieces, at = [], 0
     for chunk in chunks.tolist():
         stop = min((chunk + 1) * unit, length)
@@ -106,14 +139,35 @@ def _read_chunks(
             "csr_matrix's rows cannot leave out part of their non-zeros, so on_error='skip' "
             "is not supported for sparse rows (use on_error='raise')"
         )
-    runs = chunk_runs(chunks)
-    starts = np.array([first * unit for first, _ in runs], dtype=np.int64)
-    lengths = [min(end * unit, length) - first * unit for first, end in runs]
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if runs else starts
-    sizes = [(p.chunk, p.stop - p.start) for p in pieces]
     return (
         values,
         starts,
         offsets,
-        ReadReport(report.missing_keys, (), report.retries, (), tuple(sizes)),
+        ReadReport(report.missing_keys, (), report.retries, (), sizes),
     )
+
+
+def _sliced_directly(ctx: ReadContext) -> bool:
+    """Whether runs of chunks are read by slicing the array: the default read policy.
+
+    One slice per run of consecutive stored chunks decodes them with the
+    array's pipeline (zarrs when installed) at zarr's own speed; missing
+    chunks are then read as the fill value, as ``missing="fill"`` does.  A
+    failed slice is read again through :func:`read_window`.  With another
+    ``missing``, a cache or ``on_error="skip"``, every read goes through it.
+    """
+    policy = ctx.policy
+    return policy.missing == "fill" and policy.cache is None and policy.on_error == "raise"
+
+
+def _read_runs(array: Any, starts: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+    """The runs ``starts[i] : starts[i] + lengths[i]`` of ``array``, one after another."""
+    if len(lengths) == 1:
+        start = int(starts[0])
+        return np.asarray(array[start : start + lengths[0]])
+    out = np.empty(int(sum(lengths)), dtype=array.dtype)
+    at = 0
+    for start, size in zip(starts.tolist(), lengths, strict=True):
+        out[at : at + size] = array[start : start + size]
+        at += size
+    return out

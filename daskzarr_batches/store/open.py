@@ -120,7 +120,9 @@ def open_array(
     """
     choice = resolve_codec_pipeline(codec_pipeline)
     node = _open_zarr(source, path, storage_options, backend)
-    if isinstance(node, CsrArray | CategoricalArray):  # anndata's sparse rows, categories
+    if isinstance(node, CsrArray):  # anndata's sparse rows: read with the pipeline chosen
+        return CsrArray(node.group, choice)  # type: ignore[return-value]
+    if isinstance(node, CategoricalArray):
         return node  # type: ignore[return-value]
     return da.from_zarr(with_codec_pipeline(node, choice))
 

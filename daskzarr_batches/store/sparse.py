@@ -28,6 +28,7 @@ import numpy as np
 import zarr
 
 from ..errors import CorruptChunkError, InvalidMetadataError
+from .pipelines import resolve_codec_pipeline, with_codec_pipeline
 from .sources import Source, SourceLike, as_source
 
 __all__ = [
@@ -124,8 +125,12 @@ def unit_bounds(indptr: np.ndarray, unit: int, chunks_per_unit: int = UNIT_CHUNK
     return bounds.astype(np.int64)
 
 
-def csr_source(group: zarr.Group) -> CsrSource:
+def csr_source(group: zarr.Group, codec_pipeline: Any = None) -> CsrSource:
     """``group`` (anndata's ``csr_matrix`` encoding) as a :class:`CsrSource`.
+
+    ``codec_pipeline``: what decodes ``data`` and ``indices``, as
+    :func:`~daskzarr_batches.open_array` takes it (``None``: the environment
+    variable, else ``"auto"``).
 
     Raises
     ------
@@ -161,7 +166,9 @@ def csr_source(group: zarr.Group) -> CsrSource:
     shape = _shape_of(group, role, name)
     indptr = np.asarray(arrays["indptr"][:], dtype=np.int64)
     _check_indptr(indptr, shape, arrays["data"].shape[0], arrays["indices"].shape[0], role, name)
-    data, indices = arrays["data"], arrays["indices"]
+    # read as open_array reads an array: zarrs' pipeline when installed ("auto")
+    choice = resolve_codec_pipeline(codec_pipeline)
+    data, indices = (with_codec_pipeline(arrays[part], choice) for part in ("data", "indices"))
     bounds = unit_bounds(indptr, int(data.chunks[0]))
     chunks = (tuple(np.diff(bounds).tolist()), (shape[1],))
     dtype = np.dtype(data.dtype)
@@ -256,11 +263,23 @@ def gather_rows(source: CsrSource, rows: np.ndarray, parts: dict[str, Decoded]) 
     np.cumsum(lengths, out=indptr[1:])
     total = int(indptr[-1])
     gathered = {}
+    # runs of consecutive rows (a sequential window: one; a buffered one: its units) are
+    # contiguous non-zeros, copied as slices; scattered rows (exact) are gathered by index
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    firsts = np.concatenate([[0], breaks]).astype(np.int64)
+    ends = np.concatenate([breaks, [len(rows)]]).astype(np.int64)
+    by_runs = len(rows) > 0 and len(firsts) * 16 <= len(rows)
     for part, (values, run_starts, run_at) in parts.items():
         run = np.maximum(np.searchsorted(run_starts, starts, side="right") - 1, 0)
         shift = run_at[run] - run_starts[run] if len(run_starts) else np.zeros_like(starts)
-        where = np.repeat(starts + shift - indptr[:-1], lengths) + np.arange(total)
-        gathered[part] = values[where]
+        at = starts + shift  # where each row's non-zeros start in ``values``
+        if by_runs:
+            spans = zip(at[firsts], indptr[ends] - indptr[firsts], strict=True)
+            pieces = [values[a : a + n] for a, n in spans]
+            gathered[part] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        else:
+            where = np.repeat(at - indptr[:-1], lengths) + np.arange(total)
+            gathered[part] = values[where]
     columns = gathered["indices"]
     _check_columns(source, columns)
     index_dtype = np.int32 if max(total, source.shape[1]) < 2**31 else np.int64
@@ -326,9 +345,9 @@ class CsrArray(SourceLike):
 
     __slots__ = ("_source", "group")
 
-    def __init__(self, group: zarr.Group) -> None:
+    def __init__(self, group: zarr.Group, codec_pipeline: Any = None) -> None:
         self.group = group
-        self._source = csr_source(group)
+        self._source = csr_source(group, codec_pipeline)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -438,7 +457,7 @@ class CategoricalArray(SourceLike):
         )
 
 
-def anndata_node(node: Any) -> CsrArray | CategoricalArray | None:
+def anndata_node(node: Any, codec_pipeline: Any = None) -> CsrArray | CategoricalArray | None:
     """``node`` as the array it encodes, if it is an anndata sparse or categorical group.
 
     Raises
@@ -448,7 +467,7 @@ def anndata_node(node: Any) -> CsrArray | CategoricalArray | None:
     """
     kind = encoding_type(node)
     if kind in ("csr_matrix", "csc_matrix"):
-        return CsrArray(node)
+        return CsrArray(node, codec_pipeline)
     if kind == "categorical":
         return CategoricalArray(node)
     return None
