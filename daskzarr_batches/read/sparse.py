@@ -10,6 +10,8 @@ the rows gathered into one ``scipy.sparse.csr_matrix`` (``store.sparse``).
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -32,10 +34,13 @@ _POOL_LOCK = threading.Lock()
 
 
 def _parts_pool() -> DaemonExecutor:
-    """The threads that read a window's ``indices`` beside its ``data`` (made once)."""
+    """The threads that decode a window's slices of ``data`` and ``indices`` (made once).
+
+    Only read tasks submit to it, and its threads never wait on it: no deadlock.
+    """
     with _POOL_LOCK:
         if not _POOL or _POOL[0]._shutdown:
-            _POOL[:] = [DaemonExecutor(8, "dzb_csr_indices")]
+            _POOL[:] = [DaemonExecutor(8, "dzb_csr_slices")]
         return _POOL[0]
 
 
@@ -80,57 +85,122 @@ def read_csr_block(
 def read_csr_rows(
     source: CsrSource, rows: np.ndarray, ctx: ReadContext = DEFAULT_CONTEXT
 ) -> tuple[Any, ReadReport]:
-    """Rows ``rows`` of ``source`` (global ids, in that order) as a CSR matrix, and its report."""
+    """Rows ``rows`` of ``source`` (global ids, in that order) as a CSR matrix, and its report.
+
+    The default read policy (:func:`_sliced_directly`) reads the runs of
+    stored chunks the rows need with one slice each, in pieces of at most
+    ``SLICE_CHUNKS`` chunks decoded at once on a small pool (``data`` and
+    ``indices`` together); a failure, or another policy, reads through
+    :func:`read_window`, which retries, counts missing chunks and names the
+    chunk that fails.
+    """
     wanted = np.unique(rows)
     inner = ctx.narrowed(plan_order=False, pool=None, decode_bytes=None)
+    arrays = {"data": source.data, "indices": source.indices}
+    runs = {part: _Runs.of(source, array, wanted) for part, array in arrays.items()}
+    values: dict[str, np.ndarray] = {}
+    if _sliced_directly(ctx):
+        try:
+            values = _read_sliced(arrays, runs)
+        except Exception as exc:  # read again through the read policy, which names the chunk
+            if is_program_error(exc):
+                raise
     parts: dict[str, Decoded] = {}
     decoded: list[tuple[Any, int]] = []
     missing: list[str] = []
     retries = 0
-    # indices on a thread of their own while data is read here: both decode at once
-    later = _parts_pool().submit(_read_chunks, source, "indices", source.indices, wanted, inner)
-    try:
-        first = _read_chunks(source, "data", source.data, wanted, inner)
-    finally:
-        second = later.result()
-    for (part, array), (values, starts, at, report) in zip(
-        (("data", source.data), ("indices", source.indices)), (first, second), strict=True
-    ):
-        parts[part] = (values, starts, at)
+    for part, array in arrays.items():
+        plan = runs[part]
+        if part in values:
+            report = ReadReport()
+        else:
+            values[part], report = _read_through_policy(source, part, array, plan, inner)
+        parts[part] = (values[part], plan.starts, plan.offsets)
         itemsize = np.dtype(array.dtype).itemsize
-        decoded += [((part, chunk), nbytes * itemsize) for chunk, nbytes in report.decoded or ()]
+        decoded += [((part, chunk), n * itemsize) for chunk, n in plan.sizes]
         missing += report.missing_keys
         retries += report.retries
     matrix = gather_rows(source, rows, parts)
     return matrix, ReadReport(missing_keys=tuple(missing), retries=retries, decoded=tuple(decoded))
 
 
-def _read_chunks(
-    source: CsrSource, part: str, array: Any, rows: np.ndarray, ctx: ReadContext
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, ReadReport]:
-    """The stored chunks of ``array`` that ``rows`` need, decoded once each, as runs."""
-    unit = source.unit_of(array)
-    length = int(array.shape[0])
-    chunks = needed_chunks(source, rows, unit)
-    runs = chunk_runs(chunks)
-    starts = np.array([first * unit for first, _ in runs], dtype=np.int64)
-    lengths = [min(end * unit, length) - first * unit for first, end in runs]
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if runs else starts
-    sizes = tuple((int(c), min((int(c) + 1) * unit, length) - int(c) * unit) for c in chunks)
-    if _sliced_directly(ctx):
-        try:
-            values = _read_runs(array, starts, lengths)
-            return values, starts, offsets, ReadReport(decoded=sizes)
-        except Exception as exc:  # read again through the read policy, which names the chunk
-            if is_program_error(exc):
-                raise
+#: Stored chunks one slice decodes at most: a window's runs are cut into pieces of this
+#: many, decoded at once on the pool (one slice decodes its chunks one after another).
+SLICE_CHUNKS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class _Runs:
+    """The stored chunks of one array a read needs: as runs, and their elements."""
+
+    unit: int
+    length: int
+    chunks: np.ndarray
+    starts: np.ndarray  # where each run starts in the array
+    lengths: tuple[int, ...]
+    offsets: np.ndarray  # where each run starts among the values read
+    sizes: tuple[tuple[int, int], ...]  # (chunk, elements) of every chunk
+
+    @classmethod
+    def of(cls, source: CsrSource, array: Any, rows: np.ndarray) -> _Runs:
+        unit, length = source.unit_of(array), int(array.shape[0])
+        chunks = needed_chunks(source, rows, unit)
+        runs = chunk_runs(chunks)
+        starts = np.array([first * unit for first, _ in runs], dtype=np.int64)
+        lengths = tuple(min(end * unit, length) - first * unit for first, end in runs)
+        offsets = np.zeros(len(runs), dtype=np.int64)
+        if runs:
+            offsets[1:] = np.cumsum(lengths)[:-1]
+        sizes = tuple((c, min((c + 1) * unit, length) - c * unit) for c in chunks.tolist())
+        return cls(unit, length, chunks, starts, lengths, offsets, sizes)
+
+    def slices(self) -> list[tuple[int, int, int]]:
+        """``(start, stop, at)``: the runs cut into slices of at most ``SLICE_CHUNKS`` chunks."""
+        step = self.unit * SLICE_CHUNKS
+        out = []
+        for start, size, at in zip(
+            self.starts.tolist(), self.lengths, self.offsets.tolist(), strict=True
+        ):
+            for lo in range(0, size, step):
+                out.append((start + lo, start + min(lo + step, size), at + lo))
+        return out
+
+
+def _read_sliced(arrays: dict[str, Any], runs: dict[str, _Runs]) -> dict[str, np.ndarray]:
+    """Every part's runs read by slicing its array, the slices decoded at once on the pool."""
+    outs = {part: np.empty(int(sum(runs[part].lengths)), arrays[part].dtype) for part in arrays}
+    jobs = [
+        (outs[part], arrays[part], start, stop, at)
+        for part in arrays
+        for start, stop, at in runs[part].slices()
+    ]
+    if len(jobs) <= 1:
+        for job in jobs:
+            _read_slice(*job)
+        return outs
+    futures = [_parts_pool().submit(_read_slice, *job) for job in jobs[1:]]
+    try:
+        _read_slice(*jobs[0])
+    finally:
+        concurrent.futures.wait(futures)
+    for future in futures:
+        future.result()
+    return outs
+
+
+def _read_slice(out: np.ndarray, array: Any, start: int, stop: int, at: int) -> None:
+    out[at : at + stop - start] = array[start:stop]
+
+
+def _read_through_policy(
+    source: CsrSource, part: str, array: Any, runs: _Runs, ctx: ReadContext
+) -> tuple[np.ndarray, ReadReport]:
+    """``runs`` of ``array`` read by :func:`read_window`: the read policy, errors named."""
     pieces, at = [], 0
-    for chunk in chunks.tolist():
-        stop = min((chunk + 1) * unit, length)
-        pieces.append(
-            ChunkPiece(chunk, chunk * unit, stop, slice(None), slice(at, at + stop - chunk * unit))
-        )
-        at += stop - chunk * unit
+    for chunk, size in runs.sizes:
+        pieces.append(ChunkPiece(chunk, chunk * runs.unit, chunk * runs.unit + size,
+                                 slice(None), slice(at, at + size)))  # fmt: skip
+        at += size
     name = f"{source.name}/{part}"
     values, report = read_window(array, name, at, np.dtype(array.dtype).itemsize, pieces, ctx)
     if report.skipped:
@@ -139,12 +209,7 @@ def _read_chunks(
             "csr_matrix's rows cannot leave out part of their non-zeros, so on_error='skip' "
             "is not supported for sparse rows (use on_error='raise')"
         )
-    return (
-        values,
-        starts,
-        offsets,
-        ReadReport(report.missing_keys, (), report.retries, (), sizes),
-    )
+    return values, report
 
 
 def _sliced_directly(ctx: ReadContext) -> bool:
@@ -158,16 +223,3 @@ def _sliced_directly(ctx: ReadContext) -> bool:
     """
     policy = ctx.policy
     return policy.missing == "fill" and policy.cache is None and policy.on_error == "raise"
-
-
-def _read_runs(array: Any, starts: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
-    """The runs ``starts[i] : starts[i] + lengths[i]`` of ``array``, one after another."""
-    if len(lengths) == 1:
-        start = int(starts[0])
-        return np.asarray(array[start : start + lengths[0]])
-    out = np.empty(int(sum(lengths)), dtype=array.dtype)
-    at = 0
-    for start, size in zip(starts.tolist(), lengths, strict=True):
-        out[at : at + size] = array[start : start + size]
-        at += size
-    return out

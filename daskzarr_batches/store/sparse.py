@@ -107,7 +107,7 @@ class CsrSource(Source):
         return int(array.chunks[0])
 
 
-def unit_bounds(indptr: np.ndarray, unit: int, chunks_per_unit: int = UNIT_CHUNKS) -> np.ndarray:
+def unit_bounds(indptr: np.ndarray, unit: int, chunks_per_unit: int | None = None) -> np.ndarray:
     """Where each axis-0 unit of rows starts, and the end: ascending, first 0, last ``n``.
 
     A unit holds the rows whose first non-zero lies in one group of
@@ -117,7 +117,7 @@ def unit_bounds(indptr: np.ndarray, unit: int, chunks_per_unit: int = UNIT_CHUNK
     n = len(indptr) - 1
     if n <= 0:
         return np.zeros(1 if n < 0 else 2, dtype=np.int64)[: max(n, 0) + 1]
-    step = unit * chunks_per_unit
+    step = unit * (UNIT_CHUNKS if chunks_per_unit is None else chunks_per_unit)
     marks = np.arange(step, int(indptr[-1]), step, dtype=np.int64)
     # the first row starting at or after each mark (empty rows at a mark join the next)
     bounds = np.searchsorted(indptr[:-1], marks, side="left")
