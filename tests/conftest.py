@@ -35,7 +35,7 @@ settings.load_profile(os.environ.get("DZB_HYPOTHESIS", "fixed"))
 # the same name.
 OPTIONAL = {
     "torch": ["loader/test_torch.py", "loader/test_training.py"],
-    "peers": ["integration/test_peers.py"],
+    "peers": ["integration/test_peers.py", "integration/test_sparse_peers.py"],
     "jax": ["loader/test_jax.py"],
 }
 MISSING = {

@@ -6,8 +6,9 @@ The pinned test leg has neither anndata nor annbatch; these write what they writ
 - :func:`write_sharded_like`: annbatch 0.3's ``write_sharded``: zarr v3, ``data`` /
   ``indices`` / ``indptr`` chunked by ``n_obs_per_chunk`` times the mean non-zeros per
   row, sharded, blosc-lz4 (clevel 3, shuffle), the narrowest unsigned index dtype.
-- :func:`write_zarr_like`: ``anndata.AnnData.write_zarr`` (0.13): zarr v3, zstd level 0,
-  one chunk per array unless ``chunk`` says otherwise, int32 indices and indptr.
+- :func:`write_zarr_like`: ``anndata.AnnData.write_zarr`` (0.13): zarr v3, each array one
+  shard of chunks (zarr's automatic chunk length there; here ``chunk``, default the
+  whole array), zstd level 0, int32 indices and indptr.
 """
 
 from __future__ import annotations
@@ -136,12 +137,14 @@ def write_zarr_like(
         "indptr": matrix.indptr.astype(np.int32),
     }
     for name, values in arrays.items():
-        size = max(len(values), 1) if chunk is None or name == "indptr" else chunk
+        whole = max(len(values), 1)
+        size = whole if chunk is None or name == "indptr" else min(chunk, whole)
         array = group.create_array(
             name,
             shape=values.shape,
             dtype=values.dtype,
             chunks=(size,),
+            shards=(-(-whole // size) * size,),
             compressors=(ZstdCodec(level=0),),
         )
         array[:] = values
