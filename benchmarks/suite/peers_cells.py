@@ -120,8 +120,8 @@ def this_epoch(make: Callable[[], Any]) -> Epoch:
 
 def annbatch_epoch(path: Path, shuffle: bool, **settings: Any) -> Epoch:
     """A new annbatch ``Loader`` over ``X`` (zarrs' pipeline when installed), one epoch."""
-    import anndata as ad
     import annbatch
+    import anndata as ad
 
     zarrs = {"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"} if find_spec("zarrs") else {}
     rng = np.random.default_rng(0)
