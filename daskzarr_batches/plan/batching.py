@@ -212,10 +212,17 @@ def _rows(outputs: Batch, order: npt.NDArray[np.int64] | None, start: int, stop:
     """Plan positions ``start:stop`` of every output, as owned copies."""
     if order is None:
         if len(outputs) == 1:  # the common case, without a generator per batch
-            return (outputs[0][start:stop].copy(),)
-        return tuple(part[start:stop].copy() for part in outputs)
+            return (_slice_rows(outputs[0], start, stop),)
+        return tuple(_slice_rows(part, start, stop) for part in outputs)
     where = order[start:stop]
     return tuple(take_rows(part, where) for part in outputs)
+
+
+def _slice_rows(rows: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop``, a copy: a numpy slice copied; a sparse matrix's slice is one."""
+    if isinstance(rows, np.ndarray):
+        return rows[start:stop].copy()
+    return rows[start:stop]
 
 
 Ranges = list[tuple[int, int]]

@@ -93,9 +93,15 @@ def open_array(
 
     Returns
     -------
-    dask.array.Array
+    dask.array.Array, CsrArray or CategoricalArray
         ``.chunks`` equals the Zarr chunk grid with edge chunks cropped, and
-        ``.dtype`` the Zarr dtype.  Nothing is read until computed.
+        ``.dtype`` the Zarr dtype.  Nothing is read until computed.  An
+        anndata group is the array it encodes: a ``csr_matrix`` group a
+        [`CsrArray`][daskzarr_batches.CsrArray] (rows streamed as
+        ``scipy.sparse`` CSR batches; ``indptr`` read now), a categorical
+        column (``"obs/cell_type"``) a
+        [`CategoricalArray`][daskzarr_batches.CategoricalArray] (its codes,
+        with its ``categories``).
 
     Raises
     ------

@@ -328,19 +328,26 @@ class CsrArray(SourceLike):
 
     What [`open_array`][daskzarr_batches.open_array] returns for such a
     group, and what every entry point makes of a ``zarr.Group`` with
-    ``encoding-type: csr_matrix``: its batches are ``scipy.sparse.csr_matrix``
-    of shape ``(batch, genes)``, their rows in the stream's order.
+    ``encoding-type: csr_matrix`` (annbatch's ``write_sharded`` layout, or
+    ``AnnData.write_zarr``'s): batches of its rows are
+    ``scipy.sparse.csr_matrix`` of shape ``(batch, genes)``, in the stream's
+    order; densify them in a ``transform`` (``rows.toarray()``).  ``indptr``
+    is read once, when it is opened, and checked.
 
-    Attributes
+    Parameters
     ----------
     group : zarr.Group
-    shape : tuple of int
-    dtype : numpy.dtype
-        The non-zeros' dtype.
-    nnz : int
-    chunks : tuple of tuple of int
-        The units of rows a stream plans with (each covering about
-        :data:`UNIT_CHUNKS` stored chunks of ``data``).
+        The ``csr_matrix`` group (``data``, ``indices``, ``indptr``, a
+        ``shape`` attribute).
+    codec_pipeline : {"auto", "zarrs", "zarr"}, optional
+        What decodes ``data`` and ``indices``, as ``open_array`` takes it.
+
+    Raises
+    ------
+    InvalidMetadataError
+        A CSC matrix, a group without ``data``, ``indices`` or ``indptr``, or
+        an ``indptr`` that is not monotone or does not match ``shape`` and
+        ``data``; the message names the group.
     """
 
     __slots__ = ("_source", "group")
@@ -351,22 +358,31 @@ class CsrArray(SourceLike):
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """``(cells, genes)``: the group's ``shape`` attribute."""
         return self._source.shape
 
     @property
     def dtype(self) -> np.dtype[Any]:
+        """The non-zeros' dtype (``data``'s)."""
         return self._source.dtype
 
     @property
     def ndim(self) -> int:
+        """2."""
         return 2
 
     @property
     def nnz(self) -> int:
+        """The stored non-zeros."""
         return self._source.nnz
 
     @property
     def chunks(self) -> tuple[tuple[int, ...], ...]:
+        """The units of rows a stream plans with, dask style.
+
+        Each holds the rows whose first non-zero lies in one group of 24
+        stored chunks of ``data``, so a window reads each stored chunk once.
+        """
         return self._source.chunks
 
     def __len__(self) -> int:
@@ -379,8 +395,12 @@ class CsrArray(SourceLike):
     def to_dask(self) -> Any:
         """The rows as a dask array of ``scipy.sparse.csr_matrix`` blocks, one per unit.
 
-        Each block reads the stored chunks its rows need once; ``meta`` is an
-        empty CSR matrix, so ``x.compute()`` is one CSR matrix of every row.
+        Returns
+        -------
+        dask.array.Array
+            Chunks ``chunks``; ``meta`` an empty CSR matrix, so ``compute()``
+            gives one CSR matrix of the rows.  Each block reads its rows'
+            non-zeros with one slice of ``data`` and of ``indices``.
         """
         import dask.array as da
         from dask.highlevelgraph import HighLevelGraph
@@ -392,9 +412,8 @@ class CsrArray(SourceLike):
             (name, i, 0): (_block_rows, source, int(bounds[i]), int(bounds[i + 1]))
             for i in range(len(source.chunks[0]))
         }
-        meta = source.meta
         graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
-        return da.Array(graph, name, source.chunks, meta=meta)
+        return da.Array(graph, name, source.chunks, meta=source.meta)
 
     def __repr__(self) -> str:
         source = self._source
@@ -416,14 +435,22 @@ def _block_rows(source: CsrSource, start: int, stop: int) -> Any:
 class CategoricalArray(SourceLike):
     """An anndata categorical column (``obs/<name>``) opened as its integer codes.
 
-    Usable as labels wherever an array is (pairs, ``Loader(labels=...)``,
-    ``ClassSampler(np.asarray(column))``); ``categories[code]`` is a code's
-    category (code ``-1``: missing).
+    What [`open_array`][daskzarr_batches.open_array] returns for a group with
+    ``encoding-type: categorical``; usable as labels wherever an array is
+    (paired streams, ``Loader(labels=...)``, ``ClassSampler(np.asarray(column))``).
+    ``categories[code]`` is a code's category (code ``-1``: missing).
+
+    Parameters
+    ----------
+    group : zarr.Group
+        The column's group (``codes``, ``categories``).
 
     Attributes
     ----------
     codes : zarr.Array
+        One integer code per row.
     categories : numpy.ndarray
+        The categories, in code order.
     """
 
     __slots__ = ("categories", "codes")
@@ -433,10 +460,12 @@ class CategoricalArray(SourceLike):
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """``(rows,)``."""
         return tuple(self.codes.shape)
 
     @property
     def dtype(self) -> np.dtype[Any]:
+        """The codes' dtype."""
         return np.dtype(self.codes.dtype)
 
     def __len__(self) -> int:
