@@ -219,10 +219,18 @@ def _rows(outputs: Batch, order: npt.NDArray[np.int64] | None, start: int, stop:
 
 
 def _slice_rows(rows: Any, start: int, stop: int) -> Any:
-    """Rows ``start:stop``, a copy: a numpy slice copied; a sparse matrix's slice is one."""
+    """Rows ``start:stop``, a copy (a CSR matrix's cut from its arrays: scipy's row slice
+    goes through its general submatrix code, 3x slower)."""
     if isinstance(rows, np.ndarray):
         return rows[start:stop].copy()
-    return rows[start:stop]
+    if not is_sparse(rows):
+        return rows[start:stop]
+    lo, hi = int(rows.indptr[start]), int(rows.indptr[stop])
+    indptr = rows.indptr[start : stop + 1] - lo
+    return type(rows)(
+        (rows.data[lo:hi].copy(), rows.indices[lo:hi].copy(), indptr),
+        shape=(stop - start, rows.shape[1]),
+    )
 
 
 Ranges = list[tuple[int, int]]
