@@ -49,7 +49,7 @@ from .plan.sampling import ClassSampler
 from .store.cache import ChunkCache
 from .store.collections import Collection, Mixture, concat, mix, open_collection
 from .store.open import open_array
-from .store.sparse import CategoricalArray, CsrArray
+from .store.sparse import CsrArray
 from .store.subsets import ChunkSubset
 from .streams.base import SkippedChunk, Stream, StreamStats
 from .streams.batch import BatchStream
@@ -77,7 +77,6 @@ __all__ = [
     "ArrayNotFoundError",
     "BatchStream",
     "CacheWarning",
-    "CategoricalArray",
     "ChunkCache",
     "ChunkReadError",
     "ChunkStream",

@@ -100,8 +100,8 @@ def open_array(
         [`CsrArray`][daskzarr_batches.CsrArray] (rows streamed as
         ``scipy.sparse`` CSR batches; ``indptr`` read now), a categorical
         column (``"obs/cell_type"``) a
-        [`CategoricalArray`][daskzarr_batches.CategoricalArray] (its codes,
-        with its ``categories``).
+        ``CategoricalArray`` (its codes, a zarr array, and its ``categories``;
+        ``np.asarray(column)`` reads the codes).
 
     Raises
     ------
