@@ -134,7 +134,7 @@ def test_categorical_obs_column_labels_pairs_and_class_sampler(store, cells):
     loader = dzb.Loader({"x": x, "y": column}, batch_size=60, shuffle=True, labels="y", seed=1)
     for batch in loader:
         assert batch["x"].shape == (len(batch["y"]), N_GENES)
-    sampler = dzb.ClassSampler(codes, weights={0: 1.0, 1: 0.0, 2: 0.0}, num_samples=120)
+    sampler = dzb.ClassSampler(column, weights={0: 1.0, 1: 0.0, 2: 0.0}, num_samples=120)
     drawn = dzb.Loader((x, column), batch_size=40, shuffle=True, sampler=sampler, seed=1)
     rows, labels = _pairs(drawn)
     assert rows.shape == (120, N_GENES) and set(labels.tolist()) == {0}
