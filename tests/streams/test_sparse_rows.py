@@ -179,3 +179,18 @@ def test_collections_and_mixtures_of_csr_groups(store, cells, tmp_path):
     mixed = list(dzb.shuffled_batch_stream(mixture, batch_size=100, shuffle_buffer_size=400))
     assert all(isinstance(b, sp.csr_matrix) for b in mixed)
     assert sum(b.shape[0] for b in mixed) == len(mixture)
+
+
+def test_sparse_rows_on_a_cluster_in_plan_order(store, cells, client):
+    x = dzb.open_array(store, "X")
+    ids = np.arange(N_CELLS)
+    stream = dzb.paired_shuffled_batch_stream(
+        x, ids, batch_size=64, seed=5, shuffle_buffer_size=300, client=client
+    )
+    rows, order = _pairs(stream)
+    assert sorted(order.tolist()) == list(range(N_CELLS))
+    assert _same(rows, cells[order])
+    local = _pairs(
+        dzb.paired_shuffled_batch_stream(x, ids, batch_size=64, seed=5, shuffle_buffer_size=300)
+    )
+    assert np.array_equal(local[1], order)  # the same order whatever the scheduler
