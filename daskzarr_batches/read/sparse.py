@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,9 +21,11 @@ import numpy as np
 
 from ..errors import CorruptChunkError
 from ..plan.windows import ChunkPiece
+from ..store.pipelines import codec_pipeline_of, is_zarrs_pipeline, with_codec_pipeline
 from ..store.policy import ReadReport, is_program_error
 from ..store.sparse import CsrSource, Decoded, chunk_runs, gather_rows, needed_chunks
 from ..store.threads import DaemonExecutor
+from ..store.zarr_adapter import codec_pipeline
 from .context import DEFAULT_CONTEXT, ReadContext
 from .window import read_window
 
@@ -42,6 +45,15 @@ def _parts_pool() -> DaemonExecutor:
         if not _POOL or _POOL[0]._shutdown:
             _POOL[:] = [DaemonExecutor(8, "dzb_csr_slices")]
         return _POOL[0]
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads are not there, a new pool is made."""
+    _POOL.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def window_rows(pieces: Sequence[ChunkPiece], size: int, plan_order: bool) -> np.ndarray:
@@ -168,6 +180,7 @@ class _Runs:
 
 def _read_sliced(arrays: dict[str, Any], runs: dict[str, _Runs]) -> dict[str, np.ndarray]:
     """Every part's runs read by slicing its array, the slices decoded at once on the pool."""
+    arrays = {part: _readable_here(array) for part, array in arrays.items()}
     outs = {part: np.empty(int(sum(runs[part].lengths)), arrays[part].dtype) for part in arrays}
     jobs = [
         (outs[part], arrays[part], start, stop, at)
@@ -186,6 +199,14 @@ def _read_sliced(arrays: dict[str, Any], runs: dict[str, _Runs]) -> dict[str, np
     for future in futures:
         future.result()
     return outs
+
+
+def _readable_here(array: Any) -> Any:
+    """``array``, or a view of it on zarr's pipeline in a process forked after zarrs was
+    used (zarrs' threads do not survive a fork: a read there would wait forever)."""
+    if is_zarrs_pipeline(codec_pipeline(array)) and codec_pipeline_of(array) == "zarr":
+        return with_codec_pipeline(array, "zarrs")  # zarrs refused here: zarr's pipeline
+    return array
 
 
 def _read_slice(out: np.ndarray, array: Any, start: int, stop: int, at: int) -> None:
