@@ -38,3 +38,24 @@ def test_densify_in_the_transform_gives_dense_tensors(tmp_path):
     assert all(b.layout == torch.strided for b in batches)
     assert np.array_equal(torch.cat(batches).numpy(), cells.toarray())
     assert csr_tensor(sp.csr_matrix(cells[:3])).to_dense().shape == (3, 20)
+
+
+@pytest.mark.timeout(120)
+# torch warns when it rebuilds a sparse tensor a worker sent (its invariant checks are off
+# by default): its warning, about its own transfer
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")
+def test_dataloader_workers_read_sparse_rows_after_the_parent_did(tmp_path):
+    """Forked workers make their own slice pool (the parent's threads are not in them)."""
+    cells = random_cells(400, 30, 5, seed=4)
+    write_sharded_like(tmp_path / "c.zarr", cells, n_obs_per_chunk=8)
+    x = dzb.open_array(tmp_path / "c.zarr", "X")
+    loader = dzb.Loader({"x": x, "id": np.arange(400)}, batch_size=50)
+    assert sum(b["x"].shape[0] for b in loader) == 400  # the parent's pool now exists
+    batches = torch.utils.data.DataLoader(
+        ZarrIterableDataset(loader), batch_size=None, num_workers=2
+    )
+    ids = []
+    for batch in batches:
+        assert np.array_equal(batch["x"].to_dense().numpy(), cells[batch["id"].numpy()].toarray())
+        ids.append(batch["id"].numpy())
+    assert sorted(np.concatenate(ids).tolist()) == list(range(400))
