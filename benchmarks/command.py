@@ -96,6 +96,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "each against L0 in the same rounds; needs the peers extra (Python >= 3.12); "
               "targets; writes --out/peers.md, peers.json",
               ("rows", "steps", "rounds", "out", "data")),
+    Benchmark("peers-cells", "benchmarks.suite.peers_cells", "run",
+              "issue 37: sparse single cells (annbatch's write_sharded CSR, 20,000 x 8,000, "
+              "300 non-zeros a cell): sequential and shuffled 'auto' beside annbatch's "
+              "Loader (defaults, speed settings), each against L0 in the same rounds; needs "
+              "the peers extra; targets; writes --out/peers_cells.md, peers_cells.json",
+              ("rows", "rounds", "out", "data")),
     Benchmark("quality", "benchmarks.suite.quality", "run",
               "issue 18: planned shuffle quality vs buffer size with the auto choice "
               "(docs/quality_vs_buffer.png), and the first buffered batch beside x[a:b] "

@@ -49,6 +49,7 @@ from .plan.sampling import ClassSampler
 from .store.cache import ChunkCache
 from .store.collections import Collection, Mixture, concat, mix, open_collection
 from .store.open import open_array
+from .store.sparse import CsrArray
 from .store.subsets import ChunkSubset
 from .streams.base import SkippedChunk, Stream, StreamStats
 from .streams.batch import BatchStream
@@ -83,6 +84,7 @@ __all__ = [
     "ClassSampler",
     "Collection",
     "CorruptChunkError",
+    "CsrArray",
     "DaskZarrBatchesError",
     "InvalidMetadataError",
     "LengthMismatchError",

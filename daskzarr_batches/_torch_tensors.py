@@ -9,6 +9,7 @@ Imported only by ``daskzarr_batches.torch``, which re-exports its names (after i
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,10 +56,33 @@ def _tensor(value: Any) -> Any:
         raise
 
 
+def csr_tensor(rows: Any) -> Any:
+    """A ``scipy.sparse`` CSR batch (sparse rows) as a ``torch.sparse_csr_tensor``.
+
+    Its values uncopied; row pointers and columns as int64 (torch's index dtype).
+    ``tensor.to_dense()`` densifies it; or densify before, in the Loader's
+    ``transform`` (``lambda b: {**b, "x": b["x"].toarray()}``).
+    """
+    with warnings.catch_warnings():  # torch's note that its sparse CSR support is "beta"
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(np.asarray(rows.indptr, dtype=np.int64)),
+            torch.from_numpy(np.asarray(rows.indices, dtype=np.int64)),
+            _tensor(np.asarray(rows.data)),
+            size=tuple(rows.shape),
+            check_invariants=False,  # the read checked them: indptr monotone, columns in range
+        )
+
+
+def _is_csr(value: Any) -> bool:
+    return not isinstance(value, np.ndarray) and getattr(value, "format", None) == "csr"
+
+
 def to_tensors(batch: Any) -> Any:
     """``batch`` with every numpy array in it (dict, tuple, list) as a tensor, uncopied.
 
-    Arrays in non-native byte order are converted (one copy).
+    Arrays in non-native byte order are converted (one copy); a ``scipy.sparse``
+    CSR matrix (sparse rows) becomes a ``torch.sparse_csr_tensor`` (:func:`csr_tensor`).
 
     Raises
     ------
@@ -67,6 +91,8 @@ def to_tensors(batch: Any) -> Any:
     """
     if isinstance(batch, np.ndarray):
         return _tensor(batch)
+    if _is_csr(batch):
+        return csr_tensor(batch)
     if isinstance(batch, Mapping):
         return {key: to_tensors(value) for key, value in batch.items()}
     if isinstance(batch, tuple | list):

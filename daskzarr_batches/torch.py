@@ -43,6 +43,7 @@ import numpy as np
 
 from ._device_feed import checked_prefetch
 from ._torch_tensors import _check_dtype, _converter, _map_tensors
+from ._torch_tensors import csr_tensor as csr_tensor  # sparse rows as torch sparse CSR
 from ._torch_tensors import to_tensors as to_tensors  # re-exported: tests use it here
 from .errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
 from .loader import Loader

@@ -34,8 +34,8 @@ settings.load_profile(os.environ.get("DZB_HYPOTHESIS", "fixed"))
 # skipped.  Module-wide: the files below (relative to tests/); single tests: the marker of
 # the same name.
 OPTIONAL = {
-    "torch": ["loader/test_torch.py", "loader/test_training.py"],
-    "peers": ["integration/test_peers.py"],
+    "torch": ["loader/test_torch.py", "loader/test_training.py", "loader/test_torch_sparse.py"],
+    "peers": ["integration/test_peers.py", "integration/test_sparse_peers.py"],
     "jax": ["loader/test_jax.py"],
 }
 MISSING = {

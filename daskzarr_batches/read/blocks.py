@@ -16,9 +16,11 @@ from dask.optimization import cull
 
 from ..store.collections import ConcatSource
 from ..store.sources import DaskSource, SliceSource, Source
+from ..store.sparse import CsrSource
 from ..store.subsets import SubsetSource
 from .context import DEFAULT_CONTEXT, ReadContext
 from .kept import cut_kept_block, read_kept_part
+from .sparse import read_csr_block
 from .tasks import Key, apply_transform, read_block, read_block_part, read_block_result, read_shard
 
 __all__ = ["block_graph", "shard_graph"]
@@ -121,6 +123,20 @@ def _(
         )  # fmt: skip
         return
     dsk[key] = (read_block, source.array, source.name, block, where, ctx.for_tasks())
+
+
+@_add_block.register
+def _(
+    source: CsrSource,
+    dsk: dict[Key, Any],
+    key: Key,
+    block: tuple[int, ...],
+    where: tuple[slice, ...] | None,
+    ctx: ReadContext,
+) -> None:
+    """A unit of sparse rows (every column), as one CSR matrix."""
+    rows = (where or source.block_slices(block))[0]
+    dsk[key] = (read_csr_block, source, rows.start, rows.stop, ctx.for_tasks())
 
 
 @_add_block.register

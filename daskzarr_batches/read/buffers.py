@@ -66,7 +66,7 @@ class BufferPool:
 
     def give(self, array: np.ndarray) -> None:
         """Take back an array from :meth:`take` that nothing uses any more (others: ignored)."""
-        buffer = array.base
+        buffer = getattr(array, "base", None)  # a sparse window's matrix has none
         while isinstance(buffer, np.ndarray) and id(buffer) not in self._made:
             buffer = buffer.base
         if not isinstance(buffer, np.ndarray) or self._made.get(id(buffer)) is not buffer:

@@ -19,10 +19,12 @@ from ..plan.windows import ChunkPiece, Window
 from ..store.collections import ConcatSource, SourcesSource
 from ..store.patches import PatchSource
 from ..store.sources import DaskSource, SliceSource, Source
+from ..store.sparse import CsrSource
 from ..store.subsets import SubsetSource
 from .context import DEFAULT_CONTEXT, Kept, ReadContext
 from .kept import cut_kept_chunks, read_kept_part
 from .patches import KeptBlocks, PatchBase, kept_blocks, patch_ids, read_origins, read_patches
+from .sparse import read_csr_window
 from .tasks import (
     Key,
     assemble_rows,
@@ -217,6 +219,21 @@ def _(
 
 @_add_rows.register
 def _(
+    source: CsrSource,
+    dsk: dict[Key, Any],
+    pieces: Sequence[ChunkPiece],
+    size: int,
+    keys: RowKeys,
+    ctx: ReadContext,
+    local: dict[int, tuple[int, int, int]] | None = None,
+    into: Any = None,
+) -> None:
+    """Sparse rows: one task gathering the rows from their stored chunks, each decoded once."""
+    dsk[keys[0]] = (read_csr_window, source, tuple(pieces), size, ctx.for_tasks())
+
+
+@_add_rows.register
+def _(
     source: DaskSource,
     dsk: dict[Key, Any],
     pieces: Sequence[ChunkPiece],
@@ -292,7 +309,9 @@ def _add_members(
     share = None
     if decode_bytes is not None:
         share = max(1, decode_bytes // min(len(touched), 4 * MEMBER_READS))
-    shared = (f"dzb-rows-{where[0]}", *where[1:]) if _shares_output(plan_order) else None
+    shared = None  # sparse members' rows are stacked by the join
+    if _shares_output(plan_order) and not source.sparse:
+        shared = (f"dzb-rows-{where[0]}", *where[1:])
     if shared is not None and _read_together(source, touched, ctx):
         _add_members_together(dsk, source, touched, size, out_key, ctx, local)
         return

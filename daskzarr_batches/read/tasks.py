@@ -52,7 +52,7 @@ from ..errors import (
     ReadCancelledError,
     StoreGoneError,
 )
-from ..plan.batching import join_rows
+from ..plan.batching import join_rows, row_count, take_rows
 from ..plan.windows import ChunkPiece, Selector
 from ..store.layout import block_key
 from ..store.policy import (
@@ -286,9 +286,9 @@ def window_block(
     :class:`ChunkReadError`.
     """
     rows, report = result[output]
-    if len(rows) != size or report.skipped:
+    if row_count(rows) != size or report.skipped:
         raise ChunkReadError(
-            f"a window of the epoch array holds {len(rows)} of its {size} planned samples: "
+            f"a window of the epoch array holds {row_count(rows)} of its {size} planned samples: "
             f"chunks {[chunk for chunk, _, _ in report.skipped]} were left out"
         )
     if report.missing_keys and missing == "warn":
@@ -303,6 +303,8 @@ def window_block(
         )
     if order is None:
         return rows
+    if not isinstance(rows, np.ndarray):  # sparse rows
+        return take_rows(rows, order)
     # np.take needs aligned rows (a result received from a worker may not be)
     return np.take(np.require(rows, requirements=["A"]), order, axis=0)
 
@@ -413,6 +415,11 @@ def join_members(
                 target[...] = part
     elif placement is None:
         out = join_rows(rows)
+    elif not isinstance(rows[0], np.ndarray):  # sparse rows: stacked, then in plan order
+        positions = [
+            np.arange(placement[0])[dest] for pieces in placement[1] for _, dest, _ in pieces
+        ]
+        out = take_rows(join_rows(rows), np.argsort(np.concatenate(positions), kind="stable"))
     else:
         size, per_part = placement
         first = rows[0]

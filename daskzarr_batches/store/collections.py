@@ -305,9 +305,9 @@ def open_collection(
         Passed to fsspec for URLs (credentials, endpoint, ...).
     codec_pipeline : {"auto", "zarrs", "zarr"}, optional
         As for [`open_array`][daskzarr_batches.open_array].
-    io_concurrency : int, default 32 (``OPEN_THREADS``)
-        Metadata reads in flight, as the streams' ``io_concurrency``: stores
-        opened at once, each opening one read at a time.  Its former name
+    io_concurrency : int, default 32
+        Metadata reads in flight (``OPEN_THREADS``), as the streams'
+        ``io_concurrency``: stores opened at once, each opening one read at a time.  Its former name
         ``threads=`` still works, with a ``DeprecationWarning``.
 
     Returns

@@ -37,6 +37,7 @@ from .pipelines import (
     resolve_codec_pipeline,
     with_codec_pipeline,
 )
+from .sparse import CategoricalArray, CsrArray, anndata_node
 from .zarr_adapter import make_store_path, parse_array_metadata, sync
 
 __all__ = ["open_array"]
@@ -93,9 +94,15 @@ def open_array(
 
     Returns
     -------
-    dask.array.Array
+    dask.array.Array, CsrArray or CategoricalArray
         ``.chunks`` equals the Zarr chunk grid with edge chunks cropped, and
-        ``.dtype`` the Zarr dtype.  Nothing is read until computed.
+        ``.dtype`` the Zarr dtype.  Nothing is read until computed.  An
+        anndata group is the array it encodes: a ``csr_matrix`` group a
+        [`CsrArray`][daskzarr_batches.CsrArray] (rows streamed as
+        ``scipy.sparse`` CSR batches; ``indptr`` read now), a categorical
+        column (``"obs/cell_type"``) a
+        ``CategoricalArray`` (its codes, a zarr array, and its ``categories``;
+        ``np.asarray(column)`` reads the codes).
 
     Raises
     ------
@@ -119,13 +126,17 @@ def open_array(
         neither translate nor pass on (the message names them).
     """
     choice = resolve_codec_pipeline(codec_pipeline)
-    array = with_codec_pipeline(_open_zarr(source, path, storage_options, backend), choice)
-    return da.from_zarr(array)
+    node = _open_zarr(source, path, storage_options, backend)
+    if isinstance(node, CsrArray):  # anndata's sparse rows: read with the pipeline chosen
+        return CsrArray(node.group, choice)  # type: ignore[return-value]
+    if isinstance(node, CategoricalArray):
+        return node  # type: ignore[return-value]
+    return da.from_zarr(with_codec_pipeline(node, choice))
 
 
 def _open_zarr(
     source: Any, path: str | None, storage_options: dict[str, Any] | None, backend: object = "auto"
-) -> zarr.Array:
+) -> zarr.Array | CsrArray | CategoricalArray:
     _check_path(path)
     chosen = resolve_backend(backend, _url_protocol(source))
     if chosen is not None:
@@ -289,7 +300,9 @@ def _zip_store(path: str) -> zarr.storage.ZipStore:
     return zarr.storage.ZipStore(path, mode="r")
 
 
-def _array_in_group(group: zarr.Group, path: str | None, where: str) -> zarr.Array:
+def _array_in_group(
+    group: zarr.Group, path: str | None, where: str
+) -> zarr.Array | CsrArray | CategoricalArray:
     inner = "" if path is None else path.strip("/")
     node: Any = None
     error: Exception | None = None
@@ -300,6 +313,11 @@ def _array_in_group(group: zarr.Group, path: str | None, where: str) -> zarr.Arr
             error = exc
         if isinstance(node, zarr.Array):
             return node
+    else:
+        node = group
+    encoded = anndata_node(node)  # an anndata csr_matrix or categorical group
+    if encoded is not None:
+        return encoded
     # Nothing usable: a broken document on the way explains it better than "not found".
     parts = inner.split("/") if inner else []
     on_the_way = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]

@@ -88,6 +88,20 @@ class Source:
         return False
 
     @property
+    def sparse(self) -> bool:
+        """Whether its windows and batches are ``scipy.sparse`` CSR matrices of rows."""
+        return any(part.sparse for part in self.parts())
+
+    @property
+    def meta(self) -> Any:
+        """An empty array of this source's kind (a dask array's ``meta``): numpy here."""
+        return np.empty((0,) * len(self.shape), self.dtype)
+
+    def empty_rows(self) -> Any:
+        """No rows of this source, as its windows and batches hold rows."""
+        return np.empty((0, *self.shape[1:]), self.dtype)
+
+    @property
     def patched(self) -> Source | None:
         """The array a patch stream's output cuts its patches from (``None``: not one)."""
         return None

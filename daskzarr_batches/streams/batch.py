@@ -461,20 +461,28 @@ class BatchStream(Stream[Any]):
     def _count_reads(self, window: Window, reports: Sequence[ReadReport]) -> None:
         stats = self.stats
         stats.windows_read += 1
+        listed = any(report.decoded is not None for report in reports)
         for source, pieces, report in zip(self.spec.sources, window.pieces, reports, strict=True):
             self._note(source.name, report)
             if report.decoded is not None:  # a patch read lists its stored chunks
                 stats.chunks_read += len(report.decoded)
                 for block, nbytes in report.decoded:
                     stats.bytes_read += nbytes
-                    if (source.name, block) not in self._distinct:
-                        self._distinct.add((source.name, block))
-                        stats.bytes_distinct = (stats.bytes_distinct or 0) + nbytes
+                    self._distinct_chunk(source.name, block, nbytes)
                 continue
             gone = set(report.missing_chunks) | {chunk for chunk, _, _ in report.skipped}
             read = [piece for piece in pieces if piece.chunk not in gone]
             stats.chunks_read += len(read)
             stats.bytes_read += sum(piece.rows for piece in read) * source.row_bytes
+            if listed:  # beside sparse rows or patches, which list their stored chunks
+                for piece in read:
+                    self._distinct_chunk(source.name, piece.chunk, piece.rows * source.row_bytes)
+
+    def _distinct_chunk(self, name: str, block: Any, nbytes: int) -> None:
+        """Count a stored chunk's bytes in ``stats.bytes_distinct`` the first time it is read."""
+        if (name, block) not in self._distinct:
+            self._distinct.add((name, block))
+            self.stats.bytes_distinct = (self.stats.bytes_distinct or 0) + nbytes
 
     def _skip(
         self,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.batching import Ranges, positions_between
+from ..plan.batching import Ranges, positions_between, row_count, rows_nbytes
 from ..plan.epoch import EpochPlan
 from ..plan.windows import Window
 from .base import StreamStats, T
@@ -186,14 +186,14 @@ class _Delivery:
         if stats.time_to_first_batch is None:
             stats.time_to_first_batch = time.perf_counter() - self.created
         stats.items_yielded += 1
-        stats.samples_yielded += len(first)
+        stats.samples_yielded += row_count(first)
         if self.labels is not None and stats.labels is not None:
             stats.labels.add(batch[self.labels])
         if self.layout is not None:
-            stats.bytes_yielded += sum(part.nbytes for part in batch)
+            stats.bytes_yielded += sum(rows_nbytes(part) for part in batch)
             return self.layout.pack(batch)
         if self.paired:
-            stats.bytes_yielded += sum(part.nbytes for part in batch[: self.counted])
+            stats.bytes_yielded += sum(rows_nbytes(part) for part in batch[: self.counted])
             return batch
-        stats.bytes_yielded += first.nbytes
+        stats.bytes_yielded += rows_nbytes(first)
         return first

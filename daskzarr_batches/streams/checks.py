@@ -17,6 +17,7 @@ import threading
 from ..errors import ArgumentTypeError, ArgumentValueError
 from ..plan.windows import ShuffleMode
 from ..store.open import open_array
+from ..store.sparse import anndata_node
 
 __all__ = [
     "AUTO",
@@ -176,11 +177,14 @@ def as_array(value: object) -> object:
     Every public entry point that takes an array passes it through here: a
     ``str`` or ``os.PathLike`` is opened with :func:`open_array` (a
     ``path=``-less store whose root is an array); anything else is returned
-    as is, for :func:`as_source` to describe or refuse.
+    as is, for :func:`as_source` to describe or refuse, but an anndata
+    ``csr_matrix`` or categorical group, which becomes the array it encodes
+    (``store.sparse``).
     """
     if isinstance(value, str | os.PathLike):
         return open_array(value)
-    return value
+    encoded = anndata_node(value)  # a zarr.Group of anndata's csr_matrix or categorical
+    return value if encoded is None else encoded
 
 
 class NotGiven:

@@ -79,13 +79,13 @@ def epoch_arrays(
         name = f"dzb-epoch-{token}-{output}"
         tail = (0,) * (len(source.shape) - 1)
         rest = tuple((n,) for n in source.shape[1:])
-        meta = np.empty((0,) * len(source.shape), source.dtype)
+        meta = source.meta
         blocks: dict[Key, Any] = {
             (name, i, *tail): (window_block, key, output, order, size, policy.missing)
             for i, (key, order, size) in enumerate(windows_read)
         }
         if not windows_read:  # an empty epoch: one empty block
-            blocks[(name, 0, *tail)] = np.empty((0, *source.shape[1:]), source.dtype)
+            blocks[(name, 0, *tail)] = source.empty_rows()
         sizes = tuple(size for _, _, size in windows_read) or (0,)
         graph = HighLevelGraph(
             {reads_name: reads, name: blocks}, {reads_name: set(), name: {reads_name}}

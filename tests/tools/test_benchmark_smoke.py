@@ -172,3 +172,20 @@ def test_the_peer_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
     assert len(checks) == 2 + 2 + 1 + 3
     text = peers.report(results, checks, "c", "now", (0.0, 0.0))
     assert "| rows | shuffled |" in text and "ahead of annbatch" in text
+
+
+@pytest.mark.peers
+@pytest.mark.timeout(240)
+def test_the_single_cell_peer_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
+    """Issue 37's sparse cells beside annbatch: 600 cells, one round; every reader every cell."""
+    from benchmarks.suite import peers_cells
+
+    results = peers_cells.measure(tmp_path, cells=600, repeats=1)
+    assert set(results["seconds"]) == {
+        peers_cells.L0, peers_cells.SEQ_THIS, peers_cells.SEQ_ANN, peers_cells.AUTO,
+        peers_cells.ANN_DEFAULTS, peers_cells.ANN_SPEED,
+    }  # fmt: skip
+    checks = peers_cells.evaluate(results)
+    assert len(checks) == 3
+    text = peers_cells.report(results, checks, "c", "now", (0.0, 0.0))
+    assert "annbatch defaults >= 1.5x" in text and "batch mixing" in text
