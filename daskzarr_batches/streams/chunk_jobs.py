@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..errors import WindowTimeoutError
+from ..execute.runners import untokenized
 from ..read.blocks import block_graph
 from ..read.context import ReadContext
 from ..read.kept import read_kept_chunk
@@ -32,7 +33,7 @@ from ..store.policy import ReadReport
 if TYPE_CHECKING:
     from .chunk import ChunkStream
 
-__all__ = ["TREE_BATCH", "PairwiseFold", "reduce_on_cluster"]
+__all__ = ["TREE_BATCH", "PairwiseFold", "fused", "reduce_on_cluster"]
 
 R = TypeVar("R")
 
@@ -179,9 +180,8 @@ class _Tree:
         # what later batches (or the caller) need: the folds' partials, or their results
         keep = set(roots.values()) if last else {k for f in self.folds.values() for k in f.partials}
         made = [k for k in dict.fromkeys([*(k for k, _ in leaves), *keep]) if k in dsk]
-        futures = dict(
-            zip(made, self.client.get(dsk, made, sync=False, priority=-first), strict=True)
-        )
+        sent = self.client.get(untokenized(dsk), made, sync=False, priority=-first)
+        futures = dict(zip(made, sent, strict=True))
         for key, block in leaves:
             future = futures[key]
             self.leaves[future] = block
@@ -260,3 +260,56 @@ def _prod(sizes: Iterable[int]) -> int:
     for size in sizes:
         total *= size
     return total
+
+
+def fused(dsk: dict[Any, Any], key: Any) -> dict[Any, Any]:
+    """``dsk`` with ``key``'s task absorbing every task only it uses (transitively).
+
+    A write unit's graph (a window's read tasks, their join, the write) becomes
+    one task, as dask fuses a ``map_blocks(...).to_zarr`` chunk: one task for
+    the scheduler to place and one result to report.  A task used by two others
+    (a dask source's shared blocks) stays its own.  Legacy graphs only (tuples
+    whose first item is callable; lists evaluated item by item).
+    """
+    uses: dict[Any, int] = {}
+
+    def count(task: Any) -> None:
+        if _is_key(task, dsk):
+            uses[task] = uses.get(task, 0) + 1
+        elif isinstance(task, tuple) and task and callable(task[0]):
+            for arg in task[1:]:
+                count(arg)
+        elif isinstance(task, list):
+            for arg in task:
+                count(arg)
+
+    for task in dsk.values():
+        count(task)
+    absorbed: set[Any] = set()
+
+    def inline(task: Any) -> Any:
+        if _is_key(task, dsk):
+            if task == key or uses.get(task, 0) != 1:
+                return task
+            absorbed.add(task)
+            return inline(dsk[task])
+        if isinstance(task, tuple) and task and callable(task[0]):
+            return (task[0], *(inline(arg) for arg in task[1:]))
+        if isinstance(task, list):
+            return [inline(arg) for arg in task]
+        return task
+
+    top = inline(dsk[key])
+    graph = {k: v for k, v in dsk.items() if k not in absorbed}
+    graph[key] = top
+    return graph
+
+
+def _is_key(value: Any, dsk: dict[Any, Any]) -> bool:
+    if not (isinstance(value, str) or (isinstance(value, tuple) and value and isinstance(
+            value[0], str))):  # fmt: skip
+        return False
+    try:
+        return value in dsk
+    except TypeError:  # a tuple holding something unhashable: a value, not a key
+        return False
