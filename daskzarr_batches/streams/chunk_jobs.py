@@ -33,7 +33,7 @@ from ..store.policy import ReadReport
 if TYPE_CHECKING:
     from .chunk import ChunkStream
 
-__all__ = ["TREE_BATCH", "PairwiseFold", "fused", "reduce_on_cluster"]
+__all__ = ["TREE_BATCH", "TREE_LEAF", "LeafFailure", "PairwiseFold", "fused", "reduce_on_cluster"]
 
 R = TypeVar("R")
 
@@ -62,9 +62,11 @@ class PairwiseFold(Generic[R]):
         """The partials held now, left to right."""
         return [value for _, value in self._stack]
 
-    def push(self, value: R) -> None:
+    def push(self, value: R, count: int = 1) -> None:
+        """Push ``value`` covering ``count`` items (a complete subtree of them, aligned: a
+        power of two pushed where the items so far are a multiple of it)."""
         stack = self._stack
-        stack.append((1, value))
+        stack.append((count, value))
         while len(stack) >= 2 and stack[-2][0] == stack[-1][0]:
             (count, right), (_, left) = stack.pop(), stack.pop()
             stack.append((2 * count, self._combine(left, right)))
@@ -91,6 +93,65 @@ def tree_leaf(block: tuple[int, ...], read: tuple[Any, ReadReport]) -> tuple[Any
     """A leaf of the tree: ``func``'s value and the notes of its read (task function)."""
     value, report = read
     return value, _notes(block, report)
+
+
+#: chunks one leaf task reads and combines (a complete, aligned subtree of the fold; a
+#: power of two): fewer tasks for the scheduler, the tree's shape unchanged
+TREE_LEAF = 4
+
+
+class _Deferred:
+    """A read task carried as data into a leaf task, run there (so a failure is named)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: tuple[Any, ...]) -> None:
+        self.task = task
+
+    def __call__(self) -> Any:
+        function, *args = self.task
+        return function(*args)
+
+
+class LeafFailure(Exception):
+    """A chunk's read or ``func`` failed inside a leaf task of several chunks (internal:
+    the caller names ``block`` and raises ``error`` as a chunk stream would)."""
+
+    def __init__(self, block: tuple[int, ...], error: BaseException) -> None:
+        super().__init__(block, error)
+        self.block, self.error = block, error
+
+
+def tree_subtree(
+    combine: Callable[[Any, Any], Any],
+    transform: Callable[[Any], Any],
+    blocks: tuple[tuple[int, ...], ...],
+    reads: tuple[_Deferred, ...],
+) -> tuple[Any, Notes]:
+    """A leaf task of ``len(blocks)`` chunks (a power of two): each read and transformed,
+    then combined pairwise level by level, the fold's complete subtree (task function)."""
+    parts = []
+    for block, read in zip(blocks, reads, strict=True):
+        try:
+            value, report = apply_transform(transform, read())
+        except Exception as exc:
+            raise LeafFailure(block, exc) from exc
+        parts.append((value, _notes(block, report)))
+    while len(parts) > 1:
+        parts = [tree_node(combine, parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def _literal(task: Any) -> bool:
+    """Whether a read task's arguments are plain values (no keys, futures or tasks)."""
+    if not (isinstance(task, tuple) and task and callable(task[0])):
+        return False
+    for arg in task[1:]:
+        if isinstance(arg, (str, list)) or (isinstance(arg, tuple) and arg and callable(arg[0])):
+            return False
+        if type(arg).__name__ == "Future":
+            return False
+    return True
 
 
 def tree_node(
@@ -145,6 +206,9 @@ class _Tree:
         self.folds: dict[Hashable, PairwiseFold[Any]] = {}
         self.held: dict[Any, Any] = {}  # partial key -> its future (from an earlier batch)
         self.leaves: dict[Any, tuple[int, ...]] = {}  # leaf future -> its block, in flight
+        self.pending: dict[Hashable, list[tuple[tuple[int, ...], Any]]] = {}  # not yet sent
+        self.per_leaf: int | None = None  # chunks a leaf task reads: decided at the first
+        self.subtrees: set[Any] = set()  # keys of leaf tasks of several chunks
         self.roots: dict[Hashable, Any] = {}
         self.numbers = itertools.count()
         self.dsk: dict[Any, Any] = {}
@@ -168,14 +232,20 @@ class _Tree:
             here = self.ctx.narrowed(priority=-number)
             graph, key = block_graph(self.source, block, self.token, None, here)
             read = graph.pop(key)
+            if self.per_leaf is None:  # reads as plain calls: several chunks a leaf task
+                self.per_leaf = TREE_LEAF if not graph and _literal(read) else 1
             dsk.update(graph)
-            leaf = (f"dzb-leaf-{self.token}", *block)
-            dsk[leaf] = (tree_leaf, block, (apply_transform, transform, read))
-            leaves.append((leaf, block))
-            fold = self.folds.get(group := self.group(block))
-            if fold is None:
-                fold = self.folds[group] = PairwiseFold(self.node)
-            fold.push(leaf)
+            group = self.group(block)
+            waiting = self.pending.setdefault(group, [])
+            waiting.append((block, read))
+            if len(waiting) == self.per_leaf:
+                leaves.append(self.leaf(group, waiting, transform))
+                waiting.clear()
+        if last:  # the tails: a leaf task a chunk (the fold's shape is the same)
+            for group, waiting in self.pending.items():
+                for one in waiting:
+                    leaves.append(self.leaf(group, [one], transform))
+            self.pending.clear()
         roots = {g: fold.result() for g, fold in self.folds.items()} if last else {}
         # what later batches (or the caller) need: the folds' partials, or their results
         keep = set(roots.values()) if last else {k for f in self.folds.values() for k in f.partials}
@@ -193,6 +263,25 @@ class _Tree:
         self.held.update((k, futures[k]) for k in keep if k in futures)
         if last:
             self.roots = {g: self.held[k] for g, k in roots.items()}
+
+    def leaf(
+        self, group: Hashable, reads: list[tuple[tuple[int, ...], Any]], transform: Any
+    ) -> tuple[Any, tuple[int, ...]]:
+        """A leaf task of ``reads`` (one chunk, or a complete subtree), pushed to its fold."""
+        block = reads[0][0]
+        key = (f"dzb-leaf-{self.token}", *block)
+        if len(reads) == 1:
+            self.dsk[key] = (tree_leaf, block, (apply_transform, transform, reads[0][1]))
+        else:
+            blocks = tuple(b for b, _ in reads)
+            deferred = tuple(_Deferred(r) for _, r in reads)
+            self.dsk[key] = (tree_subtree, self.combine, transform, blocks, deferred)
+            self.subtrees.add(key)
+        fold = self.folds.get(group)
+        if fold is None:
+            fold = self.folds[group] = PairwiseFold(self.node)
+        fold.push(key, len(reads))
+        return key, block
 
     def __call__(self) -> dict[Hashable, Any]:
         stream = self.stream
@@ -219,7 +308,7 @@ class _Tree:
                     block = self.leaves.pop(future)
                     try:
                         if future.status != "finished":  # raises, naming the chunk
-                            stream._wait(future, lambda b=block: stream._where(b))
+                            self.failed(future, block)
                     finally:
                         if not any(future is kept for kept in self.held.values()):
                             future.release()  # (a fold of one chunk: the leaf its result)
@@ -236,6 +325,17 @@ class _Tree:
             self.leaves.clear()
             self.held.clear()
             self.roots = {}
+
+    def failed(self, future: Any, block: tuple[int, ...]) -> None:
+        """Raise what a failed leaf task raised, naming its chunk as a chunk stream does."""
+        stream = self.stream
+        error = future.exception() if future.status == "error" else None
+        if isinstance(error, LeafFailure):
+            inner = error.error
+            stream._wait(_Raising(inner), lambda b=error.block: stream._where(b))
+        if error is not None and future.key in self.subtrees:
+            raise error  # combine raised inside a leaf task: as on the caller, unwrapped
+        stream._wait(future, lambda: stream._where(block))
 
     def note(self, notes: Notes) -> None:
         for block, report in notes:
@@ -313,3 +413,16 @@ def _is_key(value: Any, dsk: dict[Any, Any]) -> bool:
         return value in dsk
     except TypeError:  # a tuple holding something unhashable: a value, not a key
         return False
+
+
+class _Raising:
+    """A done future whose result raises ``error`` (for ``Stream._wait``'s naming)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise self.error
+
+    def done(self) -> bool:
+        return True
