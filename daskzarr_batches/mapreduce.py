@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -414,8 +414,9 @@ def feature_moments(
         # on a cluster: each fold's tree run on the workers, only its result sent here
         reduced = reduce_on_cluster(results, Moments.merge, fold_of)
         if reduced is not None:
-            for where, moments in reduced.items():
-                folds.setdefault(where, _PairwiseFold(Moments.merge)).push(moments)
+            for group, moments in reduced.items():
+                key = cast(tuple[int, ...], group)
+                folds.setdefault(key, _PairwiseFold(Moments.merge)).push(moments)
         else:
             for block, moments in results:
                 folds.setdefault(fold_of(block), _PairwiseFold(Moments.merge)).push(moments)

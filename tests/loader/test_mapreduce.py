@@ -226,6 +226,19 @@ def test_reduce_on_a_cluster_names_a_failing_chunk_and_leaves_nothing(client: An
     assert our_tasks(client) == []
 
 
+def refuses(left: Any, right: Any) -> Any:
+    raise ValueError("no combining")
+
+
+def test_reduce_on_a_cluster_raises_combines_error_as_the_caller_would(client: Any) -> None:
+    """A combine raising in a leaf task of several chunks is not taken for a chunk's read."""
+    array = zarr_array(np.arange(100.0).reshape(50, 2), (5, 2))  # 10 chunks: 2 subtrees
+    for on in (None, client):
+        with pytest.raises(ValueError, match="no combining"):
+            dzb.reduce_chunks(np.sum, refuses, array, client=on)
+    assert our_tasks(client) == []
+
+
 def test_reduce_on_a_cluster_warns_of_missing_chunks(client: Any) -> None:
     store: dict[str, Any] = {}
     array = zarr.create_array(store=store, shape=(40, 2), chunks=(10, 2), dtype="f8")
