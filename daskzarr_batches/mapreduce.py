@@ -102,7 +102,9 @@ def map_chunks(
         one shard per read, ``func`` applied to each inner chunk); locally
         at most one ``func`` call per CPU runs at once, whatever the value.
         Default: one per CPU on a local store, 16 on others (fewer for large
-        chunks or shards), twice the cluster's worker threads on a cluster.
+        chunks or shards), twice the cluster's worker threads on a cluster
+        (there, without it, ``CLUSTER_DEPTH`` (8) units per worker thread are kept
+        in flight, sent half of them per graph).
     with_index : bool, default False
         Yield ``(block_index, result)`` tuples.
     cache : ChunkCache, optional
