@@ -133,8 +133,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "zarr-python's codec pipeline against zarrs' beside the raw decode limit",
               ("rows", "rounds", "data")),
     Benchmark("cluster", "benchmarks.cluster", "run",
-              "local threads vs a LocalCluster: a shuffled epoch and feature moments",
-              ("rows", "workers", "rounds")),
+              "local threads vs a LocalCluster: a shuffled epoch and feature moments; issue 40: "
+              "each per-chunk job vs dask's own graph on the cluster, 1 and 4 MiB chunks",
+              ("rows", "workers", "rounds", "match")),
     Benchmark("cluster-profile", "benchmarks.profile_cluster", "run",
               "where a LocalCluster epoch's time goes: worker reads, waiting, batch cutting",
               ("rows", "rounds", "data")),
@@ -214,7 +215,9 @@ def parser() -> argparse.ArgumentParser:
         "--epochs", type=int,
         help="torch-workers: epochs per DataLoader (3); quality-training: epochs (8)",
     )  # fmt: skip
-    cases.add_argument("--match", help="torch-workers: only cases whose name contains this")
+    cases.add_argument(
+        "--match", help="torch-workers, cluster: only cases whose name contains this"
+    )
     cases.add_argument(
         "--no-cluster", action="store_true", help="suite, writes: no LocalCluster cases"
     )

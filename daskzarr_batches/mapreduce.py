@@ -5,7 +5,7 @@ applied inside the task that reads the chunk, so with a ``distributed`` client
 it runs on the worker that decoded the chunk and only its (small) result
 travels to the client.
 
-Reduction is a *streaming pairwise tree* on the client::
+Reduction is a *streaming pairwise tree* (:class:`PairwiseFold`)::
 
     r0   r1   r2   r3   r4   r5   r6        results, in chunk (C) order
      \\   /     \\   /     \\   /
@@ -17,7 +17,11 @@ The shape of the tree depends only on the number of chunks, so the result is
 bit-for-bit the same on every scheduler, concurrency and run; it equals the
 left fold ``combine(combine(r0, r1), r2) ...`` whenever ``combine`` is
 associative (up to rounding for floats, where the tree is also the more
-accurate order).  At most ``log2(chunks)`` partial results are held.
+accurate order).  At most ``log2(chunks)`` partial results are held.  Locally
+the tree is folded on the caller as results arrive; on a ``distributed`` client
+the same tree runs on the workers (``streams.chunk_jobs``: one fused task per
+chunk, the combines as tasks, leaves sent in batches), and only the result
+travels to the caller.
 
 :class:`Moments` is a mergeable per-feature count / mean / variance (Chan et
 al.'s parallel update of Welford's algorithm) for use with
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -37,6 +41,8 @@ from .errors import ArgumentTypeError, ArgumentValueError, renamed_keywords
 from .store.cache import ChunkCache
 from .store.policy import MissingMode, OnError
 from .streams.chunk import ChunkStream, build_chunk_stream
+from .streams.chunk_jobs import PairwiseFold as _PairwiseFold
+from .streams.chunk_jobs import reduce_on_cluster
 from .streams.spec import UNSET, ChunkSpec, ReadOptions, read_options
 
 __all__ = ["Moments", "feature_moments", "map_chunks", "reduce_chunks"]
@@ -94,7 +100,9 @@ def map_chunks(
         one shard per read, ``func`` applied to each inner chunk); locally
         at most one ``func`` call per CPU runs at once, whatever the value.
         Default: one per CPU on a local store, 16 on others (fewer for large
-        chunks or shards), twice the cluster's worker threads on a cluster.
+        chunks or shards), twice the cluster's worker threads on a cluster
+        (there, without it, ``CLUSTER_DEPTH`` (8) units per worker thread are kept
+        in flight, sent half of them per graph).
         Its former name ``concurrency=`` (here, in ``reduce_chunks`` and
         ``feature_moments``) still works, with a ``DeprecationWarning``.
     with_index : bool, default False
@@ -166,8 +174,9 @@ def reduce_chunks(
 
     ``func`` runs per chunk where the chunk is read (see
     [`map_chunks`][daskzarr_batches.map_chunks]);
-    ``combine`` runs on the caller in a pairwise tree over the results in
-    chunk order (see the module docstring), so the result is deterministic:
+    ``combine`` runs in a pairwise tree over the results in chunk order (on
+    the caller, or on a cluster's workers, where only the result travels; see
+    the module docstring), so the result is deterministic:
     the same for every scheduler and concurrency, and equal to a left fold
     whenever ``combine`` is associative.  It need not be commutative.
 
@@ -230,8 +239,14 @@ def reduce_chunks(
         read=read,
     ) as results:
         name = results.source.name
-        for result in results:
-            fold.push(result)
+        # on a cluster: combined on the workers in the same tree, only the result sent here
+        reduced = reduce_on_cluster(results, combine)
+        if reduced is not None:
+            for value in reduced.values():
+                fold.push(value)
+        else:
+            for result in results:
+                fold.push(result)
     if fold.empty:
         if initial is NO_INITIAL:
             raise ArgumentValueError(
@@ -240,32 +255,6 @@ def reduce_chunks(
         return initial
     value = fold.result()
     return value if initial is NO_INITIAL else combine(initial, value)
-
-
-class _PairwiseFold(Generic[R]):
-    """Combine a sequence pairwise, like a binary counter: O(log n) partials."""
-
-    def __init__(self, combine: Callable[[R, R], R]) -> None:
-        self._combine = combine
-        self._stack: list[tuple[int, R]] = []  # (items covered, partial), left to right
-
-    @property
-    def empty(self) -> bool:
-        return not self._stack
-
-    def push(self, value: R) -> None:
-        stack = self._stack
-        stack.append((1, value))
-        while len(stack) >= 2 and stack[-2][0] == stack[-1][0]:
-            (count, right), (_, left) = stack.pop(), stack.pop()
-            stack.append((2 * count, self._combine(left, right)))
-
-    def result(self) -> R:
-        partials = [value for _, value in self._stack]
-        value = partials.pop()
-        while partials:
-            value = self._combine(partials.pop(), value)
-        return value
 
 
 @dataclass(frozen=True)
@@ -413,9 +402,20 @@ def feature_moments(
         shape, dtype = source.shape, source.dtype
         # a collection's members may tile the features differently: fold per member
         members = source.member_sources
-        for block, moments in results:
+
+        def fold_of(block: tuple[int, ...]) -> tuple[int, ...]:
             member, _ = source.member_block(block)
-            folds.setdefault((member, *block[1:]), _PairwiseFold(Moments.merge)).push(moments)
+            return (member, *block[1:])
+
+        # on a cluster: each fold's tree run on the workers, only its result sent here
+        reduced = reduce_on_cluster(results, Moments.merge, fold_of)
+        if reduced is not None:
+            for group, moments in reduced.items():
+                key = cast(tuple[int, ...], group)
+                folds.setdefault(key, _PairwiseFold(Moments.merge)).push(moments)
+        else:
+            for block, moments in results:
+                folds.setdefault(fold_of(block), _PairwiseFold(Moments.merge)).push(moments)
     if not folds:
         # No non-empty chunk: either no samples, or samples without features
         # (a zero-length feature axis), which still count.

@@ -35,8 +35,10 @@ def block_graph(
 ) -> tuple[dict[Key, Any], Key]:
     """The dask graph reading one stored block (all axes) of ``source``.
 
-    With ``transform``, a second task applies it to the block; the scheduler
-    runs it where the block was read, so only its result moves.  ``ctx.kept``
+    With ``transform``, the read and the transform are one task (the read's
+    task nested in the transform's: one task a chunk, as dask fuses
+    ``map_blocks`` on ``from_zarr``), so only its result moves and the
+    scheduler handles one task, not two.  ``ctx.kept``
     (a cache on a cluster): a Zarr array's stored block (also a chunk
     subset's, a collection member's) is cut from its kept future
     (:func:`cut_kept_block`; ``kept.block``, at ``ctx.priority``), so the
@@ -49,7 +51,7 @@ def block_graph(
     if transform is None:
         return dsk, key
     mapped = (f"dzb-map-{token}", *block)
-    dsk[mapped] = (apply_transform, transform, key)
+    dsk[mapped] = (apply_transform, transform, dsk.pop(key))
     return dsk, mapped
 
 

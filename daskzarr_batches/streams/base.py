@@ -461,6 +461,17 @@ class Stream(abc.ABC, Generic[T]):
                 f"{what()} could not be submitted: {type(exc).__name__}: {exc}"
             ) from exc
 
+    def _submit_many(
+        self, graphs: Sequence[tuple[dict[Any, Any], Any]], priority: int, what: Callable[..., str]
+    ) -> list[Any]:
+        """Hand several graphs to the runner at once (one graph on a cluster); their futures."""
+        try:
+            return self._runner.submit_many(graphs, priority)
+        except Exception as exc:
+            raise WindowError(
+                f"{what()} could not be submitted: {type(exc).__name__}: {exc}"
+            ) from exc
+
     def _wait(self, future: Any, what: Callable[..., str]) -> Any:
         """Block for ``future``'s result, turning failures into our errors."""
         started = time.perf_counter()

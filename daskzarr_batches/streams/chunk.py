@@ -54,8 +54,7 @@ def _default_io_concurrency(
     not below the CPU count.
     """
     if client is not None:
-        threads = sum(client.nthreads().values())
-        return max(2 * threads, 1)
+        return max(2 * _threads(client), 1)
     cpus = os.cpu_count() or 1
     if _is_local(source):
         return cpus
@@ -65,6 +64,31 @@ def _default_io_concurrency(
     )
     fits = DEFAULT_IO_BYTES // max(largest * chunk_bytes, 1)
     return max(min(DEFAULT_IO_CONCURRENCY, fits), min(cpus, DEFAULT_IO_CONCURRENCY), 1)
+
+
+def _threads(client: Any) -> int:
+    return sum(client.nthreads().values())
+
+
+#: units a cluster's chunk stream keeps in flight per worker thread (issue 40): a unit's
+#: round trip (scheduler, fetch) measured ~20x its read on a loaded 2-core LocalCluster,
+#: so two per thread left the workers 82% idle
+CLUSTER_DEPTH = 8
+
+
+def _cluster_depth(client: Any, source: Source, units: Sequence[Any] | None) -> int:
+    """Units in flight on a cluster when ``io_concurrency`` is not given: ``CLUSTER_DEPTH``
+    per worker thread, fewer if their decoded bytes would pass ``DEFAULT_IO_BYTES`` (the
+    items of a chunk stream come to this process), not below two per thread."""
+    threads = max(_threads(client), 1)
+    largest = max((len(unit) for unit in units), default=1) if units else 1
+    unit_bytes = (
+        largest
+        * source.dtype.itemsize
+        * math.prod(max(sizes, default=0) for sizes in source.chunks)
+    )
+    fits = DEFAULT_IO_BYTES // max(unit_bytes, 1)
+    return max(min(CLUSTER_DEPTH * threads, fits), 2 * threads)
 
 
 _LOCAL_STORES = ("LocalStore", "MemoryStore", "ZipStore", "GpuMemoryStore")
@@ -118,7 +142,13 @@ class ChunkStream(Stream[Any]):
         # thread per read in flight; a dask array computes its graph on one per CPU
         sliced = all(stored.sliced for stored in stored_sources(source))
         threads = concurrency if sliced else os.cpu_count() or 1
-        runner = make_runner(read.client, in_flight=concurrency, read_workers=threads)
+        # on a cluster (io_concurrency not given): more units in flight than reads at once
+        # (each worker reads one per thread), sent in batches of half of them per graph
+        depth = concurrency
+        if read.client is not None and read.io_concurrency is None:
+            depth = _cluster_depth(read.client, source, units)
+        self._depth, self._batch = depth, 1 if read.client is None else max(depth // 2, 1)
+        runner = make_runner(read.client, in_flight=depth, read_workers=threads)
         # reads in flight and store requests share the one number (io_concurrency)
         policy = read.policy.limited(concurrency).tokened(stored_arrays([self.source]))
         super().__init__(len(self._blocks), runner, read.timeout, policy)
@@ -138,7 +168,9 @@ class ChunkStream(Stream[Any]):
         kept = None if cache is None else self._runner.keeper(cache, read_kept_chunk, policy)
         if kept is not None and self._sharded and kept.keeps(source):
             self._units, self._sharded = [(block,) for block in self._blocks], False
-        reads = _UnitReads(self._units, self._concurrency, self._unit_submitter(source, kept))
+        reads = _UnitReads(
+            self._units, self._depth, self._unit_submitter(source, kept), self._batch
+        )
         try:
             # unbound, with ``self`` (the generator's weak proxy): a bound method would hold
             # the stream itself in the inner generator, a cycle through ``stream._items``
@@ -150,8 +182,11 @@ class ChunkStream(Stream[Any]):
             reads.in_flight.clear()
             reads.held.clear()
 
-    def _unit_submitter(self, source: Source, kept: Any = None) -> Callable[[int], Any]:
-        """``submit(number)``: unit ``number``'s graph sent to the runner; its future.
+    def _unit_submitter(
+        self, source: Source, kept: Any = None
+    ) -> Callable[[Sequence[int]], list[Any]]:
+        """``submit(numbers)``: the graphs of those units sent to the runner (on a cluster in
+        one graph); their futures.
 
         ``kept``: the runner's :class:`~daskzarr_batches.execute.runners.Keeper`
         (a cache on a cluster), else ``None``.  It holds the stream through a
@@ -163,15 +198,21 @@ class ChunkStream(Stream[Any]):
         stream = weakref.proxy(self)
         ctx = ReadContext(policy, scope, kept=kept)
 
-        def submit(number: int) -> Any:
+        def graph(number: int) -> tuple[dict[Any, Any], Any]:
             unit = units[number]
             if not sharded:
                 here = ctx.narrowed(priority=-number)
-                dsk, key = block_graph(source, unit[0], token, transform, here)
-            else:
-                sharded_source = cast(SliceSource, source)  # only a Zarr array is sharded
-                dsk, key = shard_graph(sharded_source, unit, token, transform, ctx)
-            return stream._submit(dsk, key, -number, lambda u=unit: stream._where_unit(u))
+                return block_graph(source, unit[0], token, transform, here)
+            sharded_source = cast(SliceSource, source)  # only a Zarr array is sharded
+            return shard_graph(sharded_source, unit, token, transform, ctx)
+
+        def submit(numbers: Sequence[int]) -> list[Any]:
+            first = units[numbers[0]]
+            return stream._submit_many(
+                [graph(number) for number in numbers],
+                -numbers[0],
+                lambda u=first: stream._where_unit(u),
+            )
 
         return submit
 
@@ -302,24 +343,33 @@ class _UnitReads:
         self,
         units: Sequence[tuple[tuple[int, ...], ...]],
         concurrency: int,
-        submit: Callable[[int], Any],
+        submit: Callable[[Sequence[int]], list[Any]],
+        batch: int = 1,
     ) -> None:
         self.count = len(units)
         self.concurrency = concurrency
         self.submit = submit
+        #: units sent together: a free slot waits until ``batch`` are free (or the rest)
+        self.batch = batch
         self.in_flight: dict[Any, int] = {}
         self.held: dict[int, dict[tuple[int, ...], ShardItem]] = {}
         self.submitted = 0
 
+    def _send(self, take: int) -> None:
+        numbers = range(self.submitted, self.submitted + take)
+        for future, number in zip(self.submit(numbers), numbers, strict=True):
+            self.in_flight[future] = number
+        self.submitted += take
+
     def submit_next(self) -> None:
-        self.in_flight[self.submit(self.submitted)] = self.submitted
-        self.submitted += 1
+        self._send(1)
 
     def top_up(self) -> None:
-        while len(self.in_flight) + len(self.held) < self.concurrency and (
-            self.submitted < self.count
-        ):
-            self.submit_next()
+        free = self.concurrency - len(self.in_flight) - len(self.held)
+        left = self.count - self.submitted
+        take = min(free, left)
+        if take > 0 and take >= min(self.batch, left):
+            self._send(take)
 
 
 def _name(function: Callable[..., Any]) -> str:

@@ -51,6 +51,10 @@ DEFAULT_WRITE_BUDGET = 256 * 2**20
 #: windows of ``write_shuffled`` in flight locally: one, as the exact shuffle (two measured
 #: 1.4x slower at a quarter-dataset budget: half-size windows read every chunk twice as often)
 _SHUFFLE_WINDOWS = 1
+#: ``map_to_zarr``'s units in flight per worker thread on a cluster (issue 40): a unit's
+#: input is decoded only while its task runs, so queued units cost no memory, and two per
+#: thread left the workers idle between round trips (as ``streams.chunk.CLUSTER_DEPTH``)
+_MAP_DEPTH = 8
 
 
 def map_to_zarr(
@@ -238,15 +242,16 @@ def map_to_zarr(
         for n, (a, b) in enumerate(units)
         if n not in done
     ]
-    in_flight = _in_flight(read)
+    in_flight = _in_flight(read, _MAP_DEPTH)
     _run(tasks, inputs, _WriteJob(func, inputs, (array,)), read, in_flight, stats, progress,
          None, f"map_to_zarr({_qualname(func)})")  # fmt: skip
     return array
 
 
-def _in_flight(read: ReadOptions) -> int:
+def _in_flight(read: ReadOptions, per_thread: int = 2) -> int:
+    """Units in flight: on a cluster ``per_thread`` per worker thread, else one per CPU."""
     if read.client is not None:
-        return max(2 * sum(read.client.nthreads().values()), 1)
+        return max(per_thread * sum(read.client.nthreads().values()), 1)
     return read.io_concurrency or (os.cpu_count() or 1)
 
 

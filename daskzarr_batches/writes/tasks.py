@@ -5,7 +5,10 @@ module level so it pickles to workers: one output shard or row of chunks
 written from its window's rows, returning the sizes of what it wrote), the
 write units and their rows, and the driver (``_run``: each task is
 ``read.graphs.window_graph`` plus one write task, run locally or on a
-client, its report accounted into :class:`WriteStats` and the manifest).
+client, its report accounted into :class:`WriteStats` and the manifest).  Each unit
+is one fused task (``streams.chunk_jobs.fused``), the units sent in batches (one graph
+per batch on a cluster), each with its own future: a unit is recorded complete only
+from its own report, so a resume redoes exactly the units without one.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ..store.layout import storage_keys
 from ..store.sources import Source, as_source
 from ..store.zarr_adapter import sync
 from ..streams.base import stored_arrays, stored_sources
+from ..streams.chunk_jobs import fused
 from ..streams.spec import ReadOptions, as_array
 from .resume import _listed, _Manifest
 
@@ -262,18 +266,26 @@ def _run(
     absent: set[str] = set()  # input keys found absent (a shuffle's windows share chunks)
     pending = list(reversed(tasks))
     flying: dict[Any, _Task] = {}
+    batch = 1 if read.client is None else max(in_flight // 2, 1)
     try:
         sources = runner.place(list(inputs.sources), read.timeout)
         ctx = ReadContext(policy, runner.scope, True, decode_bytes, kept=kept)
         while pending or flying:
-            while pending and len(flying) < in_flight:
-                task = pending.pop()
-                pieces = tuple(tuple(pieces_for(task.samples, off)) for off in offsets)
-                window = Window(task.number, 0, task.samples, pieces)
-                dsk, key = window_graph(sources, window, token, ctx)
-                write_key = (f"dzb-write-{token}", task.number)
-                dsk[write_key] = (_write_unit, key, job, task.ranges)
-                flying[runner.submit(dsk, write_key, -task.number)] = task
+            # one task per unit (its reads, the write and its report fused), sent in batches
+            # of half the units in flight per graph: one scheduler round trip per batch
+            take = min(in_flight - len(flying), len(pending))
+            if take > 0 and take >= min(batch, len(pending)):
+                sent = [pending.pop() for _ in range(take)]
+                graphs = []
+                for task in sent:
+                    pieces = tuple(tuple(pieces_for(task.samples, off)) for off in offsets)
+                    window = Window(task.number, 0, task.samples, pieces)
+                    dsk, key = window_graph(sources, window, token, ctx)
+                    write_key = (f"dzb-write-{token}", task.number)
+                    dsk[write_key] = (_write_unit, key, job, task.ranges)
+                    graphs.append((fused(dsk, write_key), write_key))
+                futures = runner.submit_many(graphs, -sent[0].number)
+                flying.update(zip(futures, sent, strict=True))
             done = runner.wait(list(flying), read.timeout)
             if not done:
                 oldest = next(iter(flying.values()))

@@ -168,6 +168,89 @@ def test_float_reduction_is_bit_identical_everywhere(client: Any, concurrency: i
     assert total == dzb.reduce_chunks(np.sum, operator.add, array)
 
 
+def leaf_of(chunk: np.ndarray) -> Any:
+    return int(chunk.flat[0])
+
+
+def pair_where(left: Any, right: Any) -> Any:
+    """A combine recording the tree's shape and where each combine ran."""
+    try:
+        where = "worker" if distributed.get_worker() else "?"
+    except ValueError:
+        where = "caller"
+    return ((left, right), where)
+
+
+def shape_of(tree: Any) -> Any:
+    return tree[0] if isinstance(tree, tuple) and len(tree) == 2 and tree[1] in (
+        "worker", "caller") else tree  # fmt: skip
+
+
+def strip(tree: Any) -> Any:
+    if isinstance(tree, tuple) and len(tree) == 2 and tree[1] in ("worker", "caller"):
+        left, right = tree[0]
+        return (strip(left), strip(right))
+    return tree
+
+
+def places(tree: Any) -> set[str]:
+    if isinstance(tree, tuple) and len(tree) == 2 and tree[1] in ("worker", "caller"):
+        left, right = tree[0]
+        return {tree[1]} | places(left) | places(right)
+    return set()
+
+
+@pytest.mark.parametrize("batch", [3, 128])
+def test_reduce_on_a_cluster_combines_on_the_workers_in_the_callers_tree(
+    client: Any, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the result travels: every combine runs on a worker, in the tree the caller's
+    fold makes (leaves sent ``batch`` per graph, partials carried between graphs)."""
+    from daskzarr_batches.streams import chunk_jobs
+
+    monkeypatch.setattr(chunk_jobs, "TREE_BATCH", batch)
+    data = np.arange(130.0 * 2).reshape(130, 2)
+    array = zarr_array(data, (10, 2))
+    local = dzb.reduce_chunks(leaf_of, pair_where, array)
+    remote = dzb.reduce_chunks(leaf_of, pair_where, array, client=client)
+    assert strip(remote) == strip(local)  # the same tree, whatever the batches
+    assert places(local) == {"caller"} and places(remote) == {"worker"}
+    started = dzb.reduce_chunks(leaf_of, pair_where, array, client=client, initial=-1)
+    assert strip(started) == strip(pair_where(-1, local))
+
+
+def test_reduce_on_a_cluster_names_a_failing_chunk_and_leaves_nothing(client: Any) -> None:
+    array = zarr_array(np.arange(100.0).reshape(50, 2), (10, 2))
+    # chunks 1..4 all fail: the first to finish is named
+    with pytest.raises(dzb.WindowError, match=r"\(\) on chunk \([1-4], 0\) of array") as info:
+        dzb.reduce_chunks(fails_on_second_row_block, operator.add, array, client=client)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert our_tasks(client) == []
+
+
+def refuses(left: Any, right: Any) -> Any:
+    raise ValueError("no combining")
+
+
+def test_reduce_on_a_cluster_raises_combines_error_as_the_caller_would(client: Any) -> None:
+    """A combine raising in a leaf task of several chunks is not taken for a chunk's read."""
+    array = zarr_array(np.arange(100.0).reshape(50, 2), (5, 2))  # 10 chunks: 2 subtrees
+    for on in (None, client):
+        with pytest.raises(ValueError, match="no combining"):
+            dzb.reduce_chunks(np.sum, refuses, array, client=on)
+    assert our_tasks(client) == []
+
+
+def test_reduce_on_a_cluster_warns_of_missing_chunks(client: Any) -> None:
+    store: dict[str, Any] = {}
+    array = zarr.create_array(store=store, shape=(40, 2), chunks=(10, 2), dtype="f8")
+    array[:] = 1.0
+    del store["c/1/0"]
+    with pytest.warns(dzb.MissingChunksWarning):
+        total = dzb.reduce_chunks(np.sum, operator.add, array, client=client, missing="warn")
+    assert total == 60.0
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 70))
 def test_pairwise_fold_equals_a_left_fold_for_associative_combine(n: int) -> None:

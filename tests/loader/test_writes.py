@@ -448,6 +448,27 @@ def test_map_to_zarr_on_a_cluster(client: Any, tmp_path: Path) -> None:
     np.testing.assert_array_equal(s[...], data[dzb.shuffle_order(100, 2)])
 
 
+def test_map_to_zarr_on_a_cluster_is_one_task_a_unit_sent_in_batches(
+    client: Any, tmp_path: Path
+) -> None:
+    """Issue 40: each unit's reads, func, write and report are one task (they were three),
+    the units sent several per graph; a resume after a lost unit redoes exactly it."""
+    import distributed
+
+    data = np.arange(600.0).reshape(200, 3)
+    x = _zarr(data, (10, 3), store=str(tmp_path / "x.zarr"))
+    with distributed.get_task_stream(client) as tasks:
+        y = dzb.map_to_zarr(_widen, x, str(tmp_path / "y.zarr"), client=client)
+    np.testing.assert_array_equal(y[...], _widen(data))
+    ours = [t for t in tasks.data if "dzb-" in str(t["key"])]
+    assert len(ours) == 20  # one a unit
+    (tmp_path / "y.zarr" / "c" / "7" / "0").unlink()
+    stats = dzb.WriteStats()
+    y = dzb.map_to_zarr(_widen, x, str(tmp_path / "y.zarr"), client=client, stats=stats)
+    assert (stats.units_written, stats.units_skipped) == (1, 19)
+    np.testing.assert_array_equal(y[...], _widen(data))
+
+
 def test_cli_shuffle_writes_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from daskzarr_batches.tools.cli import main
 
