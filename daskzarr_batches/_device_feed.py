@@ -5,7 +5,12 @@ iteration is one of its epochs, every batch handed to the subclass's ``put`` (wh
 starts the batch's transfer and returns what to hand out) on a thread at most
 ``prefetch`` batches ahead, and to ``hand_out`` on the consumer's thread when it is
 its turn.  The state it reports is the loader's after the last batch handed out, so
-the batches prefetched but not handed out are not counted and a resume is exact.
+the batches prefetched but not handed out are not counted and a resume is exact; an
+iteration left early (a ``break``, an exception in the loop body or from the loader)
+puts the loader back at that state, so the next iteration goes on with the first batch
+not handed out, as a plain ``Loader`` does (the batches put ahead are read again).
+The package's warnings raised on the prefetch thread are emitted on the consumer's,
+attributed to its line, when the batch they came with is handed out.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ArgumentTypeError, ArgumentValueError
+from .errors import ArgumentTypeError, ArgumentValueError, deferred_warnings, warn_caller
 
 __all__ = ["DeviceFeed", "checked_prefetch", "map_arrays"]
 
@@ -104,16 +109,34 @@ class DeviceFeed:
         return self._epoch()
 
     def _epoch(self) -> Iterator[Any]:
-        if self.prefetch == 0:
-            for batch in self.loader:
+        """One epoch; left early (a break, an error), the loader goes back to the last
+        batch handed out, so the batches put ahead are read again, not lost."""
+        start = self.loader.state_dict()
+        finished = False
+        try:
+            yield from self._direct() if self.prefetch == 0 else self._prefetched()
+            finished = True
+        finally:
+            if not finished:  # the loader's iteration is closed by now
+                self.loader.load_state_dict(start if self._state is None else self._state)
+                self._state = None  # the loader's own state is exact again
+
+    def _direct(self) -> Iterator[Any]:
+        """The epoch without a thread: each batch put when it is asked for."""
+        host = iter(self.loader)
+        try:
+            for batch in host:
                 item = self.put(batch)
                 self._state = self.loader.state_dict()
                 yield self.hand_out(item)
-            self._state = None  # the epoch is over: the loader's own state is exact
-            return
-        # A thread pulls host batches and starts their transfers, at most ``prefetch``
-        # ahead: the transfers (and their dispatch) overlap the step instead of adding to it.
-        ahead: queue.Queue[tuple[str, Any, Any]] = queue.Queue(self.prefetch)
+        finally:
+            host.close()  # type: ignore[attr-defined]
+        self._state = None  # the epoch is over: the loader's own state is exact
+
+    def _prefetched(self) -> Iterator[Any]:
+        """The epoch with a thread that pulls host batches and starts their transfers,
+        at most ``prefetch`` ahead: the transfers (and their dispatch) overlap the step."""
+        ahead: queue.Queue[tuple[str, Any, Any, list[Warning]]] = queue.Queue(self.prefetch)
         stop = threading.Event()
         producer = threading.Thread(
             target=self._produce, args=(ahead, stop), name=type(self).__name__, daemon=True
@@ -121,7 +144,9 @@ class DeviceFeed:
         producer.start()
         try:
             while True:
-                kind, item, state = ahead.get()
+                kind, item, state, warned = ahead.get()
+                for warning in warned:  # raised on the prefetch thread: the caller's now
+                    warn_caller(warning)
                 if kind == "end":
                     self._state = None  # the epoch is over: the loader's state is exact
                     return
@@ -136,25 +161,36 @@ class DeviceFeed:
                     ahead.get(timeout=0.05)
             producer.join()
 
-    def _produce(self, ahead: queue.Queue[tuple[str, Any, Any]], stop: threading.Event) -> None:
-        """Pull the loader's batches and start their transfers (the prefetch thread)."""
-        host = iter(self.loader)
-        try:
-            for batch in host:
-                item = ("batch", self.put(batch), self.loader.state_dict())
-                while not stop.is_set():
-                    try:
-                        ahead.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            ahead.put(("end", None, None))
-        except BaseException as error:  # handed to the consumer, raised there
-            if not stop.is_set():
-                ahead.put(("error", error, None))
-        finally:
-            close = getattr(host, "close", None)
-            if close is not None:
-                close()
+    def _produce(
+        self, ahead: queue.Queue[tuple[str, Any, Any, list[Warning]]], stop: threading.Event
+    ) -> None:
+        """Pull the loader's batches and start their transfers (the prefetch thread).
+
+        The package's warnings raised here go with the batch they came with, to be
+        emitted on the consumer's thread, at its line.
+        """
+        with deferred_warnings() as warned:
+
+            def taken() -> list[Warning]:
+                out = warned[:]
+                warned.clear()
+                return out
+
+            host = iter(self.loader)
+            try:
+                for batch in host:
+                    item = ("batch", self.put(batch), self.loader.state_dict(), taken())
+                    while not stop.is_set():
+                        try:
+                            ahead.put(item, timeout=0.05)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                ahead.put(("end", None, None, taken()))
+            except BaseException as error:  # handed to the consumer, raised there
+                if not stop.is_set():
+                    ahead.put(("error", error, None, taken()))
+            finally:
+                host.close()  # type: ignore[attr-defined]

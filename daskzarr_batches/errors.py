@@ -37,9 +37,13 @@ well as ``except dzb.DaskZarrBatchesError``::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import sysconfig
+import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -255,21 +259,62 @@ class LoaderBusyError(DaskZarrBatchesError, RuntimeError):
     """
 
 
+#: per thread: where ``warn_caller`` puts its warnings instead (``deferred_warnings``)
+_deferred = threading.local()
+
+#: the standard library's own files (not its site-packages): frames there between two of
+#: the package's (``dataclasses.replace``, ``contextlib``) are not the caller's
+_STDLIB = os.path.join(os.path.abspath(sysconfig.get_paths()["stdlib"]), "")
+
+
+def _between(name: str) -> bool:
+    """Whether a frame of file ``name`` may lie between the package's own frames."""
+    if name.startswith("<"):  # generated code (a dataclass's __init__), frozen modules
+        return True
+    path = os.path.abspath(name)
+    return path.startswith(_STDLIB) and "-packages" + os.sep not in path
+
+
+@contextlib.contextmanager
+def deferred_warnings() -> Iterator[list[Warning]]:
+    """Collect what :func:`warn_caller` emits in this thread, instead of emitting it.
+
+    A thread of the package's own (a device feed's prefetch thread) has no
+    caller's line to attribute a warning to: it hands the collected warnings
+    to the consumer's thread, which emits them (``warn_caller`` again) when it
+    hands out the batch they came with.
+    """
+    sink: list[Warning] = []
+    previous = getattr(_deferred, "sink", None)
+    _deferred.sink = sink
+    try:
+        yield sink
+    finally:
+        _deferred.sink = previous
+
+
 def warn_caller(warning: Warning) -> None:
     """Emit ``warning`` attributed to the first frame outside this package.
 
     The caller's own line (its training loop), however many of the
     package's frames (a stream's generator, ``Loader``, the torch adapter)
-    lie between: ``stacklevel`` is counted at the call (Python 3.11 has no
-    ``skip_file_prefixes``).
+    lie between, and the standard library's or generated code's frames
+    between two of them (``dataclasses.replace``): ``stacklevel`` is counted
+    at the call (Python 3.11 has no ``skip_file_prefixes``).  In a thread
+    collecting warnings (:func:`deferred_warnings`) it is collected instead.
     """
+    sink = getattr(_deferred, "sink", None)
+    if sink is not None:
+        sink.append(warning)
+        return
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
     def inside(frame: Any) -> bool:
-        name = frame.f_code.co_filename
-        if name == "<string>":  # generated code (a dataclass's __init__) the package calls
-            return frame.f_back is not None and inside(frame.f_back)
-        return os.path.abspath(name).startswith(package)
+        while frame is not None and _between(frame.f_code.co_filename):
+            frame = frame.f_back  # the package's, if the next frame that is not is
+        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+            package
+        )
 
     level = 2  # 1 is this function, 2 the frame below
     frame: Any = sys._getframe(1)

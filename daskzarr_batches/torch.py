@@ -92,7 +92,11 @@ class ZarrIterableDataset(IterableDataset):
     pin_memory : bool, optional
         Copy from pinned host memory (default: when ``device`` is CUDA).
     prefetch : int, default 2
-        Batches put on ``device`` ahead of the one handed out.
+        Batches (not windows, as the ``Loader``'s ``prefetch``) put on
+        ``device`` ahead of the one handed out.  An iteration left early (a
+        ``break``, an exception in the loop body) puts the loader back after
+        the last batch handed out: the next one goes on from there, every
+        sample handed out once.
 
     Raises
     ------
@@ -245,13 +249,7 @@ class ZarrIterableDataset(IterableDataset):
         if info is None:
             if self.device is None:
                 return self._main_epoch()
-            self._prefetcher = DevicePrefetcher(
-                _Stated(self._main_epoch(), self.loader),
-                self.device,
-                pin_memory=self.pin_memory,
-                prefetch=self.prefetch,
-            )
-            return iter(self._prefetcher)
+            return self._device_epoch()
         if self.device is not None:
             return _raise(
                 ArgumentValueError(
@@ -273,12 +271,41 @@ class ZarrIterableDataset(IterableDataset):
             self.loader.set_epoch(int(mem[_EPOCH]))
         mem[_SLOTS:] = _EMPTY  # whatever workers left is superseded
         convert: Callable[[Any], Any] | None = None
-        for batch in self.loader:
-            if convert is None:
-                convert = _converter(batch)
-            yield convert(batch)
+        epoch = iter(self.loader)
+        try:
+            for batch in epoch:
+                if convert is None:
+                    convert = _converter(batch)
+                yield convert(batch)
+        finally:
+            epoch.close()  # type: ignore[attr-defined]
         mem[_EPOCH] = self.loader.epoch  # the next epoch, also for later workers
         mem[_SLOTS:] = _EMPTY
+
+    def _device_epoch(self) -> Iterator[Any]:
+        """The main process's epoch through a ``DevicePrefetcher``; left early (a break,
+        an error), the loader goes back to the last batch handed out, so the batches put
+        ahead are read again by the next iteration, not lost."""
+        start = self.loader.state_dict()
+        host = self._main_epoch()
+        prefetcher = DevicePrefetcher(
+            _Stated(host, self.loader), self.device, pin_memory=self.pin_memory,
+            prefetch=self.prefetch,
+        )  # fmt: skip
+        self._prefetcher = prefetcher
+        batches = iter(prefetcher)
+        finished = False
+        try:
+            yield from batches
+            finished = True
+        finally:
+            if not finished:
+                batches.close()  # type: ignore[attr-defined]
+                host.close()
+                handed = prefetcher.state
+                self.loader.load_state_dict(start if handed is None else handed)
+                self._shared_view()[_EPOCH] = self.loader.epoch
+                self._prefetcher = None
 
     def _start_run(self, worker: int, workers: int, seed: int) -> _Run:
         """Decide (in worker ``worker``) what this iteration serves, and record it."""

@@ -336,14 +336,16 @@ class Loader:
             self._stream = stream
             with stream:
                 for batch in stream:
+                    # a transform that raises leaves its batch uncounted: the progress is
+                    # that of the batches handed out, which a re-iteration goes on from
+                    shaped = self._shape(batch)
                     self._batches += 1
-                    yield self._shape(batch)
+                    self._position = stream.position
+                    yield shaped
             stream = None
             self._epoch += 1
             self._restart()
         finally:
-            if stream is not None:  # left mid-epoch: the next iteration goes on from here
-                self._position = stream.position
             self._stream = None
             self._busy.release()
 
@@ -421,12 +423,11 @@ class Loader:
         shuffle, ...) so that a state is never applied to another one.
         """
         spec = self.spec
-        stream = self._stream
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
             "batches": self._batches,
-            "position": self._position if stream is None else stream.position,
+            "position": self._position,
             "rank": self.rank,
             "world_size": self.world_size,
             "worker": None if self._part is None else [*self._part, self._base],
@@ -477,8 +478,9 @@ class Loader:
             self._resumed, self._base = one["resumed"], one["base"]
             try:
                 _check_progress(
-                    self, one["batches"], position, self._positions(), self.world_size > 1
-                )
+                    self, one["batches"], position, self._positions(), self.world_size > 1,
+                    one["on_error"],
+                )  # fmt: skip
             except DaskZarrBatchesError:
                 self._resumed, self._base = kept
                 raise
@@ -516,7 +518,7 @@ class Loader:
                 if rank in by_rank
                 else min(batches * self.spec.batch_size, _size(old_share))
             )
-            _check_progress(self, batches, position, old_share, old_world > 1)
+            _check_progress(self, batches, position, old_share, old_world > 1, one["on_error"])
             consumed += positions_between(old_share, 0, min(position, _size(old_share)))
         covered = complement(complement([r for s in shares for r in s], self._n()), self._n())
         left = _intersect(_intersect(complement(consumed, self._n()), covered), before)
@@ -589,8 +591,6 @@ class Loader:
         state["spec"] = dataclasses.replace(self.spec, client=None)
         state["_busy"] = None
         state["_stream"] = None
-        if self._stream is not None:
-            state["_position"] = self._stream.position
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

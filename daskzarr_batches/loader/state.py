@@ -182,11 +182,18 @@ def _worker(value: Any, loader: Loader) -> int:
 
 
 def _check_progress(
-    loader: Loader, batches: int, position: int, positions: Ranges, filled: bool
+    loader: Loader,
+    batches: int,
+    position: int,
+    positions: Ranges,
+    filled: bool,
+    on_error: str = "skip",
 ) -> None:
     """``batches`` and ``position`` fit a share of ``positions`` (else raise, naming them).
 
     ``filled``: the share's stream fills skipped samples past its end (ranks).
+    ``on_error``: the state's; with ``"raise"`` no sample was skipped, so the position
+    is exactly where the batches yielded end.
     """
     total = _size(positions)
     size = loader.spec.batch_size
@@ -204,6 +211,13 @@ def _check_progress(
     if position > total and not filled:
         raise ArgumentValueError(
             f"state['position']={position} is past the end of the share's {total} positions"
+        )
+    expected = min(batches * size, total)
+    if on_error == "raise" and position != expected:
+        raise ArgumentValueError(
+            f"state['position']={position} does not fit state['batches']={batches}: with "
+            f"state['on_error']='raise' no sample is skipped, so {batches} batch(es) of "
+            f"{size} samples end at position {expected} (a corrupt or edited state?)"
         )
 
 
