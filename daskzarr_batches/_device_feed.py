@@ -130,7 +130,7 @@ class DeviceFeed:
                 self._state = self.loader.state_dict()
                 yield self.hand_out(item)
         finally:
-            host.close()  # type: ignore[attr-defined]
+            host.close()
         self._state = None  # the epoch is over: the loader's own state is exact
 
     def _prefetched(self) -> Iterator[Any]:
@@ -193,4 +193,4 @@ class DeviceFeed:
                 if not stop.is_set():
                     ahead.put(("error", error, None, taken()))
             finally:
-                host.close()  # type: ignore[attr-defined]
+                host.close()

@@ -312,9 +312,7 @@ def warn_caller(warning: Warning) -> None:
     def inside(frame: Any) -> bool:
         while frame is not None and _between(frame.f_code.co_filename):
             frame = frame.f_back  # the package's, if the next frame that is not is
-        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-            package
-        )
+        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package)
 
     level = 2  # 1 is this function, 2 the frame below
     frame: Any = sys._getframe(1)

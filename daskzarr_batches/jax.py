@@ -140,7 +140,7 @@ class JaxLoader(DeviceFeed):
         self._held_dtypes: set[np.dtype[Any]] = set()  # native dtypes JAX was seen to hold
         if loader.transform is None:  # refused before the first batch, not in the thread
             for source in loader.spec.sources:
-                self._check_dtype(source.dtype, f"array {source.name!r}")
+                self._check_dtype(source.dtype, f"array {source.name}")
 
     def _check_dtype(self, dtype: np.dtype[Any], what: str) -> None:
         """Raise unless JAX holds ``dtype`` (in native byte order, which ``put`` makes)."""
@@ -164,9 +164,8 @@ class JaxLoader(DeviceFeed):
         dtype = value.dtype
         if dtype not in self._held_dtypes:
             self._check_dtype(dtype, _where(path))
-        if dtype.kind in "iu" and dtype.itemsize == 8 and value.size:
-            if not jax.config.jax_enable_x64:
-                _check_fits_32_bits(value, _where(path))
+        if dtype.kind in "iu" and dtype.itemsize == 8 and value.size and not _x64():
+            _check_fits_32_bits(value, _where(path))
         return value
 
     def put(self, batch: Any) -> Any:
@@ -198,6 +197,11 @@ class JaxLoader(DeviceFeed):
         return f"<JaxLoader of {self.loader!r}, sharding={self.sharding}, prefetch={self.prefetch}>"
 
 
+def _x64() -> bool:
+    """Whether JAX holds 64-bit arrays as such (``jax_enable_x64``), now."""
+    return bool(jax.dtypes.canonicalize_dtype(np.int64) == np.int64)
+
+
 def _where(path: Any) -> str:
     """A batch array named by its path in the batch (``batch['x']``, ``batch[0]``)."""
     return f"the batch array batch{jax.tree_util.keystr(tuple(path))}" if path else "the batch"
@@ -208,8 +212,9 @@ def _check_fits_32_bits(value: np.ndarray, what: str) -> None:
     info = np.iinfo(np.int32 if value.dtype.kind == "i" else np.uint32)
     low, high = value.min(), value.max()
     if low < info.min or high > info.max:
+        first = value[(value < info.min) | (value > info.max)].flat[0]
         raise ArgumentValueError(
-            f"{what} ({value.dtype}) holds {low if low < info.min else high}, outside "
+            f"{what} ({value.dtype}) holds {first}, outside "
             f"{info.dtype}'s range [{info.min}, {info.max}]: without 64-bit mode JAX holds "
             f"{value.dtype} as {info.dtype}, which would wrap it silently; call "
             "jax.config.update('jax_enable_x64', True) first, or convert the array (the "

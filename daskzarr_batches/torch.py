@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 try:
@@ -264,7 +264,7 @@ class ZarrIterableDataset(IterableDataset):
             return _raise(error)  # DataLoader hands to the main process as it is
         return self._worker_epoch(run)
 
-    def _main_epoch(self) -> Iterator[Any]:
+    def _main_epoch(self) -> Generator[Any, None, None]:
         mem = self._shared_view()
         _advance_if_complete(mem)
         if int(mem[_EPOCH]) != self.loader.epoch:  # workers ran epochs meanwhile
@@ -278,7 +278,7 @@ class ZarrIterableDataset(IterableDataset):
                     convert = _converter(batch)
                 yield convert(batch)
         finally:
-            epoch.close()  # type: ignore[attr-defined]
+            epoch.close()
         mem[_EPOCH] = self.loader.epoch  # the next epoch, also for later workers
         mem[_SLOTS:] = _EMPTY
 
@@ -287,20 +287,21 @@ class ZarrIterableDataset(IterableDataset):
         an error), the loader goes back to the last batch handed out, so the batches put
         ahead are read again by the next iteration, not lost."""
         start = self.loader.state_dict()
+        assert self.device is not None
         host = self._main_epoch()
         prefetcher = DevicePrefetcher(
             _Stated(host, self.loader), self.device, pin_memory=self.pin_memory,
             prefetch=self.prefetch,
         )  # fmt: skip
         self._prefetcher = prefetcher
-        batches = iter(prefetcher)
+        batches = prefetcher.__iter__()  # a generator, closed if left early
         finished = False
         try:
             yield from batches
             finished = True
         finally:
             if not finished:
-                batches.close()  # type: ignore[attr-defined]
+                batches.close()
                 host.close()
                 handed = prefetcher.state
                 self.loader.load_state_dict(start if handed is None else handed)
@@ -479,7 +480,7 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Generator[Any, None, None]:
         from collections import deque
 
         stated = getattr(self.batches, "state_dict", None)

@@ -319,9 +319,7 @@ def interruptions(draw: st.DrawFn) -> dict[str, Any]:
     """
     n = draw(st.integers(1, 60))
     events = draw(
-        st.lists(
-            st.tuples(st.sampled_from(INTERRUPTIONS), st.integers(1, 12)), max_size=4
-        )
+        st.lists(st.tuples(st.sampled_from(INTERRUPTIONS), st.integers(1, 12)), max_size=4)
     )
     return {
         "n": n,

@@ -318,7 +318,7 @@ class Loader:
         """Batches this rank (this worker, for :meth:`worker`) yields in a whole epoch."""
         return count_batches(self._share_size(), self.spec.batch_size, self.drop_remainder)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> _Epoch:
         return _Epoch(self._run())
 
     def _run(self) -> Iterator[Any]:
