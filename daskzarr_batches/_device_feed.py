@@ -112,14 +112,13 @@ class DeviceFeed:
         """One epoch; left early (a break, an error), the loader goes back to the last
         batch handed out, so the batches put ahead are read again, not lost."""
         start = self.loader.state_dict()
-        finished = False
         try:
             yield from self._direct() if self.prefetch == 0 else self._prefetched()
-            finished = True
-        finally:
-            if not finished:  # the loader's iteration is closed by now
-                self.loader.load_state_dict(start if self._state is None else self._state)
-                self._state = None  # the loader's own state is exact again
+        except BaseException:  # GeneratorExit (a break, a loop body's error) included
+            # the loader's iteration is closed by now
+            self.loader.load_state_dict(start if self._state is None else self._state)
+            self._state = None  # the loader's own state is exact again
+            raise
 
     def _direct(self) -> Iterator[Any]:
         """The epoch without a thread: each batch put when it is asked for."""

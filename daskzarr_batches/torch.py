@@ -23,8 +23,10 @@ reports its own state, and a resumed run continues every worker's part.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
@@ -86,17 +88,14 @@ class ZarrIterableDataset(IterableDataset):
     device : str or torch.device, optional
         Put each batch on this device, the next ``prefetch`` ahead of the
         step ([`DevicePrefetcher`][daskzarr_batches.torch.DevicePrefetcher]); iterated without
-        DataLoader
-        workers only (with workers, wrap the ``DataLoader`` in a
+        DataLoader workers only (with workers, wrap the ``DataLoader`` in a
         [`DevicePrefetcher`][daskzarr_batches.torch.DevicePrefetcher]).  ``None``: host tensors.
     pin_memory : bool, optional
         Copy from pinned host memory (default: when ``device`` is CUDA).
     prefetch : int, default 2
-        Batches (not windows, as the ``Loader``'s ``prefetch``) put on
-        ``device`` ahead of the one handed out.  An iteration left early (a
-        ``break``, an exception in the loop body) puts the loader back after
-        the last batch handed out: the next one goes on from there, every
-        sample handed out once.
+        Batches (not windows, as the ``Loader``'s) put on ``device`` ahead of
+        the one handed out.  Left early (a ``break``, an error), the loader goes
+        back after the last batch handed out: each sample is handed out once.
 
     Raises
     ------
@@ -249,7 +248,7 @@ class ZarrIterableDataset(IterableDataset):
         if info is None:
             if self.device is None:
                 return self._main_epoch()
-            return self._device_epoch()
+            return self._device_epoch(self.device)
         if self.device is not None:
             return _raise(
                 ArgumentValueError(
@@ -271,42 +270,31 @@ class ZarrIterableDataset(IterableDataset):
             self.loader.set_epoch(int(mem[_EPOCH]))
         mem[_SLOTS:] = _EMPTY  # whatever workers left is superseded
         convert: Callable[[Any], Any] | None = None
-        epoch = iter(self.loader)
-        try:
+        with contextlib.closing(iter(self.loader)) as epoch:
             for batch in epoch:
                 if convert is None:
                     convert = _converter(batch)
                 yield convert(batch)
-        finally:
-            epoch.close()
         mem[_EPOCH] = self.loader.epoch  # the next epoch, also for later workers
         mem[_SLOTS:] = _EMPTY
 
-    def _device_epoch(self) -> Iterator[Any]:
-        """The main process's epoch through a ``DevicePrefetcher``; left early (a break,
-        an error), the loader goes back to the last batch handed out, so the batches put
-        ahead are read again by the next iteration, not lost."""
-        start = self.loader.state_dict()
-        assert self.device is not None
-        host = self._main_epoch()
+    def _device_epoch(self, device: torch.device) -> Iterator[Any]:
+        """The epoch on ``device``; left early, the loader goes back to the last handed out."""
+        start, host = self.loader.state_dict(), self._main_epoch()
         prefetcher = DevicePrefetcher(
-            _Stated(host, self.loader), self.device, pin_memory=self.pin_memory,
-            prefetch=self.prefetch,
-        )  # fmt: skip
+            _Stated(host, self.loader), device, pin_memory=self.pin_memory, prefetch=self.prefetch
+        )
         self._prefetcher = prefetcher
         batches = prefetcher.__iter__()  # a generator, closed if left early
-        finished = False
         try:
             yield from batches
-            finished = True
-        finally:
-            if not finished:
-                batches.close()
-                host.close()
-                handed = prefetcher.state
-                self.loader.load_state_dict(start if handed is None else handed)
-                self._shared_view()[_EPOCH] = self.loader.epoch
-                self._prefetcher = None
+        except BaseException:  # GeneratorExit (a break, a loop body's error) included
+            batches.close()
+            host.close()
+            self.loader.load_state_dict(prefetcher.state or start)
+            self._shared_view()[_EPOCH] = self.loader.epoch
+            self._prefetcher = None
+            raise
 
     def _start_run(self, worker: int, workers: int, seed: int) -> _Run:
         """Decide (in worker ``worker``) what this iteration serves, and record it."""
@@ -481,8 +469,6 @@ class DevicePrefetcher:
         return len(self.batches)
 
     def __iter__(self) -> Generator[Any, None, None]:
-        from collections import deque
-
         stated = getattr(self.batches, "state_dict", None)
         ahead: deque[tuple[Any, Any, dict[str, Any] | None]] = deque()
         for batch in self.batches:
