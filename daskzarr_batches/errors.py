@@ -37,13 +37,11 @@ well as ``except dzb.DaskZarrBatchesError``::
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import sysconfig
 import threading
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -275,22 +273,25 @@ def _between(name: str) -> bool:
     return path.startswith(_STDLIB) and "-packages" + os.sep not in path
 
 
-@contextlib.contextmanager
-def deferred_warnings() -> Iterator[list[Warning]]:
+class deferred_warnings:  # lower case: used as a function, ``with deferred_warnings():``
     """Collect what :func:`warn_caller` emits in this thread, instead of emitting it.
 
-    A thread of the package's own (a device feed's prefetch thread) has no
-    caller's line to attribute a warning to: it hands the collected warnings
-    to the consumer's thread, which emits them (``warn_caller`` again) when it
-    hands out the batch they came with.
+    ``with deferred_warnings() as warned:`` (``warned``: the list they go to).  A
+    device feed pulls a batch under it and emits the warnings (``warn_caller``
+    again) when it hands that batch out, so each comes with its batch, at the
+    consumer's line.  A class, not a generator: it runs once per batch.
     """
-    sink: list[Warning] = []
-    previous = getattr(_deferred, "sink", None)
-    _deferred.sink = sink
-    try:
-        yield sink
-    finally:
-        _deferred.sink = previous
+
+    __slots__ = ("_previous", "sink")
+
+    def __enter__(self) -> list[Warning]:
+        self._previous = getattr(_deferred, "sink", None)
+        self.sink: list[Warning] = []
+        _deferred.sink = self.sink
+        return self.sink
+
+    def __exit__(self, *exc: object) -> None:
+        _deferred.sink = self._previous
 
 
 def warn_caller(warning: Warning) -> None:

@@ -74,8 +74,8 @@ class JaxLoader(DeviceFeed):
         loader's ``drop_remainder=True`` if the last batch would not.
     prefetch : int, default 2
         Batches (not windows, as the ``Loader``'s ``prefetch``) put on the
-        devices ahead of the one handed out, on a thread, so that their
-        transfers overlap the step (``0``: no thread, each put when asked).
+        devices ahead of the one handed out (JAX's transfers are
+        asynchronous: they overlap the step; ``0``: each put when asked).
 
     Raises
     ------
@@ -138,7 +138,7 @@ class JaxLoader(DeviceFeed):
         self.sharding = sharding
         self._processes = processes
         self._held_dtypes: set[np.dtype[Any]] = set()  # native dtypes JAX was seen to hold
-        if loader.transform is None:  # refused before the first batch, not in the thread
+        if loader.transform is None:  # refused before the first batch
             for source in loader.spec.sources:
                 self._check_dtype(source.dtype, f"array {source.name}")
 

@@ -422,17 +422,26 @@ class Loader:
         it has yielded; the rest identifies the order (seed, batch size,
         shuffle, ...) so that a state is never applied to another one.
         """
-        spec = self.spec
+        return self._state_at(self._progress())
+
+    def _progress(self) -> tuple[Any, ...]:
+        """What of the state moves as batches are yielded (cheap: a device feed takes
+        it per batch, the state of the last batch handed out made from it on demand)."""
+        return self._epoch, self._batches, self._position, self._resumed, self._base
+
+    def _state_at(self, progress: tuple[Any, ...]) -> dict[str, Any]:
+        """``state_dict()`` as it was at ``progress`` (from :meth:`_progress`)."""
+        epoch, batches, position, resumed, base = progress
         return {
             "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "batches": self._batches,
-            "position": self._position,
+            "epoch": epoch,
+            "batches": batches,
+            "position": position,
             "rank": self.rank,
             "world_size": self.world_size,
-            "worker": None if self._part is None else [*self._part, self._base],
-            "resumed": None if self._resumed is None else [list(r) for r in self._resumed],
-            "on_error": spec.on_error,
+            "worker": None if self._part is None else [*self._part, base],
+            "resumed": None if resumed is None else [list(r) for r in resumed],
+            "on_error": self.spec.on_error,
             **self._identity(),
         }
 
