@@ -41,6 +41,9 @@ from .loader import Loader
 
 __all__ = ["JaxLoader", "process_share"]
 
+#: the native dtypes JAX was seen to hold (checked once per process, not per loader)
+_HELD: set[np.dtype[Any]] = set()
+
 #: version of [`JaxLoader.state_dict`][daskzarr_batches.jax.JaxLoader.state_dict]'s wrapper
 STATE_VERSION = 1
 
@@ -137,7 +140,6 @@ class JaxLoader(DeviceFeed):
             )
         self.sharding = sharding
         self._processes = processes
-        self._held_dtypes: set[np.dtype[Any]] = set()  # native dtypes JAX was seen to hold
         if loader.transform is None:  # refused before the first batch
             for source in loader.spec.sources:
                 self._check_dtype(source.dtype, f"array {source.name}")
@@ -145,7 +147,7 @@ class JaxLoader(DeviceFeed):
     def _check_dtype(self, dtype: np.dtype[Any], what: str) -> None:
         """Raise unless JAX holds ``dtype`` (in native byte order, which ``put`` makes)."""
         native = dtype.newbyteorder("=")
-        if native in self._held_dtypes:
+        if native in _HELD:
             return
         try:
             jax.device_put(np.empty(0, dtype=native))
@@ -155,14 +157,14 @@ class JaxLoader(DeviceFeed):
                 "(datetime64, timedelta64, structured, strings and objects are not numeric); "
                 "convert it, e.g. with the Loader's transform=, to a numeric or bool dtype"
             ) from error
-        self._held_dtypes.add(native)
+        _HELD.add(native)
 
     def _held(self, value: np.ndarray, path: Any) -> np.ndarray:
         """``value`` as JAX takes it: native byte order, checked dtype, 64-bit ints that fit."""
         if not value.dtype.isnative:  # JAX refuses other byte orders: one copy
             value = value.astype(value.dtype.newbyteorder("="))
         dtype = value.dtype
-        if dtype not in self._held_dtypes:
+        if dtype not in _HELD:
             self._check_dtype(dtype, _where(path))
         if dtype.kind in "iu" and dtype.itemsize == 8 and value.size and not _x64():
             _check_fits_32_bits(value, _where(path))

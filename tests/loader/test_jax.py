@@ -259,4 +259,6 @@ def test_the_devices_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None
     result = run(options)
     table = (tmp_path / "out" / "jax.md").read_text(encoding="utf-8")
     assert "| JaxLoader, 8 devices (sharded) |" in table and "Target: " in table
-    assert result["ratio"]["Loader (numpy)"] == 1.0 and result["median"]
+    assert "hand loop: jax.device_put(b, sharding), 8 devices" in table
+    assert result["ratio"]["8,192 x 32 | Loader (numpy)"] == 1.0 and result["median"]
+    assert [t["what"].split("]")[0] for t in result["targets"]][:1] == ["[8,192 x 32"]
