@@ -85,13 +85,15 @@ AREAS = (
 #: the cause of each miss, by a pattern of its target's text (first match wins)
 CAUSES: tuple[tuple[str, str], ...] = (
     (r"^\[[^\]]*\] (JaxLoader, 8 devices|torch: ZarrIterableDataset)",
-     "noise, not the feed: the machine (2 cores) was shared by six concurrent jobs "
-     "(load 7-9), and the same code paths ranged 0.37x-1.87x between rounds and array "
-     "sizes; a device feed now does the hand-written loop's work on its thread plus under "
-     "2 us a batch (a put is 200-370 us; timeit, best of 15), since the prefetch thread "
-     "went: handing each batch across threads under the GIL cost 1.15-1.3x the loop "
-     "(best of 21 interleaved epochs, 8,192 x 32); not measured on GPUs or TPUs (none "
-     "here)"),
+     "below this machine's noise, not shown to be the feed's: 2 cores shared by six "
+     "concurrent jobs (load 6-9); three runs read the 65,536 x 256 JaxLoader 1.07x-1.49x "
+     "(medians) and 0.75x-1.41x (fastest epochs), and in a side run a JaxLoader with "
+     "prefetch=0, which does exactly the hand loop's work, read 1.03x-1.14x. Measured in "
+     "isolation a device feed adds under 2 us a batch to the loop's work (a sharded put is "
+     "200-370 us; timeit, best of 15) since its prefetch thread went: handing each batch "
+     "across threads under the GIL cost 1.15-1.3x the loop (fastest of 21 interleaved "
+     "epochs, 8,192 x 32). To measure again on a quiet machine; not measured on GPUs or "
+     "TPUs (none here)"),
     (r"^\[pairs\].*ahead of insitubatch",
      "reading the pairs' inputs alone costs both the same (1.78x vs 1.76x L0); pairing costs "
      "this library 1.39x that (windows cut into x and y arrays, then each batch copied out "
