@@ -56,7 +56,7 @@ from ..streams.spec import (
 )
 from ..streams.timing import Bottleneck
 from .iteration import _Epoch, _structure
-from .state import _check_progress, _intersect, _size, _validated_states
+from .state import _check_progress, _intersect, _size, _state_at, _validated_states
 
 __all__ = ["Loader"]
 
@@ -422,7 +422,7 @@ class Loader:
         it has yielded; the rest identifies the order (seed, batch size,
         shuffle, ...) so that a state is never applied to another one.
         """
-        return self._state_at(self._progress())
+        return _state_at(self, self._progress())
 
     def _progress(self) -> tuple[Any, ...]:
         """What of the state moves as batches are yielded (cheap: a device feed takes
@@ -431,19 +431,7 @@ class Loader:
 
     def _state_at(self, progress: tuple[Any, ...]) -> dict[str, Any]:
         """``state_dict()`` as it was at ``progress`` (from :meth:`_progress`)."""
-        epoch, batches, position, resumed, base = progress
-        return {
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            "batches": batches,
-            "position": position,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "worker": None if self._part is None else [*self._part, base],
-            "resumed": None if resumed is None else [list(r) for r in resumed],
-            "on_error": self.spec.on_error,
-            **self._identity(),
-        }
+        return _state_at(self, progress)
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Continue from ``state`` (from [`state_dict`][daskzarr_batches.Loader.state_dict],

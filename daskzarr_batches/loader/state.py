@@ -1,4 +1,5 @@
-"""A Loader's state: what it records, and the checks a state passes before it is applied.
+"""A Loader's state: what it records (``_state_at``), and the checks a state passes
+before it is applied.
 
 Every field is checked (type, range, consistency with the loader's data and
 order, the rank and the worker part); a bad one raises a library error naming
@@ -47,6 +48,24 @@ _PROGRESS = ("version", "epoch", "batches", "rank", "world_size", "resumed")
 #: the version ``Loader.state_dict()`` writes (``epochs.STATE_VERSION``), the only one read
 _VERSION = 2
 _FIELDS = {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error"}
+
+
+def _state_at(loader: Loader, progress: tuple[Any, ...]) -> dict[str, Any]:
+    """``loader.state_dict()`` as it was at ``progress`` (``Loader._progress()``)."""
+    epoch, batches, position, resumed, base = progress
+    part = loader._part
+    return {
+        "version": _VERSION,
+        "epoch": epoch,
+        "batches": batches,
+        "position": position,
+        "rank": loader.rank,
+        "world_size": loader.world_size,
+        "worker": None if part is None else [*part, base],
+        "resumed": None if resumed is None else [list(r) for r in resumed],
+        "on_error": loader.spec.on_error,
+        **loader._identity(),
+    }
 
 
 def _validated_states(state: Any, loader: Loader) -> list[dict[str, Any]]:
