@@ -147,8 +147,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "what DataLoader workers cost beside the Loader alone (fork, spawn, persistent)",
               ("epochs", "rounds", "match", "data")),
     Benchmark("jax", "benchmarks.devices", "run",
-              "issue 29: JaxLoader over 8 CPU devices and torch's device path beside the "
-              "Loader; writes --out/jax.md",
+              "issues 29, 38: JaxLoader over 8 CPU devices and torch's device path against "
+              "the hand-written loops they replace; writes --out/jax.md",
               ("rows", "rounds", "out", "data")),
     Benchmark("defaults", "benchmarks.defaults", "run",
               "sequential window size x prefetch against L0; writes --out/defaults.md",

@@ -2,23 +2,28 @@
 
 [`DeviceFeed`][daskzarr_batches._device_feed.DeviceFeed] wraps a ``Loader``: each
 iteration is one of its epochs, every batch handed to the subclass's ``put`` (which
-starts the batch's transfer and returns what to hand out) on a thread at most
-``prefetch`` batches ahead, and to ``hand_out`` on the consumer's thread when it is
-its turn.  The state it reports is the loader's after the last batch handed out, so
-the batches prefetched but not handed out are not counted and a resume is exact.
+starts the batch's transfer and returns what to hand out) ``prefetch`` batches before
+it is handed to ``hand_out`` (which makes the consumer's work wait for the transfer),
+both on the consumer's thread: the transfers are asynchronous, so the batches put ahead
+are copied while the step runs.  The state it reports is the loader's after the last
+batch handed out, so the batches prefetched but not handed out are not counted and a
+resume is exact; an iteration left early (a ``break``, an exception in the loop body or
+from the loader) puts the loader back at that state, so the next iteration goes on with
+the first batch not handed out, as a plain ``Loader`` does (the batches put ahead are
+read again).  The package's warnings raised while a batch is pulled are emitted when
+it is handed out, attributed to the consumer's line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
-import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from .errors import ArgumentTypeError, ArgumentValueError
+from .errors import ArgumentTypeError, ArgumentValueError, deferred_warnings, warn_caller
 
 __all__ = ["DeviceFeed", "checked_prefetch", "map_arrays"]
 
@@ -46,15 +51,17 @@ def checked_prefetch(prefetch: Any) -> int:
 class DeviceFeed:
     """A loader's epochs with each batch put on devices ``prefetch`` batches ahead.
 
-    Subclasses define :meth:`put` (start a batch's transfer, on the prefetch
-    thread) and may define :meth:`hand_out` (make the consumer's work wait for
-    the transfer, on its thread).
+    Subclasses define :meth:`put` (start a batch's transfer) and may define
+    :meth:`hand_out` (make the consumer's work wait for the transfer).
+    ``prefetch`` counts batches (the ``Loader``'s own ``prefetch`` counts
+    windows read ahead, beneath).
     """
 
     def __init__(self, loader: Any, prefetch: int) -> None:
         self.loader = loader
         self.prefetch = checked_prefetch(prefetch)
-        self._state: dict[str, Any] | None = None  # after the last batch handed out
+        #: the loader's ``_progress()`` after the last batch handed out (None: its own)
+        self._state: tuple[Any, ...] | None = None
 
     def put(self, batch: Any) -> Any:
         """Start ``batch``'s transfer; what :meth:`hand_out` gets."""
@@ -74,7 +81,7 @@ class DeviceFeed:
     def epoch(self) -> int:
         """The epoch the next (or current) iteration runs, as far as handed out."""
         state = self._state
-        return int(self.loader.epoch if state is None else state["epoch"])
+        return int(self.loader.epoch if state is None else state[0])
 
     def set_epoch(self, epoch: int) -> None:
         """Run epoch ``epoch`` in the next iteration (from its start)."""
@@ -83,7 +90,9 @@ class DeviceFeed:
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state after the last batch this iterator handed out."""
-        return dict(self.loader.state_dict() if self._state is None else self._state)
+        if self._state is None:
+            return dict(self.loader.state_dict())
+        return dict(self.loader._state_at(self._state))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from ``state_dict``; see
@@ -104,57 +113,50 @@ class DeviceFeed:
         return self._epoch()
 
     def _epoch(self) -> Iterator[Any]:
-        if self.prefetch == 0:
-            for batch in self.loader:
-                item = self.put(batch)
-                self._state = self.loader.state_dict()
-                yield self.hand_out(item)
-            self._state = None  # the epoch is over: the loader's own state is exact
-            return
-        # A thread pulls host batches and starts their transfers, at most ``prefetch``
-        # ahead: the transfers (and their dispatch) overlap the step instead of adding to it.
-        ahead: queue.Queue[tuple[str, Any, Any]] = queue.Queue(self.prefetch)
-        stop = threading.Event()
-        producer = threading.Thread(
-            target=self._produce, args=(ahead, stop), name=type(self).__name__, daemon=True
-        )
-        producer.start()
+        """One epoch; left early (a break, an error), the loader goes back to the last
+        batch handed out, so the batches put ahead are read again, not lost."""
+        start = self.loader._progress()
         try:
+            yield from self._batches()
+        except BaseException:  # GeneratorExit (a break, a loop body's error) included
+            # the loader's iteration is closed by now
+            handed = start if self._state is None else self._state
+            self.loader.load_state_dict(self.loader._state_at(handed))
+            self._state = None  # the loader's own state is exact again
+            raise
+
+    def _batches(self) -> Iterator[Any]:
+        """The epoch's batches, each put ``prefetch`` batches before it is handed out.
+
+        On the consumer's thread: the puts start asynchronous transfers (JAX, a
+        CUDA stream), so the batches put ahead are copied while the step runs,
+        and there is no thread to hand batches across (measured: a prefetch
+        thread made an epoch 1.15-1.3x the hand-written loop's, see
+        ``docs/benchmarks.md``).  An error of the loader is raised once the
+        batches put before it are handed out, as the loader itself would.
+        """
+        ahead: deque[tuple[Any, tuple[Any, ...], list[Warning]]] = deque()
+        ended: Exception | None = None  # StopIteration at the epoch's end, or the error
+        last: list[Warning] = []
+        with contextlib.closing(iter(self.loader)) as host:
             while True:
-                kind, item, state = ahead.get()
-                if kind == "end":
-                    self._state = None  # the epoch is over: the loader's state is exact
-                    return
-                if kind == "error":
-                    raise item
+                while ended is None and len(ahead) <= self.prefetch:
+                    with deferred_warnings() as warned:  # emitted with their batch
+                        try:
+                            item = self.put(next(host))
+                        except Exception as error:  # StopIteration included
+                            ended, last = error, warned
+                        else:
+                            ahead.append((item, self.loader._progress(), warned))
+                if not ahead:
+                    break
+                item, state, warned = ahead.popleft()
+                for warning in warned:
+                    warn_caller(warning)
                 self._state = state
                 yield self.hand_out(item)
-        finally:
-            stop.set()
-            while producer.is_alive():  # let it see the stop, however full the queue
-                with contextlib.suppress(queue.Empty):
-                    ahead.get(timeout=0.05)
-            producer.join()
-
-    def _produce(self, ahead: queue.Queue[tuple[str, Any, Any]], stop: threading.Event) -> None:
-        """Pull the loader's batches and start their transfers (the prefetch thread)."""
-        host = iter(self.loader)
-        try:
-            for batch in host:
-                item = ("batch", self.put(batch), self.loader.state_dict())
-                while not stop.is_set():
-                    try:
-                        ahead.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            ahead.put(("end", None, None))
-        except BaseException as error:  # handed to the consumer, raised there
-            if not stop.is_set():
-                ahead.put(("error", error, None))
-        finally:
-            close = getattr(host, "close", None)
-            if close is not None:
-                close()
+        for warning in last:
+            warn_caller(warning)
+        if not isinstance(ended, StopIteration):
+            raise ended  # type: ignore[misc]
+        self._state = None  # the epoch is over: the loader's own state is exact

@@ -5,8 +5,8 @@
 (``pip install cupy-cuda12x``, or the build for your CUDA).  The package itself
 never imports this module.
 
-Each batch's numpy arrays are copied to the device by ``xp.asarray`` on a thread
-``prefetch`` batches ahead of the step.  With cupy the copies run on a side
+Each batch's numpy arrays are copied to the device by ``xp.asarray``
+``prefetch`` batches before the batch is handed out.  With cupy the copies run on a side
 stream (``cupy.cuda.Stream(non_blocking=True)``) from pinned host memory, one
 event recorded per batch, and handing a batch out makes the consumer's current
 stream wait on its event, so the step never reads a batch before its copy ends.
@@ -50,8 +50,9 @@ class CupyLoader(DeviceFeed):
         current CUDA device), or any module with ``asarray`` (``numpy`` runs
         the same logic on the host, as the CPU tests do).
     prefetch : int, default 2
-        Batches copied to the device ahead of the one handed out, so that
-        their copies overlap the step (``0``: copy each when asked).
+        Batches (not windows, as the ``Loader``'s ``prefetch``) copied to the
+        device ahead of the one handed out, so that their copies overlap the
+        step (``0``: copy each when asked).
 
     Raises
     ------
@@ -69,7 +70,9 @@ class CupyLoader(DeviceFeed):
     numpy array becomes an ``xp`` array, of the same dtype.  ``state_dict()``
     is the state after the last batch handed out (prefetched batches are not
     counted): ``load_state_dict()`` on a ``CupyLoader`` over a new loader
-    yields exactly the rest of the uninterrupted run.
+    yields exactly the rest of the uninterrupted run.  An iteration left
+    early (a ``break``, an exception) puts the loader back after the last
+    batch handed out, so the next one goes on with the batches prefetched.
     """
 
     def __init__(self, loader: Loader, *, xp: Any = None, prefetch: int = 2) -> None:

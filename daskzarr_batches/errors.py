@@ -41,6 +41,8 @@ import functools
 import inspect
 import os
 import sys
+import sysconfig
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -261,21 +263,63 @@ class LoaderBusyError(DaskZarrBatchesError, RuntimeError):
     """
 
 
+#: per thread: where ``warn_caller`` puts its warnings instead (``deferred_warnings``)
+_deferred = threading.local()
+
+#: the standard library's own files (not its site-packages): frames there between two of
+#: the package's (``dataclasses.replace``, ``contextlib``) are not the caller's
+_STDLIB = os.path.join(os.path.abspath(sysconfig.get_paths()["stdlib"]), "")
+
+
+def _between(name: str) -> bool:
+    """Whether a frame of file ``name`` may lie between the package's own frames."""
+    if name.startswith("<"):  # generated code (a dataclass's __init__), frozen modules
+        return True
+    path = os.path.abspath(name)
+    return path.startswith(_STDLIB) and "-packages" + os.sep not in path
+
+
+class deferred_warnings:  # lower case: used as a function, ``with deferred_warnings():``
+    """Collect what :func:`warn_caller` emits in this thread, instead of emitting it.
+
+    ``with deferred_warnings() as warned:`` (``warned``: the list they go to).  A
+    device feed pulls a batch under it and emits the warnings (``warn_caller``
+    again) when it hands that batch out, so each comes with its batch, at the
+    consumer's line.  A class, not a generator: it runs once per batch.
+    """
+
+    __slots__ = ("_previous", "sink")
+
+    def __enter__(self) -> list[Warning]:
+        self._previous = getattr(_deferred, "sink", None)
+        self.sink: list[Warning] = []
+        _deferred.sink = self.sink
+        return self.sink
+
+    def __exit__(self, *exc: object) -> None:
+        _deferred.sink = self._previous
+
+
 def warn_caller(warning: Warning) -> None:
     """Emit ``warning`` attributed to the first frame outside this package.
 
     The caller's own line (its training loop), however many of the
     package's frames (a stream's generator, ``Loader``, the torch adapter)
-    lie between: ``stacklevel`` is counted at the call (Python 3.11 has no
-    ``skip_file_prefixes``).
+    lie between, and the standard library's or generated code's frames
+    between two of them (``dataclasses.replace``): ``stacklevel`` is counted
+    at the call (Python 3.11 has no ``skip_file_prefixes``).  In a thread
+    collecting warnings (:func:`deferred_warnings`) it is collected instead.
     """
+    sink = getattr(_deferred, "sink", None)
+    if sink is not None:
+        sink.append(warning)
+        return
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
     def inside(frame: Any) -> bool:
-        name = frame.f_code.co_filename
-        if name == "<string>":  # generated code (a dataclass's __init__) the package calls
-            return frame.f_back is not None and inside(frame.f_back)
-        return os.path.abspath(name).startswith(package)
+        while frame is not None and _between(frame.f_code.co_filename):
+            frame = frame.f_back  # the package's, if the next frame that is not is
+        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package)
 
     level = 2  # 1 is this function, 2 the frame below
     frame: Any = sys._getframe(1)

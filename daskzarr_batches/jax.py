@@ -43,6 +43,9 @@ from .loader import Loader
 
 __all__ = ["JaxLoader", "process_share"]
 
+#: the native dtypes JAX was seen to hold (checked once per process, not per loader)
+_HELD: set[np.dtype[Any]] = set()
+
 #: version of [`JaxLoader.state_dict`][daskzarr_batches.jax.JaxLoader.state_dict]'s wrapper
 STATE_VERSION = 1
 
@@ -75,14 +78,16 @@ class JaxLoader(DeviceFeed):
         must divide evenly across the devices of the batch axis; use the
         loader's ``drop_remainder=True`` if the last batch would not.
     prefetch : int, default 2
-        Batches put on the devices ahead of the one handed out, so that
-        their transfers overlap the step (``0``: put each when asked).
+        Batches (not windows, as the ``Loader``'s ``prefetch``) put on the
+        devices ahead of the one handed out (JAX's transfers are
+        asynchronous: they overlap the step; ``0``: each put when asked).
 
     Raises
     ------
     ArgumentTypeError
-        ``loader`` is not a [`Loader`][daskzarr_batches.Loader], or ``sharding`` not a
-        ``jax.sharding.Sharding``.
+        ``loader`` is not a [`Loader`][daskzarr_batches.Loader], ``sharding`` not a
+        ``jax.sharding.Sharding``, or (without a ``transform``) an array has a
+        dtype JAX cannot hold, naming it.
     ArgumentValueError
         ``prefetch`` is negative, or (several JAX processes) the loader's
         rank and world size are not this process's.
@@ -90,7 +95,22 @@ class JaxLoader(DeviceFeed):
     Notes
     -----
     Dtypes are JAX's: without ``jax.config.update("jax_enable_x64", True)``
-    JAX holds 64-bit arrays as 32-bit ones (``device_put``'s rule).
+    JAX holds 64-bit arrays as 32-bit ones (``device_put``'s rule): float64
+    is rounded to float32, and int64 / uint64 become int32 / uint32, so a
+    batch holding an integer outside that range raises
+    [`ArgumentValueError`][daskzarr_batches.ArgumentValueError] naming the
+    array, its dtype and the value, where JAX would wrap it silently.  Arrays
+    in non-native byte order (``'>f4'``) are converted (one copy); an array
+    JAX cannot hold (datetime64, timedelta64, structured, strings, objects)
+    is refused with [`ArgumentTypeError`][daskzarr_batches.ArgumentTypeError]
+    naming it and its dtype when the ``JaxLoader`` is made (after a
+    ``transform``, at the first batch holding it).
+
+    An iteration left early (a ``break``, an exception in the loop body)
+    puts the loader back after the last batch handed out: iterating again
+    goes on with the next one, the batches prefetched read again, so every
+    sample is handed out once.  Warnings raised while a batch is prefetched
+    are emitted when it is handed out, at the consumer's line.
 
     ``state_dict()`` is the state after the last batch handed out (the
     batches prefetched but not handed out are not counted), so a
@@ -122,14 +142,46 @@ class JaxLoader(DeviceFeed):
             )
         self.sharding = sharding
         self._processes = processes
+        if loader.transform is None:  # refused before the first batch
+            for source in loader.spec.sources:
+                self._check_dtype(source.dtype, f"array {source.name}")
+
+    def _check_dtype(self, dtype: np.dtype[Any], what: str) -> None:
+        """Raise unless JAX holds ``dtype`` (in native byte order, which ``put`` makes)."""
+        native = dtype.newbyteorder("=")
+        if native in _HELD:
+            return
+        try:
+            jax.device_put(np.empty(0, dtype=native))
+        except TypeError as error:
+            raise ArgumentTypeError(
+                f"{what} has dtype {dtype} ({dtype.str}), which JAX arrays cannot hold "
+                "(datetime64, timedelta64, structured, strings and objects are not numeric); "
+                "convert it, e.g. with the Loader's transform=, to a numeric or bool dtype"
+            ) from error
+        _HELD.add(native)
+
+    def _held(self, value: np.ndarray, path: Any) -> np.ndarray:
+        """``value`` as JAX takes it: native byte order, checked dtype, 64-bit ints that fit."""
+        if not value.dtype.isnative:  # JAX refuses other byte orders: one copy
+            value = value.astype(value.dtype.newbyteorder("="))
+        dtype = value.dtype
+        if dtype not in _HELD:
+            self._check_dtype(dtype, _where(path))
+        if dtype.kind in "iu" and dtype.itemsize == 8 and value.size and not _x64():
+            _check_fits_32_bits(value, _where(path))
+        return value
 
     def put(self, batch: Any) -> Any:
         """``batch`` (numpy arrays in a tuple, dict, ...) with every array on the devices."""
-        return jax.tree_util.tree_map(self._put, batch)
+        if isinstance(batch, np.ndarray):
+            return self._put((), batch)
+        return jax.tree_util.tree_map_with_path(self._put, batch)
 
-    def _put(self, value: Any) -> Any:
+    def _put(self, path: Any, value: Any) -> Any:
         if not isinstance(value, np.ndarray):
             return value
+        value = self._held(value, path)
         sharding = self.sharding
         if sharding is None:
             return jax.device_put(value)
@@ -147,3 +199,28 @@ class JaxLoader(DeviceFeed):
 
     def __repr__(self) -> str:
         return f"<JaxLoader of {self.loader!r}, sharding={self.sharding}, prefetch={self.prefetch}>"
+
+
+def _x64() -> bool:
+    """Whether JAX holds 64-bit arrays as such (``jax_enable_x64``), now."""
+    return bool(jax.dtypes.canonicalize_dtype(np.int64) == np.int64)
+
+
+def _where(path: Any) -> str:
+    """A batch array named by its path in the batch (``batch['x']``, ``batch[0]``)."""
+    return f"the batch array batch{jax.tree_util.keystr(tuple(path))}" if path else "the batch"
+
+
+def _check_fits_32_bits(value: np.ndarray, what: str) -> None:
+    """Raise unless every value of a 64-bit integer array fits JAX's 32-bit one."""
+    info = np.iinfo(np.int32 if value.dtype.kind == "i" else np.uint32)
+    low, high = value.min(), value.max()
+    if low < info.min or high > info.max:
+        first = value[(value < info.min) | (value > info.max)].flat[0]
+        raise ArgumentValueError(
+            f"{what} ({value.dtype}) holds {first}, outside "
+            f"{info.dtype}'s range [{info.min}, {info.max}]: without 64-bit mode JAX holds "
+            f"{value.dtype} as {info.dtype}, which would wrap it silently; call "
+            "jax.config.update('jax_enable_x64', True) first, or convert the array (the "
+            "Loader's transform=)"
+        )

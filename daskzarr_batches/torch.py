@@ -24,9 +24,11 @@ reports its own state, and a resumed run continues every worker's part.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 try:
@@ -87,15 +89,15 @@ class ZarrIterableDataset(IterableDataset):
     loader : Loader
         The epochs, shuffle, rank share and state to serve.
     device : str or torch.device, optional
-        Put each batch on this device, the next ``prefetch`` ahead of the
-        step ([`DevicePrefetcher`][daskzarr_batches.torch.DevicePrefetcher]); iterated without
-        DataLoader
-        workers only (with workers, wrap the ``DataLoader`` in a
+        Put each batch on this device, the next ``prefetch`` ahead of the step,
+        without DataLoader workers only (with workers, wrap the ``DataLoader`` in a
         [`DevicePrefetcher`][daskzarr_batches.torch.DevicePrefetcher]).  ``None``: host tensors.
     pin_memory : bool, optional
         Copy from pinned host memory (default: when ``device`` is CUDA).
     prefetch : int, default 2
-        Batches put on ``device`` ahead of the one handed out.
+        Batches (not windows, as the ``Loader``'s) put on ``device`` ahead of
+        the one handed out.  Left early (a ``break``, an error), the loader goes
+        back after the last batch handed out: each sample is handed out once.
 
     Raises
     ------
@@ -107,8 +109,7 @@ class ZarrIterableDataset(IterableDataset):
     Notes
     -----
     - ``num_workers=0``: iterating runs the loader's next epoch, with its
-      bookkeeping: ``state_dict()`` after batch ``k`` resumes at batch
-      ``k + 1``.
+      bookkeeping: ``state_dict()`` after batch ``k`` resumes at ``k + 1``.
     - ``num_workers=N``: worker ``i`` reads part ``i`` of the ``N`` contiguous,
       whole-batch parts of what is left of this rank's epoch, on local
       threads (a ``distributed`` client is not used in workers).  After an
@@ -118,13 +119,12 @@ class ZarrIterableDataset(IterableDataset):
       from where it started.
     - ``state_dict()`` in the main process is exact whenever no worker is
       mid-epoch, and raises [`ArgumentValueError`][daskzarr_batches.ArgumentValueError] otherwise:
-      the main
-      process cannot know which of the workers' batches were consumed.  For
-      a mid-epoch state with workers use torchdata's ``StatefulDataLoader``
-      and its ``state_dict()``: each worker reports its part's state, and a
-      new ``StatefulDataLoader`` (over a new dataset with the same settings
-      and ``num_workers``) loaded with it yields exactly the batches the
-      uninterrupted run had left, in the same order.
+      the main process cannot know which of the workers' batches were
+      consumed.  For a mid-epoch state with workers use torchdata's
+      ``StatefulDataLoader`` and its ``state_dict()``: each worker reports its
+      part's state, and a new ``StatefulDataLoader`` (over a new dataset with
+      the same settings and ``num_workers``) loaded with it yields exactly
+      the batches the uninterrupted run had left, in the same order.
     - Worker processes started with ``fork`` get fresh event loops for Zarr
       and fsspec before they read; ``spawn`` works as well (slower to start:
       ``docs/benchmarks.md``).
@@ -248,13 +248,7 @@ class ZarrIterableDataset(IterableDataset):
         if info is None:
             if self.device is None:
                 return self._main_epoch()
-            self._prefetcher = DevicePrefetcher(
-                _Stated(self._main_epoch(), self.loader),
-                self.device,
-                pin_memory=self.pin_memory,
-                prefetch=self.prefetch,
-            )
-            return iter(self._prefetcher)
+            return self._device_epoch(self.device)
         if self.device is not None:
             return _raise(
                 ArgumentValueError(
@@ -269,19 +263,38 @@ class ZarrIterableDataset(IterableDataset):
             return _raise(error)  # DataLoader hands to the main process as it is
         return self._worker_epoch(run)
 
-    def _main_epoch(self) -> Iterator[Any]:
+    def _main_epoch(self) -> Generator[Any, None, None]:
         mem = self._shared_view()
         _advance_if_complete(mem)
         if int(mem[_EPOCH]) != self.loader.epoch:  # workers ran epochs meanwhile
             self.loader.set_epoch(int(mem[_EPOCH]))
         mem[_SLOTS:] = _EMPTY  # whatever workers left is superseded
         convert: Callable[[Any], Any] | None = None
-        for batch in self.loader:
-            if convert is None:
-                convert = _converter(batch)
-            yield convert(batch)
+        with contextlib.closing(iter(self.loader)) as epoch:
+            for batch in epoch:
+                if convert is None:
+                    convert = _converter(batch)
+                yield convert(batch)
         mem[_EPOCH] = self.loader.epoch  # the next epoch, also for later workers
         mem[_SLOTS:] = _EMPTY
+
+    def _device_epoch(self, device: torch.device) -> Iterator[Any]:
+        """The epoch on ``device``; left early, the loader goes back to the last handed out."""
+        start, host = self.loader.state_dict(), self._main_epoch()
+        prefetcher = DevicePrefetcher(
+            _Stated(host, self.loader), device, pin_memory=self.pin_memory, prefetch=self.prefetch
+        )
+        self._prefetcher = prefetcher
+        batches = prefetcher.__iter__()  # a generator, closed if left early
+        try:
+            yield from batches
+        except BaseException:  # GeneratorExit (a break, a loop body's error) included
+            batches.close()
+            host.close()
+            self.loader.load_state_dict(prefetcher.state or start)
+            self._shared_view()[_EPOCH] = self.loader.epoch
+            self._prefetcher = None
+            raise
 
     def _start_run(self, worker: int, workers: int, seed: int) -> _Run:
         """Decide (in worker ``worker``) what this iteration serves, and record it."""
@@ -455,9 +468,7 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self) -> Iterator[Any]:
-        from collections import deque
-
+    def __iter__(self) -> Generator[Any, None, None]:
         stated = getattr(self.batches, "state_dict", None)
         ahead: deque[tuple[Any, Any, dict[str, Any] | None]] = deque()
         for batch in self.batches:

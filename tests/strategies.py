@@ -296,3 +296,97 @@ def plans(
         seed=draw(seeds),
         epoch=draw(st.integers(0, 3)),
     )
+
+
+# ---------------------------------------------------------------- interrupted epochs
+
+
+class Interrupted(Exception):
+    """Raised by an interrupted epoch's loop body or transform (``interruptions``)."""
+
+
+#: what interrupts an epoch: a ``break``, an exception in the loop body, or the
+#: Loader's ``transform`` raising on one of its calls
+INTERRUPTIONS = ("break", "body", "transform")
+
+
+@st.composite
+def interruptions(draw: st.DrawFn) -> dict[str, Any]:
+    """An epoch of ``n`` samples (``y = arange(n)``) to run through interruptions.
+
+    ``events``: (kind, k) pairs: after the ``k``-th batch handed out in all
+    (``break`` / ``body``), or at the ``k``-th call of the transform.
+    """
+    n = draw(st.integers(1, 60))
+    events = draw(
+        st.lists(st.tuples(st.sampled_from(INTERRUPTIONS), st.integers(1, 12)), max_size=4)
+    )
+    return {
+        "n": n,
+        "batch": draw(st.integers(1, 9)),
+        "mode": draw(st.sampled_from(MODES)),
+        "events": events,
+    }
+
+
+def interrupted_epoch(case: dict[str, Any], feed: Any, ids: Any) -> tuple[list[int], list[int]]:
+    """One epoch of ``feed(loader)`` run through ``case``'s interruptions.
+
+    Returns the sample ids handed out over every re-iteration until the epoch
+    ends, and those of the same epoch uninterrupted.  After each interruption
+    ``state_dict()["batches"]`` must count the batches handed out, and a new
+    feed loaded with it must hand out exactly the rest of the epoch.
+    ``feed(loader)``: what is iterated (the loader itself, or a device feed over
+    it); ``ids(batch)``: a batch's sample ids.
+    """
+    import daskzarr_batches as dzb
+
+    n, batch, mode = case["n"], case["batch"], case["mode"]
+    kw: dict[str, Any] = {"shuffle": mode != "none", "seed": 7}
+    if mode == "buffer":
+        kw["shuffle_buffer_size"] = 9
+    y = np.arange(n, dtype="i8")
+    failing = {k for kind, k in case["events"] if kind == "transform"}
+    calls = [0]
+
+    def transform(b: Any) -> Any:
+        calls[0] += 1
+        if calls[0] in failing:
+            raise Interrupted(f"transform call {calls[0]}")
+        return b
+
+    def make(**more: Any) -> Any:
+        return feed(dzb.Loader(y, batch, transform=transform, **kw, **more))
+
+    calls[0] = -(10**6)  # no transform error in the uninterrupted run
+    whole = [i for b in make() for i in ids(b)]
+    calls[0] = 0
+    stops = {k: kind for kind, k in case["events"] if kind != "transform"}
+    interrupted, seen, handed = make(), [], 0
+    epoch = interrupted.epoch
+    for _ in range(4 * len(case["events"]) + 4):
+        try:
+            for b in interrupted:
+                seen += ids(b)
+                handed += 1
+                kind = stops.pop(handed, None)
+                if kind == "break":
+                    break
+                if kind == "body":
+                    raise Interrupted(f"loop body at batch {handed}")
+            else:
+                break  # the epoch ended
+        except Interrupted:
+            pass
+        state = interrupted.state_dict()
+        assert state["batches"] == handed, (state, handed)
+        assert interrupted.epoch == epoch
+        kept, calls[0] = calls[0], -(10**6)  # no transform error in the check
+        fresh = make()
+        fresh.load_state_dict(state)
+        rest = [i for b in fresh for i in ids(b)]
+        calls[0] = kept
+        assert seen + rest == whole, (seen, rest, whole)
+    assert interrupted.epoch == epoch + 1
+    assert seen == whole  # every sample once, in the uninterrupted order
+    return seen, whole

@@ -57,7 +57,7 @@ from ..streams.spec import (
 )
 from ..streams.timing import Bottleneck
 from .iteration import _Epoch, _sources
-from .state import _check_progress, _intersect, _size, _validated_states
+from .state import _check_progress, _intersect, _size, _state_at, _validated_states
 
 __all__ = ["Loader"]
 
@@ -306,7 +306,7 @@ class Loader:
         """Batches this rank (this worker, for :meth:`worker`) yields in a whole epoch."""
         return count_batches(self._share_size(), self.spec.batch_size, self.drop_remainder)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> _Epoch:
         return _Epoch(self._run())
 
     def _run(self) -> Iterator[Any]:
@@ -324,14 +324,16 @@ class Loader:
             self._stream = stream
             with stream:
                 for batch in stream:
+                    # a transform that raises leaves its batch uncounted: the progress is
+                    # that of the batches handed out, which a re-iteration goes on from
+                    shaped = self._shape(batch)
                     self._batches += 1
-                    yield self._shape(batch)
+                    self._position = stream.position
+                    yield shaped
             stream = None
             self._epoch += 1
             self._restart()
         finally:
-            if stream is not None:  # left mid-epoch: the next iteration goes on from here
-                self._position = stream.position
             self._stream = None
             self._busy.release()
 
@@ -408,20 +410,16 @@ class Loader:
         it has yielded; the rest identifies the order (seed, batch size,
         shuffle, ...) so that a state is never applied to another one.
         """
-        spec = self.spec
-        stream = self._stream
-        return {
-            "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "batches": self._batches,
-            "position": self._position if stream is None else stream.position,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "worker": None if self._part is None else [*self._part, self._base],
-            "resumed": None if self._resumed is None else [list(r) for r in self._resumed],
-            "on_error": spec.on_error,
-            **self._identity(),
-        }
+        return _state_at(self, self._progress())
+
+    def _progress(self) -> tuple[Any, ...]:
+        """What of the state moves as batches are yielded (cheap: a device feed takes
+        it per batch, the state of the last batch handed out made from it on demand)."""
+        return self._epoch, self._batches, self._position, self._resumed, self._base
+
+    def _state_at(self, progress: tuple[Any, ...]) -> dict[str, Any]:
+        """``state_dict()`` as it was at ``progress`` (from :meth:`_progress`)."""
+        return _state_at(self, progress)
 
     def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Continue from ``state`` (from [`state_dict`][daskzarr_batches.Loader.state_dict],
@@ -465,8 +463,9 @@ class Loader:
             self._resumed, self._base = one["resumed"], one["base"]
             try:
                 _check_progress(
-                    self, one["batches"], position, self._positions(), self.world_size > 1
-                )
+                    self, one["batches"], position, self._positions(), self.world_size > 1,
+                    one["on_error"],
+                )  # fmt: skip
             except DaskZarrBatchesError:
                 self._resumed, self._base = kept
                 raise
@@ -504,7 +503,7 @@ class Loader:
                 if rank in by_rank
                 else min(batches * self.spec.batch_size, _size(old_share))
             )
-            _check_progress(self, batches, position, old_share, old_world > 1)
+            _check_progress(self, batches, position, old_share, old_world > 1, one["on_error"])
             consumed += positions_between(old_share, 0, min(position, _size(old_share)))
         covered = complement(complement([r for s in shares for r in s], self._n()), self._n())
         left = _intersect(_intersect(complement(consumed, self._n()), covered), before)
@@ -577,8 +576,6 @@ class Loader:
         state["spec"] = dataclasses.replace(self.spec, client=None)
         state["_busy"] = None
         state["_stream"] = None
-        if self._stream is not None:
-            state["_position"] = self._stream.position
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""A Loader's state: what it records, and the checks a state passes before it is applied.
+"""A Loader's state: what it records (``_state_at``), and the checks a state passes
+before it is applied.
 
 Every field is checked (type, range, consistency with the loader's data and
 order, the rank and the worker part); a bad one raises a library error naming
@@ -47,6 +48,24 @@ _PROGRESS = ("version", "epoch", "batches", "rank", "world_size", "resumed")
 #: the version ``Loader.state_dict()`` writes (``epochs.STATE_VERSION``), the only one read
 _VERSION = 2
 _FIELDS = {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error"}
+
+
+def _state_at(loader: Loader, progress: tuple[Any, ...]) -> dict[str, Any]:
+    """``loader.state_dict()`` as it was at ``progress`` (``Loader._progress()``)."""
+    epoch, batches, position, resumed, base = progress
+    part = loader._part
+    return {
+        "version": _VERSION,
+        "epoch": epoch,
+        "batches": batches,
+        "position": position,
+        "rank": loader.rank,
+        "world_size": loader.world_size,
+        "worker": None if part is None else [*part, base],
+        "resumed": None if resumed is None else [list(r) for r in resumed],
+        "on_error": loader.spec.on_error,
+        **loader._identity(),
+    }
 
 
 def _validated_states(state: Any, loader: Loader) -> list[dict[str, Any]]:
@@ -182,11 +201,18 @@ def _worker(value: Any, loader: Loader) -> int:
 
 
 def _check_progress(
-    loader: Loader, batches: int, position: int, positions: Ranges, filled: bool
+    loader: Loader,
+    batches: int,
+    position: int,
+    positions: Ranges,
+    filled: bool,
+    on_error: str = "skip",
 ) -> None:
     """``batches`` and ``position`` fit a share of ``positions`` (else raise, naming them).
 
     ``filled``: the share's stream fills skipped samples past its end (ranks).
+    ``on_error``: the state's; with ``"raise"`` no sample was skipped, so the position
+    is exactly where the batches yielded end.
     """
     total = _size(positions)
     size = loader.spec.batch_size
@@ -204,6 +230,13 @@ def _check_progress(
     if position > total and not filled:
         raise ArgumentValueError(
             f"state['position']={position} is past the end of the share's {total} positions"
+        )
+    expected = min(batches * size, total)
+    if on_error == "raise" and position != expected:
+        raise ArgumentValueError(
+            f"state['position']={position} does not fit state['batches']={batches}: with "
+            f"state['on_error']='raise' no sample is skipped, so {batches} batch(es) of "
+            f"{size} samples end at position {expected} (a corrupt or edited state?)"
         )
 
 

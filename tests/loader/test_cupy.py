@@ -162,3 +162,21 @@ if _gpu():  # collected only where a GPU is present
         assert all(isinstance(b["x"], cupy.ndarray) for b in got)
         cupy.cuda.get_current_stream().synchronize()
         assert [{k: v.get().tolist() for k, v in b.items()} for b in got] == _plain(_loader(arrays))
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_prefetch_counts_batches_put_ahead_of_the_one_handed_out(prefetch: int) -> None:
+    """A device feed's ``prefetch`` is batches (the Loader's is windows, beneath it)."""
+    puts: list[int] = []
+
+    class Counting(CupyLoader):
+        def put(self, batch: Any) -> Any:
+            puts.append(int(batch[0]))
+            return super().put(batch)
+
+    feed = Counting(dzb.Loader(np.arange(100), 10), xp=np, prefetch=prefetch)
+    for handed, batch in enumerate(feed, 1):
+        assert int(batch[0]) == 10 * (handed - 1)
+        assert len(puts) == min(handed + prefetch, 10)  # exactly `prefetch` put ahead
+        assert feed.state_dict()["batches"] == handed  # only the handed out are counted
+    assert puts == list(range(0, 100, 10))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -28,9 +29,12 @@ import jax
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given
+from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from strategies import interrupted_epoch, interruptions, property_settings
 
-from daskzarr_batches import ArgumentTypeError, ArgumentValueError, Loader
+from daskzarr_batches import ArgumentTypeError, ArgumentValueError, Loader, MissingChunksWarning
 from daskzarr_batches.jax import JaxLoader, process_share
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +120,76 @@ def test_bad_arguments_are_named(arrays: Any, batch_sharding: Any) -> None:
     assert process_share() == {"rank": 0, "world_size": 1}
 
 
+@property_settings(12)
+@given(case=interruptions(), prefetch=st.sampled_from([0, 2]))
+def test_every_sample_once_across_interruptions(case: dict[str, Any], prefetch: int) -> None:
+    """Breaks, exceptions in the loop body and failing transforms (tests/strategies.py)."""
+    interrupted_epoch(
+        case, lambda loader: JaxLoader(loader, prefetch=prefetch), lambda b: np.asarray(b).tolist()
+    )
+
+
+def test_a_break_goes_on_with_the_prefetched_batches(batch_sharding: Any) -> None:
+    jl = JaxLoader(Loader(np.arange(1000), 40, shuffle=True, seed=1), prefetch=2)
+    seen: list[int] = []
+    for batch in jl:
+        seen += np.asarray(batch).tolist()
+        if len(seen) == 200:
+            break
+    assert jl.state_dict()["batches"] == 5
+    seen += [i for batch in jl for i in np.asarray(batch).tolist()]
+    assert sorted(seen) == list(range(1000))  # was 920: the 2 put ahead were lost
+
+
+def test_big_endian_arrays_are_converted(tmp_path: Path, batch_sharding: Any) -> None:
+    x = zarr.create_array(tmp_path / "be.zarr", shape=(64, 3), chunks=(16, 3), dtype=">f4",
+                          zarr_format=2)  # fmt: skip
+    x[:] = np.arange(192, dtype="f4").reshape(64, 3)
+    assert x.dtype == np.dtype(">f4")
+    got = [np.asarray(b) for b in JaxLoader(Loader(x, 16), sharding=batch_sharding)]
+    np.testing.assert_array_equal(np.concatenate(got), x[:])
+
+
+@pytest.mark.parametrize("dtype", ["M8[s]", "m8[ms]", [("a", "f4"), ("b", "i4")]], ids=str)
+def test_a_dtype_jax_cannot_hold_is_refused_before_the_first_batch(dtype: Any) -> None:
+    dtype = np.dtype(dtype)
+    data = {"t": np.zeros(32, dtype=dtype), "y": np.arange(32)}
+    named = rf"array <numpy t .* has dtype {re.escape(str(dtype))}"
+    with pytest.raises(ArgumentTypeError, match=named):
+        JaxLoader(Loader(data, 8))
+    # made by a transform: refused at the first batch, naming the batch array
+    as_dates = Loader(np.arange(32), 8, transform=lambda b: {"t": b.astype(dtype)})
+    with pytest.raises(ArgumentTypeError, match=r"batch\['t'\].*JAX arrays cannot hold"):
+        next(iter(JaxLoader(as_dates)))
+
+
+def test_int64_beyond_32_bits_is_refused_where_jax_would_wrap_it() -> None:
+    assert not jax.config.jax_enable_x64
+    y = np.array([0, 1, 2**31 - 1, 2**40, -(2**31), -(2**31) - 1], dtype="i8")
+    jl = JaxLoader(Loader({"y": y}, 3), prefetch=2)
+    batches = iter(jl)
+    assert np.asarray(next(batches)["y"]).tolist() == [0, 1, 2**31 - 1]  # they fit
+    with pytest.raises(ArgumentValueError, match=r"batch\['y'\] \(int64\) holds 1099511627776"):
+        next(batches)
+    assert jl.state_dict()["batches"] == 1  # the refused batch is not counted
+    u = JaxLoader(Loader(np.array([2**32], dtype="u8"), 1))
+    with pytest.raises(ArgumentValueError, match=r"\(uint64\) holds 4294967296.*uint32"):
+        next(iter(u))
+
+
+def test_a_prefetch_threads_warning_points_at_the_loop(tmp_path: Path) -> None:
+    """A MissingChunksWarning raised on the prefetch thread was attributed to threading.py."""
+    x = zarr.create_array(tmp_path / "m.zarr", shape=(64, 2), chunks=(16, 2), dtype="f4")
+    x[:] = 1.0
+    (tmp_path / "m.zarr" / "c" / "2" / "0").unlink()
+    jl = JaxLoader(Loader(x, 8, missing="warn"), prefetch=2)
+    with pytest.warns(MissingChunksWarning) as caught:
+        line = sys._getframe().f_lineno + 1
+        for _ in jl:  # the warning's line
+            pass
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
+
+
 PROCESS = textwrap.dedent(
     """
     import json, os, sys
@@ -185,4 +259,6 @@ def test_the_devices_benchmark_runs_and_writes_its_table(tmp_path: Path) -> None
     result = run(options)
     table = (tmp_path / "out" / "jax.md").read_text(encoding="utf-8")
     assert "| JaxLoader, 8 devices (sharded) |" in table and "Target: " in table
-    assert result["ratio"]["Loader (numpy)"] == 1.0 and result["median"]
+    assert "hand loop: jax.device_put(b, sharding), 8 devices" in table
+    assert result["ratio"]["8,192 x 32 | Loader (numpy)"] == 1.0 and result["median"]
+    assert [t["what"].split("]")[0] for t in result["targets"]][:1] == ["[8,192 x 32"]

@@ -245,3 +245,21 @@ def test_sequential_rank_shares_and_resumes_start_with_one_chunk(tmp_path: Any) 
         np.testing.assert_array_equal(next(rest), next(batches))
         assert again.stats.chunks_read == 1  # resumed inside chunk 1: that chunk only
         np.testing.assert_array_equal(np.concatenate([*rest]), np.concatenate([*batches]))
+
+
+def test_a_later_epochs_shuffle_quality_warning_points_at_the_loop() -> None:
+    """Raised in a dataclass's generated __init__ (the epoch's spec), it was attributed
+    to '<string>'."""
+    x = zarr.create_array(zarr.storage.MemoryStore(), shape=(20_000,), chunks=(200,), dtype="i8")
+    x[:] = np.arange(20_000)
+    with pytest.warns(dzb.ShuffleQualityWarning) as first:
+        line = sys._getframe().f_lineno + 1
+        loader = dzb.Loader(x, 64, shuffle=True, shuffle_buffer_size="auto", memory_budget=20_000)
+    assert [(w.filename, w.lineno) for w in first] == [(__file__, line)]
+    for _ in loader:  # epoch 0: planned when the loader was made
+        pass
+    with pytest.warns(dzb.ShuffleQualityWarning) as caught:
+        line = sys._getframe().f_lineno + 1
+        for _ in loader:  # epoch 1: the warning's line
+            pass
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]

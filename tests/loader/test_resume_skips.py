@@ -219,6 +219,17 @@ def a_state() -> tuple[dzb.Loader, dict[str, Any]]:
         ({"batches": "3"}, r"state\['batches'\] must be an integer, got '3'"),
         ({"position": 500}, r"state\['position'\]=500 is past the end"),
         ({"position": 3}, r"state\['position'\]=3 is behind the 1 batch"),
+        # on_error="raise" skips nothing: a position ahead of the batches is impossible
+        (
+            {"position": 16},
+            r"state\['position'\]=16 does not fit state\['batches'\]=1: with "
+            r"state\['on_error'\]='raise'",
+        ),
+        (
+            {"position": 20, "batches": 0},
+            r"state\['position'\]=20 does not fit "
+            r"state\['batches'\]=0",
+        ),
         ({"resumed": "abc"}, r"state\['resumed'\] must be None or a list"),
         ({"resumed": [[50, 150]]}, r"state\['resumed'\] must be None"),
         ({"resumed": [[10, 20], [15, 30]]}, r"state\['resumed'\] must be None"),

@@ -286,3 +286,26 @@ if torch.cuda.is_available():  # collected only where a CUDA device exists
         assert [key({k: v.cpu() for k, v in b.items()}) for b in batches] == [
             key(b) for b in ZarrIterableDataset(make(arrays))
         ]
+
+
+@pytest.mark.parametrize(("exit", "at"), [("break", 3), ("body", 3), ("break", 10)])
+def test_device_delivery_left_early_goes_on_with_the_batches_put_ahead(exit: str, at: int) -> None:
+    """The batches put on the device ahead were lost to the next iteration (issue 35)."""
+    data = ZarrIterableDataset(
+        dzb.Loader(np.arange(100), 10, shuffle=True, seed=4), device="cpu", prefetch=2
+    )
+    seen: list[int] = []
+    try:
+        for batch in data:
+            seen += batch.tolist()
+            if len(seen) == 10 * at:
+                if exit == "break":
+                    break
+                raise KeyError(at)
+    except KeyError:
+        pass
+    assert data.state_dict()["batches"] == at
+    seen += [i for batch in data for i in batch.tolist()]
+    assert sorted(seen) == list(range(100))
+    assert data.loader.epoch == 1
+    assert len([i for batch in data for i in batch.tolist()]) == 100  # the next epoch whole

@@ -8,6 +8,7 @@ exceptions; nothing of the library is mocked.
 from __future__ import annotations
 
 import shutil
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,24 @@ def test_the_missing_chunk_warning_points_at_the_loop_through_a_loader(tmp_path:
             pass
     assert len(caught) == 1 and caught[0].filename == __file__
     assert loader.stats is not None and loader.stats.chunks_missing == 1
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_the_missing_chunk_warning_points_at_the_loop_through_a_device_feed(
+    tmp_path: Path, prefetch: int
+) -> None:
+    """Raised on the prefetch thread, it was attributed to threading.py."""
+    from daskzarr_batches.cupy import CupyLoader
+
+    x = write(tmp_path)
+    chunk_file(tmp_path, 3).unlink()
+    feed = CupyLoader(dzb.Loader({"x": x}, 8, missing="warn"), xp=np, prefetch=prefetch)
+    with pytest.warns(dzb.MissingChunksWarning) as caught:
+        line = sys._getframe().f_lineno + 1
+        for _ in feed:  # the warning's line
+            pass
+    assert len(caught) == 1
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
 
 
 @pytest.mark.torch
