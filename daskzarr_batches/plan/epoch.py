@@ -82,6 +82,16 @@ def permutation(rng: np.random.Generator, n: int) -> SampleIds:
     return ids
 
 
+def _greedy_windows(sizes: list[int], window_rows: int) -> int:
+    """How many windows of consecutive units of at least ``window_rows`` rows make (and a rest)."""
+    count, rows = 0, 0
+    for size in sizes:
+        rows += size
+        if rows >= window_rows:
+            count, rows = count + 1, 0
+    return count + (rows > 0)
+
+
 def _unit_rows(starts: IndexArray, stops: IndexArray) -> IndexArray:
     """The sample ids of units ``starts[i]:stops[i]``, one after another (int64)."""
     sizes = stops - starts
@@ -250,7 +260,9 @@ class EpochPlan:
         ids = self.n_samples if self.mix is None else sum(self.mix.lengths)  # ids span all sources
         if self.sampler is not None:
             ids = self.sampler.n_ids  # draws over the labelled samples
-        return QualityCounter(ids, self.members or None, self.batch_size, self.strata(ids))
+        return QualityCounter(
+            ids, self.members or None, self.batch_size, self.strata(ids), self.n_batches
+        )
 
     def strata(self, span: int | None = None) -> IndexArray:
         """The strata of the mixing figure: the epoch's stored chunks, ``[0, ..., span]``.
@@ -370,23 +382,38 @@ class EpochPlan:
                 yield samples, units
 
     def _unit_groups(self, unit_ids: Iterable[int]) -> Iterator[list[int]]:
-        """Group units (in the given order) into windows of >= window_rows.
+        """Group units (in the given order) into balanced windows of about window_rows.
 
-        Not ramped: the first window is the whole first buffer, read as one
-        window (its chunks concurrently), so the first batch draws from as
-        many chunks as any other (see the module docstring).
+        As many windows ``W`` as consecutive units of at least ``window_rows``
+        samples make (the buffer rounded up to whole units, and the remainder),
+        cut at the unit boundaries nearest to ``j * rows / W``: every window
+        holds about ``rows / W`` samples, no more than a buffer rounded up to
+        whole units (equal units: ``floor`` or ``ceil`` of ``units / W`` each),
+        so none is a short remainder.  A remainder window of a few
+        units at the end of the epoch would deliver its batches from those few
+        units alone (with class-sorted data, one or two classes a batch): the
+        end of the epoch would be less mixed than its middle.  Not ramped: the
+        first window is a whole buffer, read as one window (its chunks
+        concurrently), so the first batch draws from as many chunks as any
+        other (see the module docstring).
         """
-        sizes = np.diff(self.units)
-        group: list[int] = []
-        rows = 0
-        for unit in unit_ids:
-            group.append(int(unit))
-            rows += int(sizes[unit])
-            if rows >= self.window_rows:
-                yield group
-                group, rows = [], 0
-        if group:
-            yield group
+        order = np.fromiter(unit_ids, dtype=np.int64)
+        if not len(order):
+            return
+        sizes = np.diff(self.units)[order]
+        ends = np.cumsum(sizes)
+        total = int(ends[-1])
+        count = _greedy_windows(sizes.tolist(), self.window_rows)
+        targets = (np.arange(1, count, dtype=np.int64) * total) // count
+        after = np.searchsorted(ends, targets, side="left")  # the first unit ending at or past
+        below = np.maximum(after - 1, 0)  # the unit before it (ending short of the target)
+        nearer = (after > 0) & (targets - ends[below] < ends[after] - targets)
+        cuts = np.where(nearer, below, after) + 1  # units before each cut
+        cuts = np.unique(np.append(cuts[cuts < len(order)], len(order)))
+        lo = 0
+        for hi in cuts.tolist():
+            yield order[lo:hi].tolist()
+            lo = hi
 
     def _sequential_orders(self, first: int = 0) -> Iterator[range]:
         # Consecutive units from sample `first` (the part of a unit before the

@@ -178,7 +178,7 @@ def expected_mixing(plan: EpochPlan) -> float | None:
     before = np.cumsum(rows) - rows
     used = np.clip(plan.n_used - before, 0, rows)
     share = rows_in / rows[window[piece]]
-    bits = expected_batch_bits(share, plan.batch_size)
+    bits = expected_batch_bits(share, min(plan.batch_size, plan.n_used))
     per_window = np.bincount(window[piece], weights=bits, minlength=len(groups))
     weight = used / max(plan.batch_size, 1)
     mean = float((per_window * weight).sum() / weight.sum()) if weight.sum() else 0.0

@@ -70,6 +70,7 @@ __all__ = [
     "DEFAULT_SHUFFLE_QUALITY",
     "ENTROPY_BINS",
     "LABEL_MIXING_WARNING",
+    "WORST_STRETCHES",
     "LabelCounter",
     "QualityCounter",
     "ShuffleQuality",
@@ -81,7 +82,19 @@ __all__ = [
     "expected_batch_bits",
     "pair_bins",
     "smallest_buffer",
+    "stretch_batches",
 ]
+
+
+#: Stretches of an epoch's batches the worst-stretch mixing (``ShuffleQuality.worst_mixing``)
+#: is the minimum over: ``ceil(batches / WORST_STRETCHES)`` consecutive batches each (2% of
+#: the epoch), the last one taking the rest.
+WORST_STRETCHES = 50
+
+
+def stretch_batches(batches: int) -> int:
+    """Batches in one stretch of the worst-stretch figure: ``ceil(batches / 50)``, at least 1."""
+    return max(-(-max(int(batches), 1) // WORST_STRETCHES), 1)
 
 
 class _Mixing:
@@ -91,17 +104,26 @@ class _Mixing:
     consecutive ids: one entry per segment between batch and stratum
     edges), so the cost is per sample (or per segment), never per
     ``batch x strata`` cell.  The unfinished batch is carried as entries.
+    Each batch is scored against an exact shuffle's expectation for its own
+    size (the short last batch against a short batch's), and the scores are
+    summed per stretch of ``stretch`` batches for the worst-stretch figure.
     """
 
-    __slots__ = ("batches", "bits", "bounds", "carry", "exact", "k", "size")
+    __slots__ = (
+        "batches", "bits", "bounds", "carry", "exact", "k", "score", "size", "stretch",
+        "stretches",
+    )  # fmt: skip
 
-    def __init__(self, bounds: npt.NDArray[np.int64], batch_size: int) -> None:
+    def __init__(self, bounds: npt.NDArray[np.int64], batch_size: int, stretch: int = 1) -> None:
         self.bounds = bounds
         self.k = max(len(bounds) - 1, 1)
         self.size = batch_size
         self.exact = exact_mixing_bits(bounds, batch_size)
         self.bits = 0.0
+        self.score = 0.0  # sum over batches of bits / the exact expectation
         self.batches = 0
+        self.stretch = max(int(stretch), 1)
+        self.stretches = np.zeros(0, dtype=np.float64)  # score per stretch
         empty = np.zeros(0, dtype=np.int64)
         self.carry: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] = (empty, empty)
 
@@ -147,6 +169,10 @@ class _Mixing:
         last = int(rows[-1])
         whole = last + 1 if (before + n) % self.size == 0 else last
         self.bits += float(bits[:whole].sum())
+        if whole:
+            scores = bits[:whole] / self.exact if self.exact > 0 else np.ones(whole)
+            self.score += float(scores.sum())
+            self._stretch(self.batches + np.arange(whole), scores)
         self.batches += whole
         if whole <= last:
             mine = rows == last
@@ -155,16 +181,45 @@ class _Mixing:
             empty = np.zeros(0, dtype=np.int64)
             self.carry = (empty, empty)
 
-    def figure(self) -> tuple[float, float]:
-        """``(mixing, bits per batch)``: an unfinished batch counts as one."""
-        total, batches = self.bits, self.batches
-        if len(self.carry[1]):
-            total += _entropy(self.carry[1])
-            batches += 1
-        bits = total / batches if batches else 0.0
-        if self.exact <= 0:
-            return 1.0, bits
-        return min(bits / self.exact, 1.0), bits
+    def _stretch(self, batches: npt.NDArray[np.int64], scores: npt.NDArray[np.float64]) -> None:
+        """Add batches' scores to their stretches."""
+        where = batches // self.stretch
+        sums = np.bincount(where - where[0], weights=scores)
+        top = int(where[0]) + len(sums)
+        if top > len(self.stretches):
+            self.stretches = np.concatenate([self.stretches, np.zeros(top - len(self.stretches))])
+        self.stretches[int(where[0]) : top] += sums
+
+    def _short(self) -> tuple[float, float] | None:
+        """The unfinished (short) batch's ``(bits, score)``: scored against its own size."""
+        counts = self.carry[1]
+        if not len(counts):
+            return None
+        bits = _entropy(counts)
+        exact = exact_mixing_bits(self.bounds, int(counts.sum()))
+        return bits, (bits / exact if exact > 0 else 1.0)
+
+    def figure(self) -> tuple[float, float, float]:
+        """``(mixing, bits per batch, worst stretch)``: an unfinished batch counts as one."""
+        total, score, batches = self.bits, self.score, self.batches
+        stretches = self.stretches.copy()
+        short = self._short()
+        if short is not None:
+            total, score, batches = total + short[0], score + short[1], batches + 1
+            at = self.batches // self.stretch
+            if at >= len(stretches):
+                stretches = np.concatenate([stretches, np.zeros(at + 1 - len(stretches))])
+            stretches[at] += short[1]
+        if not batches:
+            return 1.0, 0.0, 1.0
+        sizes = np.full(len(stretches), self.stretch, dtype=np.float64)
+        sizes[-1] = batches - self.stretch * (len(stretches) - 1)
+        if len(stretches) > 1 and sizes[-1] < self.stretch:  # the rest joins the one before
+            stretches[-2] += stretches[-1]
+            sizes[-2] += sizes[-1]
+            stretches, sizes = stretches[:-1], sizes[:-1]
+        worst = float((stretches / sizes).min())
+        return min(score / batches, 1.0), total / batches, min(worst, 1.0)
 
 
 @dataclass(frozen=True)
@@ -203,8 +258,19 @@ class ShuffleQuality:
         neighbouring regions of a store written in order (one class, one
         time span); see ``docs/streams.md``, *Shuffle quality*.  ``None``
         where the counter was given no strata.
+        Each batch is scored against an exact shuffle's expectation for its
+        own size, so the short last batch of an exact shuffle scores as its
+        full ones do.
     mixing_bits, exact_mixing_bits : float or None
-        That mean in bits, and an exact shuffle's expectation.
+        That mean in bits, and an exact shuffle's expectation for a full batch.
+    worst_mixing : float or None
+        The batch mixing of the epoch's least mixed stretch: the mean score
+        of ``ceil(batches / WORST_STRETCHES)`` consecutive batches (2% of the
+        epoch; the last stretch takes the rest), the minimum over the
+        stretches (clipped to ``[0, 1]``).  The epoch's mean (``mixing``) can
+        hide a stretch of poorly mixed batches (an epoch's end from a few
+        chunks); this does not.  An exact shuffle's is a little below 1 by
+        the noise of a stretch's few batches.  ``None`` with ``mixing``.
     label_mixing : float or None
         Streams told which array holds discrete labels (``labels=``): the
         mean overlap of a batch's label distribution with the epoch's (the
@@ -229,6 +295,7 @@ class ShuffleQuality:
     mixing: float | None = None
     mixing_bits: float | None = None
     exact_mixing_bits: float | None = None
+    worst_mixing: float | None = None
     label_mixing: float | None = None
     label_distance: float | None = None
 
@@ -241,6 +308,8 @@ class ShuffleQuality:
             text += f", sources per batch {self.source_entropy:.3f}"
         if self.mixing is not None:
             text += f", batch mixing {self.mixing:.3f}"
+            if self.worst_mixing is not None:
+                text += f" (worst stretch {self.worst_mixing:.3f})"
         if self.label_mixing is not None:
             text += f", label mixing {self.label_mixing:.3f}"
         return text
@@ -269,6 +338,9 @@ class QualityCounter:
         Bounds of the strata (``[0, ..., n]``: the epoch's stored chunks)
         whose per-batch histogram the mixing figure takes; without it, no
         mixing figure.
+    batches : int, optional
+        The epoch's batches, which sizes the stretches of ``worst_mixing``
+        (`stretch_batches`); default ``ceil(n / batch_size)``.
     """
 
     __slots__ = (
@@ -293,6 +365,7 @@ class QualityCounter:
         members: npt.ArrayLike | None = None,
         batch_size: int = 1,
         strata: npt.ArrayLike | None = None,
+        batches: int | None = None,
     ) -> None:
         self.n = max(int(n), 1)
         self.batch_size = max(int(batch_size), 1)
@@ -315,7 +388,11 @@ class QualityCounter:
                 self._exact_sources = exact_source_entropy(sizes, self.batch_size)
         self._mixing: _Mixing | None = None
         if strata is not None:
-            self._mixing = _Mixing(np.asarray(strata, dtype=np.int64), self.batch_size)
+            if batches is None:
+                batches = -(-self.n // self.batch_size)
+            self._mixing = _Mixing(
+                np.asarray(strata, dtype=np.int64), self.batch_size, stretch_batches(batches)
+            )
 
     def add(self, ids: npt.ArrayLike, positions: npt.ArrayLike) -> None:
         """Count the next delivered samples: ``ids`` at epoch ``positions``.
@@ -433,14 +510,19 @@ class QualityCounter:
         sources = bits_per_batch = None
         if self._partial is not None:
             total, batches = self._source_bits, self.batches
-            if self._partial.any():
-                total += _entropy(self._partial)
-                batches += 1
+            score = total / self._exact_sources if self._exact_sources else float(batches)
+            if self._partial.any():  # a short batch, against a short batch's expectation
+                bits = _entropy(self._partial)
+                assert self._runs is not None
+                sizes = tuple(np.diff(self._runs.offsets).tolist())
+                exact = exact_source_entropy(sizes, int(self._partial.sum()))
+                total, batches = total + bits, batches + 1
+                score += bits / exact if exact else 1.0
             bits_per_batch = total / batches if batches else 0.0
-            sources = bits_per_batch / self._exact_sources if self._exact_sources else 1.0
-        mixing = mixing_bits = exact_mixing = None
+            sources = score / batches if batches else 1.0
+        mixing = mixing_bits = exact_mixing = worst = None
         if self._mixing is not None:
-            mixing, mixing_bits = self._mixing.figure()
+            mixing, mixing_bits, worst = self._mixing.figure()
             exact_mixing = self._mixing.exact
         return ShuffleQuality(
             samples=self.samples,
@@ -453,6 +535,7 @@ class QualityCounter:
             mixing=mixing,
             mixing_bits=mixing_bits,
             exact_mixing_bits=exact_mixing,
+            worst_mixing=worst,
         )
 
 

@@ -72,6 +72,7 @@ from .checks import (
     merged_io_concurrency,
     non_negative_int,
     positive_int,
+    sample_count,
     shuffle_mode,
     timeout_seconds,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "positive_int",
     "read_options",
     "row_source",
+    "sample_count",
     "shuffle_mode",
     "timeout_seconds",
 ]
@@ -257,7 +259,7 @@ class StreamSpec:
             roles = (*roles, "sources")
         put("sources", sources)
         put("roles", tuple(roles))
-        put("batch_size", positive_int("batch_size", self.batch_size))
+        put("batch_size", sample_count("batch_size", self.batch_size))
         if self.shuffle not in get_args(ShuffleMode):
             raise ArgumentValueError(
                 f"shuffle must be one of {get_args(ShuffleMode)}, got {self.shuffle!r}"
