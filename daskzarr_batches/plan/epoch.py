@@ -82,14 +82,17 @@ def permutation(rng: np.random.Generator, n: int) -> SampleIds:
     return ids
 
 
-def _greedy_windows(sizes: list[int], window_rows: int) -> int:
-    """How many windows of consecutive units of at least ``window_rows`` rows make (and a rest)."""
-    count, rows = 0, 0
-    for size in sizes:
+def _greedy_cuts(sizes: list[int], window_rows: int) -> IndexArray:
+    """Where runs of consecutive units of at least ``window_rows`` rows end (and a rest)."""
+    cuts, rows = [], 0
+    for unit, size in enumerate(sizes):
         rows += size
         if rows >= window_rows:
-            count, rows = count + 1, 0
-    return count + (rows > 0)
+            cuts.append(unit + 1)
+            rows = 0
+    if rows > 0:
+        cuts.append(len(sizes))
+    return np.asarray(cuts, dtype=np.int64)
 
 
 def _unit_rows(starts: IndexArray, stops: IndexArray) -> IndexArray:
@@ -389,7 +392,9 @@ class EpochPlan:
         cut at the unit boundaries nearest to ``j * rows / W``: every window
         holds about ``rows / W`` samples, no more than a buffer rounded up to
         whole units (equal units: ``floor`` or ``ceil`` of ``units / W`` each),
-        so none is a short remainder.  A remainder window of a few
+        so none is a short remainder (where that would put more than a buffer
+        and one unit in a window, units of very unequal sizes, the runs
+        themselves).  A remainder window of a few
         units at the end of the epoch would deliver its batches from those few
         units alone (with class-sorted data, one or two classes a batch): the
         end of the epoch would be less mixed than its middle.  Not ramped: the
@@ -403,13 +408,17 @@ class EpochPlan:
         sizes = np.diff(self.units)[order]
         ends = np.cumsum(sizes)
         total = int(ends[-1])
-        count = _greedy_windows(sizes.tolist(), self.window_rows)
+        greedy = _greedy_cuts(sizes.tolist(), self.window_rows)
+        count = len(greedy)
         targets = (np.arange(1, count, dtype=np.int64) * total) // count
         after = np.searchsorted(ends, targets, side="left")  # the first unit ending at or past
         below = np.maximum(after - 1, 0)  # the unit before it (ending short of the target)
         nearer = (after > 0) & (targets - ends[below] < ends[after] - targets)
         cuts = np.where(nearer, below, after) + 1  # units before each cut
         cuts = np.unique(np.append(cuts[cuts < len(order)], len(order)))
+        rows = np.diff(np.concatenate([[0], ends[cuts - 1]]))
+        if rows.max() >= self.window_rows + max(int(sizes.max()), 1):
+            cuts = greedy  # units of very unequal sizes
         lo = 0
         for hi in cuts.tolist():
             yield order[lo:hi].tolist()

@@ -512,12 +512,11 @@ class QualityCounter:
             total, batches = self._source_bits, self.batches
             score = total / self._exact_sources if self._exact_sources else float(batches)
             if self._partial.any():  # a short batch, against a short batch's expectation
-                bits = _entropy(self._partial)
-                assert self._runs is not None
+                short = _entropy(self._partial)
                 sizes = tuple(np.diff(self._runs.offsets).tolist())
-                exact = exact_source_entropy(sizes, int(self._partial.sum()))
-                total, batches = total + bits, batches + 1
-                score += bits / exact if exact else 1.0
+                reference = exact_source_entropy(sizes, int(self._partial.sum()))
+                total, batches = total + short, batches + 1
+                score += short / reference if reference else 1.0
             bits_per_batch = total / batches if batches else 0.0
             sources = score / batches if batches else 1.0
         mixing = mixing_bits = exact_mixing = worst = None
