@@ -60,7 +60,7 @@ from .state import _check_progress, _intersect, _size, _validated_states
 
 __all__ = ["Loader"]
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 class Loader:
