@@ -495,8 +495,11 @@ class EpochPlan:
         over the delivered batches, weighted by the batches each window
         delivers, over an exact shuffle's (`exact_mixing_bits`), at most
         1: what ``shuffle_buffer_size="auto"`` holds a candidate buffer to.
-        Costs per unit and distinct strata share, never per row.  ``None``:
-        not a buffered row order.
+        Costs per unit and distinct strata share, never per row.  A mixture's
+        buffered windows deliver each source's own order in the schedule's
+        (not a row shuffle of the window): its figure is the planned one,
+        counted batch by batch over its draws (`planned_mixing`, per
+        sample).  ``None``: not a buffered order.
         """
         return epoch_figures.expected_mixing(self)
 

@@ -309,6 +309,8 @@ class StreamSpec:
             # a patch grid's units (the plan's "chunks") fit the window when they can
             rows = self.window_rows
             put("sources", tuple(_sized(source, rows) for source in sources))
+            if self.shuffle == "buffer" and buffer == AUTO:
+                self._check_auto()  # the units sized: the plan is not the one searched
 
     def _offsets(self) -> tuple[np.ndarray, ...]:
         return tuple(chunk_offsets(source.chunks[0]) for source in self.sources)
@@ -338,34 +340,54 @@ class StreamSpec:
         def figure(rows: int) -> float:
             return self._planned(plan(rows))
 
-        target = self.shuffle_quality
         rows, reached = smallest_buffer(
             lambda rows: plan(rows).units,
             unit_rows,
             most_rows,
-            target,
+            self.shuffle_quality,
             self.n_samples,
             planned=figure,
             estimate_rows=figure,
             largest=True,
         )
-        if reached < target:
-            warn_caller(
-                ShuffleQualityWarning(
-                    f"shuffle_buffer_size='auto': no buffer within memory_budget="
-                    f"{self.memory_budget} bytes ({self.prefetch + 1} buffers of "
-                    f"{self.row_bytes} bytes a sample) reaches shuffle_quality={target} "
-                    f"(batch mixing, a fraction of an exact shuffle's); the largest, {rows} "
-                    f"samples ({rows // unit_rows} chunks of {unit_rows}), reaches "
-                    f"{reached:.3f}. Ways out: the exact shuffle (shuffle_buffer_size=None; "
-                    "with cache=ChunkCache(...) later epochs read from the cache), "
-                    "write_shuffled(...) once and a buffered shuffle of its output, smaller "
-                    "chunks (a buffer of the same bytes holds more of them), or a larger "
-                    "memory_budget / lower shuffle_quality"
-                )
-            )
         object.__setattr__(self, "_figure", (rows, reached))
+        if reached < self.shuffle_quality:
+            self._warn_short(rows, reached, unit_rows)
         return rows
+
+    def _warn_short(self, rows: int, reached: float, unit_rows: int) -> None:
+        """The ``ShuffleQualityWarning`` of an "auto" buffer below its target (once per spec)."""
+        assert self.prefetch is not None
+        object.__setattr__(self, "_warned", True)
+        warn_caller(
+            ShuffleQualityWarning(
+                f"shuffle_buffer_size='auto': no buffer within memory_budget="
+                f"{self.memory_budget} bytes ({self.prefetch + 1} buffers of "
+                f"{self.row_bytes} bytes a sample) reaches shuffle_quality={self.shuffle_quality} "
+                f"(batch mixing, a fraction of an exact shuffle's); the largest, {rows} "
+                f"samples ({rows // unit_rows} chunks of {unit_rows}), reaches "
+                f"{reached:.3f}. Ways out: the exact shuffle (shuffle_buffer_size=None; "
+                "with cache=ChunkCache(...) later epochs read from the cache), "
+                "write_shuffled(...) once and a buffered shuffle of its output, smaller "
+                "chunks (a buffer of the same bytes holds more of them), or a larger "
+                "memory_budget / lower shuffle_quality"
+            )
+        )
+
+    def _check_auto(self) -> None:
+        """The chosen buffer's figure on the spec's final plan, warned below the target.
+
+        The search plans every candidate as the spec's plan would be; where the
+        sources change after it (a patch grid's units sized to the window), the
+        figure is taken again on the plan that will be read.
+        """
+        assert self.shuffle_quality is not None
+        object.__setattr__(self, "_figure", None)
+        figure = self.buffer_figure()
+        if figure is not None and figure < self.shuffle_quality:
+            if not self.__dict__.get("_warned"):
+                units = sample_units(self._offsets(), self.n_samples)
+                self._warn_short(self.window_rows, figure, int(np.diff(units).max(initial=1)))
 
     def buffer_figure(self) -> float | None:
         """The batch mixing ``"auto"`` held the buffer to.
