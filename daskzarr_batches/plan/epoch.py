@@ -259,12 +259,21 @@ class EpochPlan:
         return epoch_figures.summary(self, task_count)
 
     def quality_counter(self) -> QualityCounter:
-        """An empty `QualityCounter` for this epoch's ids (and members, batches)."""
+        """An empty `QualityCounter` for this epoch's ids (and members, batches).
+
+        A mixture's reference is an exact shuffle of its epoch's draws (each
+        stratum's share of them), which draw some sources in part and cycle others.
+        """
         ids = self.n_samples if self.mix is None else sum(self.mix.lengths)  # ids span all sources
         if self.sampler is not None:
             ids = self.sampler.n_ids  # draws over the labelled samples
+        strata, draws = self.strata(ids), None
+        if self.mix is not None:  # an exact shuffle of the epoch's draws, not of every sample
+            drawn = self.mix_order()[0][: self.n_used]
+            where = np.searchsorted(strata, drawn, side="right") - 1
+            draws = np.bincount(where, minlength=len(strata) - 1)
         return QualityCounter(
-            ids, self.members or None, self.batch_size, self.strata(ids), self.n_batches
+            ids, self.members or None, self.batch_size, strata, self.n_batches, draws
         )
 
     def strata(self, span: int | None = None) -> IndexArray:

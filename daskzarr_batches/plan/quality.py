@@ -110,15 +110,23 @@ class _Mixing:
     """
 
     __slots__ = (
-        "batches", "bits", "bounds", "carry", "exact", "k", "score", "size", "stretch",
-        "stretches",
+        "batches", "bits", "bounds", "carry", "exact", "k", "reference", "score", "size",
+        "stretch", "stretches",
     )  # fmt: skip
 
-    def __init__(self, bounds: npt.NDArray[np.int64], batch_size: int, stretch: int = 1) -> None:
+    def __init__(
+        self,
+        bounds: npt.NDArray[np.int64],
+        batch_size: int,
+        stretch: int = 1,
+        reference: npt.NDArray[np.int64] | None = None,
+    ) -> None:
         self.bounds = bounds
         self.k = max(len(bounds) - 1, 1)
         self.size = batch_size
-        self.exact = exact_mixing_bits(bounds, batch_size)
+        # the exact shuffle's strata shares: the strata's sizes, or the epoch's draws of each
+        self.reference = bounds if reference is None else reference
+        self.exact = exact_mixing_bits(self.reference, batch_size)
         self.bits = 0.0
         self.score = 0.0  # sum over batches of bits / the exact expectation
         self.batches = 0
@@ -196,7 +204,7 @@ class _Mixing:
         if not len(counts):
             return None
         bits = _entropy(counts)
-        exact = exact_mixing_bits(self.bounds, int(counts.sum()))
+        exact = exact_mixing_bits(self.reference, int(counts.sum()))
         return bits, (bits / exact if exact > 0 else 1.0)
 
     def figure(self) -> tuple[float, float, float]:
@@ -341,6 +349,11 @@ class QualityCounter:
     batches : int, optional
         The epoch's batches, which sizes the stretches of ``worst_mixing``
         (`stretch_batches`); default ``ceil(n / batch_size)``.
+    draws : sequence of int, optional
+        How many of the epoch's ids each stratum holds, where that is not its
+        size (a mixture draws some sources in part, others cycled): the
+        shares the exact shuffle's reference batch is drawn from (an exact
+        shuffle of the epoch's own draws).  Default: the strata's sizes.
     """
 
     __slots__ = (
@@ -366,6 +379,7 @@ class QualityCounter:
         batch_size: int = 1,
         strata: npt.ArrayLike | None = None,
         batches: int | None = None,
+        draws: npt.ArrayLike | None = None,
     ) -> None:
         self.n = max(int(n), 1)
         self.batch_size = max(int(batch_size), 1)
@@ -390,8 +404,14 @@ class QualityCounter:
         if strata is not None:
             if batches is None:
                 batches = -(-self.n // self.batch_size)
+            reference = None
+            if draws is not None:
+                reference = np.concatenate([[0], np.cumsum(np.asarray(draws, dtype=np.int64))])
             self._mixing = _Mixing(
-                np.asarray(strata, dtype=np.int64), self.batch_size, stretch_batches(batches)
+                np.asarray(strata, dtype=np.int64),
+                self.batch_size,
+                stretch_batches(batches),
+                reference,
             )
 
     def add(self, ids: npt.ArrayLike, positions: npt.ArrayLike) -> None:

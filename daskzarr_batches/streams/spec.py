@@ -384,10 +384,13 @@ class StreamSpec:
         assert self.shuffle_quality is not None
         object.__setattr__(self, "_figure", None)
         figure = self.buffer_figure()
-        if figure is not None and figure < self.shuffle_quality:
-            if not self.__dict__.get("_warned"):
-                units = sample_units(self._offsets(), self.n_samples)
-                self._warn_short(self.window_rows, figure, int(np.diff(units).max(initial=1)))
+        if (
+            figure is not None
+            and figure < self.shuffle_quality
+            and not self.__dict__.get("_warned")
+        ):
+            units = sample_units(self._offsets(), self.n_samples)
+            self._warn_short(self.window_rows, figure, int(np.diff(units).max(initial=1)))
 
     def buffer_figure(self) -> float | None:
         """The batch mixing ``"auto"`` held the buffer to.
