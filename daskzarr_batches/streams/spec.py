@@ -357,12 +357,11 @@ class StreamSpec:
 
     def _warn_short(self, rows: int, reached: float, unit_rows: int) -> None:
         """The ``ShuffleQualityWarning`` of an "auto" buffer below its target (once per spec)."""
-        assert self.prefetch is not None
         object.__setattr__(self, "_warned", True)
         warn_caller(
             ShuffleQualityWarning(
                 f"shuffle_buffer_size='auto': no buffer within memory_budget="
-                f"{self.memory_budget} bytes ({self.prefetch + 1} buffers of "
+                f"{self.memory_budget} bytes ({(self.prefetch or 0) + 1} buffers of "
                 f"{self.row_bytes} bytes a sample) reaches shuffle_quality={self.shuffle_quality} "
                 f"(batch mixing, a fraction of an exact shuffle's); the largest, {rows} "
                 f"samples ({rows // unit_rows} chunks of {unit_rows}), reaches "
@@ -375,12 +374,7 @@ class StreamSpec:
         )
 
     def _check_auto(self) -> None:
-        """The chosen buffer's figure on the spec's final plan, warned below the target.
-
-        The search plans every candidate as the spec's plan would be; where the
-        sources change after it (a patch grid's units sized to the window), the
-        figure is taken again on the plan that will be read.
-        """
+        """The chosen buffer's figure again, on the plan read (a patch grid's units sized)."""
         assert self.shuffle_quality is not None
         object.__setattr__(self, "_figure", None)
         figure = self.buffer_figure()
