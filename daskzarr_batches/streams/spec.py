@@ -137,7 +137,8 @@ class StreamSpec:
         A string is a size in bytes (``"256MiB"``, ``"1GB"``: `byte_size`),
         converted to the samples it holds (at least 1; `buffer_samples`);
         the spec keeps the number of samples.  ``"auto"``: the smallest
-        buffer of whole units whose batch mixing reaches ``shuffle_quality``
+        buffer of whole units whose batch mixing (the epoch's mean over its
+        batches, its windows balanced) reaches ``shuffle_quality``
         of an exact shuffle's (`smallest_buffer`), within
         ``memory_budget`` (else the largest within it, and a
         ``ShuffleQualityWarning``); the spec keeps the samples chosen.
