@@ -61,7 +61,7 @@ from .state import _check_progress, _intersect, _size, _state_at, _validated_sta
 
 __all__ = ["Loader"]
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 class Loader:

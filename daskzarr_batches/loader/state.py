@@ -3,8 +3,11 @@ before it is applied.
 
 Every field is checked (type, range, consistency with the loader's data and
 order, the rank and the worker part); a bad one raises a library error naming
-it.  Only the current version (2) is read: 0.1 was never released with another, and a
-state of any other version is refused with an error that says so.
+it.  Only the current version (3) is read: 0.1 was never released with another, and a
+state of any other version is refused with an error that says so (version 2 by the
+order it was saved under: the buffered order changed in version 3, so a buffered
+state's position would be applied to another order; sequential and exact states of
+version 2 are read, their orders are unchanged).
 """
 
 from __future__ import annotations
@@ -46,7 +49,13 @@ _PROGRESS = ("version", "epoch", "batches", "rank", "world_size", "resumed")
 
 
 #: the version ``Loader.state_dict()`` writes (``epochs.STATE_VERSION``), the only one read
-_VERSION = 2
+_VERSION = 3
+
+#: The orders (``shuffle`` modes) each older version saved states under that changed
+#: since: a state of that version and order is refused (its position would be applied to
+#: another order); of another order it is read as the current version.  Version 3:
+#: buffered windows are balanced (issue 35), so a buffered order of a seed differs.
+_CHANGED_ORDERS: dict[int, tuple[str, ...]] = {2: ("buffer",)}
 _FIELDS = {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error"}
 
 
@@ -93,6 +102,16 @@ def _validated_states(state: Any, loader: Loader) -> list[dict[str, Any]]:
 def _validated(state: Mapping[str, Any], loader: Loader) -> dict[str, Any]:
     """One state's fields, each checked (type, range, this loader's order), or raise."""
     version = state.get("version")
+    changed = _CHANGED_ORDERS.get(version) if type(version) is int else None
+    if changed is not None and loader.spec.shuffle in changed:
+        raise ArgumentValueError(
+            f"state['version']={version}: a Loader state saved under the {loader.spec.shuffle} "
+            f"order of version {version}, which version {_VERSION} changed (a buffered epoch's "
+            "windows are balanced now), so its position would resume a different order and "
+            "repeat or skip samples; restart the epoch, or save the state again with this version"
+        )
+    if changed is not None:
+        version = _VERSION  # an order that did not change: the state reads as the current one
     if type(version) is int and 0 < version < _VERSION:
         raise ArgumentValueError(
             f"state['version']={version}: a Loader state of an older format, which this "

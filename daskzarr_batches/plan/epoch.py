@@ -82,6 +82,19 @@ def permutation(rng: np.random.Generator, n: int) -> SampleIds:
     return ids
 
 
+def _greedy_cuts(sizes: list[int], window_rows: int) -> IndexArray:
+    """Where runs of consecutive units of at least ``window_rows`` rows end (and a rest)."""
+    cuts, rows = [], 0
+    for unit, size in enumerate(sizes):
+        rows += size
+        if rows >= window_rows:
+            cuts.append(unit + 1)
+            rows = 0
+    if rows > 0:
+        cuts.append(len(sizes))
+    return np.asarray(cuts, dtype=np.int64)
+
+
 def _unit_rows(starts: IndexArray, stops: IndexArray) -> IndexArray:
     """The sample ids of units ``starts[i]:stops[i]``, one after another (int64)."""
     sizes = stops - starts
@@ -246,11 +259,22 @@ class EpochPlan:
         return epoch_figures.summary(self, task_count)
 
     def quality_counter(self) -> QualityCounter:
-        """An empty `QualityCounter` for this epoch's ids (and members, batches)."""
+        """An empty `QualityCounter` for this epoch's ids (and members, batches).
+
+        A mixture's reference is an exact shuffle of its epoch's draws (each
+        stratum's share of them), which draw some sources in part and cycle others.
+        """
         ids = self.n_samples if self.mix is None else sum(self.mix.lengths)  # ids span all sources
         if self.sampler is not None:
             ids = self.sampler.n_ids  # draws over the labelled samples
-        return QualityCounter(ids, self.members or None, self.batch_size, self.strata(ids))
+        strata, draws = self.strata(ids), None
+        if self.mix is not None:  # an exact shuffle of the epoch's draws, not of every sample
+            drawn = self.mix_order()[0][: self.n_used]
+            where = np.searchsorted(strata, drawn, side="right") - 1
+            draws = np.bincount(where, minlength=len(strata) - 1)
+        return QualityCounter(
+            ids, self.members or None, self.batch_size, strata, self.n_batches, draws
+        )
 
     def strata(self, span: int | None = None) -> IndexArray:
         """The strata of the mixing figure: the epoch's stored chunks, ``[0, ..., span]``.
@@ -370,23 +394,44 @@ class EpochPlan:
                 yield samples, units
 
     def _unit_groups(self, unit_ids: Iterable[int]) -> Iterator[list[int]]:
-        """Group units (in the given order) into windows of >= window_rows.
+        """Group units (in the given order) into balanced windows of about window_rows.
 
-        Not ramped: the first window is the whole first buffer, read as one
-        window (its chunks concurrently), so the first batch draws from as
-        many chunks as any other (see the module docstring).
+        As many windows ``W`` as consecutive units of at least ``window_rows``
+        samples make (the buffer rounded up to whole units, and the remainder),
+        cut at the unit boundaries nearest to ``j * rows / W``: every window
+        holds about ``rows / W`` samples, no more than a buffer rounded up to
+        whole units (equal units: ``floor`` or ``ceil`` of ``units / W`` each),
+        so none is a short remainder (where that would put more than a buffer
+        and one unit in a window, units of very unequal sizes, the runs
+        themselves).  A remainder window of a few
+        units at the end of the epoch would deliver its batches from those few
+        units alone (with class-sorted data, one or two classes a batch): the
+        end of the epoch would be less mixed than its middle.  Not ramped: the
+        first window is a whole buffer, read as one window (its chunks
+        concurrently), so the first batch draws from as many chunks as any
+        other (see the module docstring).
         """
-        sizes = np.diff(self.units)
-        group: list[int] = []
-        rows = 0
-        for unit in unit_ids:
-            group.append(int(unit))
-            rows += int(sizes[unit])
-            if rows >= self.window_rows:
-                yield group
-                group, rows = [], 0
-        if group:
-            yield group
+        order = np.fromiter(unit_ids, dtype=np.int64)
+        if not len(order):
+            return
+        sizes = np.diff(self.units)[order]
+        ends = np.cumsum(sizes)
+        total = int(ends[-1])
+        greedy = _greedy_cuts(sizes.tolist(), self.window_rows)
+        count = len(greedy)
+        targets = (np.arange(1, count, dtype=np.int64) * total) // count
+        after = np.searchsorted(ends, targets, side="left")  # the first unit ending at or past
+        below = np.maximum(after - 1, 0)  # the unit before it (ending short of the target)
+        nearer = (after > 0) & (targets - ends[below] < ends[after] - targets)
+        cuts = np.where(nearer, below, after) + 1  # units before each cut
+        cuts = np.unique(np.append(cuts[cuts < len(order)], len(order)))
+        rows = np.diff(np.concatenate([[0], ends[cuts - 1]]))
+        if rows.max() >= self.window_rows + max(int(sizes.max()), 1):
+            cuts = greedy  # units of very unequal sizes
+        lo = 0
+        for hi in cuts.tolist():
+            yield order[lo:hi].tolist()
+            lo = hi
 
     def _sequential_orders(self, first: int = 0) -> Iterator[range]:
         # Consecutive units from sample `first` (the part of a unit before the
@@ -459,8 +504,11 @@ class EpochPlan:
         over the delivered batches, weighted by the batches each window
         delivers, over an exact shuffle's (`exact_mixing_bits`), at most
         1: what ``shuffle_buffer_size="auto"`` holds a candidate buffer to.
-        Costs per unit and distinct strata share, never per row.  ``None``:
-        not a buffered row order.
+        Costs per unit and distinct strata share, never per row.  A mixture's
+        buffered windows deliver each source's own order in the schedule's
+        (not a row shuffle of the window): its figure is the planned one,
+        counted batch by batch over its draws (`planned_mixing`, per
+        sample).  ``None``: not a buffered order.
         """
         return epoch_figures.expected_mixing(self)
 

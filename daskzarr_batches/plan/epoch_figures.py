@@ -33,7 +33,7 @@ from .windows import Window
 if TYPE_CHECKING:
     from .epoch import EpochPlan
 
-__all__ = ["expected_entropy", "expected_mixing", "store_reads", "summary"]
+__all__ = ["expected_entropy", "expected_mixing", "planned_mixing", "store_reads", "summary"]
 
 
 def summary(plan: EpochPlan, task_count: Callable[[Window], int] | None = None) -> PlanSummary:
@@ -153,8 +153,10 @@ def expected_entropy(plan: EpochPlan, most_pairs: int = 2**24) -> float | None:
 
 def expected_mixing(plan: EpochPlan) -> float | None:
     """:meth:`EpochPlan.expected_mixing`."""
-    if plan.shuffle != "buffer" or plan.mix is not None:
+    if plan.shuffle != "buffer":
         return None
+    if plan.mix is not None:
+        return planned_mixing(plan)
     strata = plan.strata()
     exact = exact_mixing_bits(strata, plan.batch_size)
     if exact <= 0 or plan.n_used < 1:
@@ -178,8 +180,28 @@ def expected_mixing(plan: EpochPlan) -> float | None:
     before = np.cumsum(rows) - rows
     used = np.clip(plan.n_used - before, 0, rows)
     share = rows_in / rows[window[piece]]
-    bits = expected_batch_bits(share, plan.batch_size)
+    bits = expected_batch_bits(share, min(plan.batch_size, plan.n_used))
     per_window = np.bincount(window[piece], weights=bits, minlength=len(groups))
     weight = used / max(plan.batch_size, 1)
     mean = float((per_window * weight).sum() / weight.sum()) if weight.sum() else 0.0
     return min(mean / exact, 1.0)
+
+
+def planned_mixing(plan: EpochPlan) -> float:
+    """The batch mixing of the epoch's planned ids, counted batch by batch (no pieces).
+
+    ``summary().quality.mixing`` without the other figures or the windows'
+    pieces: what a mixture's buffer is held to, whose windows deliver each
+    source's own order (not a row shuffle of the window, which
+    `expected_mixing` takes in expectation).  Per sample (the ids are there).
+    """
+    counter = plan.quality_counter()
+    mixing = counter._mixing
+    assert mixing is not None
+    before = 0
+    for samples in plan.window_samples():
+        ids = np.asarray(samples, dtype=np.int64)
+        if len(ids):
+            mixing.add(ids, before)
+            before += len(ids)
+    return mixing.figure()[0]

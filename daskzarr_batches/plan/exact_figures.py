@@ -82,23 +82,13 @@ def exact_displacement(n: int) -> float:
 @functools.lru_cache(maxsize=64)
 def _exact_source_entropy(sizes: tuple[int, ...], batch: int) -> float:
     total = sum(sizes)
-    p = np.asarray([s / total for s in sizes if s > 0])
+    p = [s / total for s in sizes if s > 0]
     if len(p) <= 1 or batch < 1:
         return 0.0
-    x = np.arange(batch + 1)
-    log_choose = np.asarray(
-        [math.lgamma(batch + 1) - math.lgamma(k + 1) - math.lgamma(batch - k + 1) for k in x]
-    )
-    share = x / batch
-    term = np.zeros(batch + 1)
-    term[1:] = -share[1:] * np.log2(share[1:])
-    expected = 0.0
-    for lo in range(0, len(p), 256):  # bounded memory for many members
-        part = p[lo : lo + 256, None]
-        with np.errstate(divide="ignore"):
-            logpmf = log_choose + x * np.log(part) + (batch - x) * np.log1p(-part)
-        expected += float((np.exp(logpmf) * term).sum())
-    return expected
+    batch = min(batch, total)  # a batch holds at most every sample
+    values, repeats = np.unique(np.round(np.asarray(p), 12), return_counts=True)
+    pairs = zip(values.tolist(), repeats.tolist(), strict=True)
+    return float(sum(r * _share_bits(v, batch) for v, r in pairs))
 
 
 def exact_source_entropy(sizes: tuple[int, ...], batch: int) -> float:
@@ -119,6 +109,7 @@ def _exact_mixing_bits(sizes: tuple[int, ...], batch: int) -> float:
     total = int(values @ repeats) if len(values) else 0
     if total <= 0 or batch < 1:
         return 0.0
+    batch = min(batch, total)  # a batch holds at most every sample
     pairs = zip(values.tolist(), repeats.tolist(), strict=True)
     return float(sum(r * _share_bits(v / total, batch) for v, r in pairs))
 
@@ -128,18 +119,49 @@ def _share_bits(p: float, batch: int) -> float:
     """``E[-(c / batch) log2(c / batch)]`` for ``c ~ Binomial(batch, p)``."""
     if p <= 0 or p >= 1 or batch < 1:
         return 0.0
+    if batch * p * (1 - p) > LARGE_VARIANCE:  # the second-order expansion, exact to ~1e-15
+        return -p * math.log2(p) - (1 - p) / (2 * batch * math.log(2))
     x, pmf = _binomial_pmf(p, batch)
-    share = x[1:] / batch
-    return float((pmf[1:] * -share * np.log2(share)).sum())
+    share = x / batch
+    terms = np.zeros(len(x))
+    np.multiply(-share, np.log2(share, where=x > 0, out=np.ones(len(x))), out=terms, where=x > 0)
+    return float((pmf * terms).sum())
+
+
+#: A binomial's variance above which its figures are taken from their expansion in
+#: ``1 / batch`` (normal limit) instead of a sum over its pmf (2**24: 4,096 standard
+#: deviations of 1 count; the next term is ~1e-15 of the figure).
+LARGE_VARIANCE = 2**24
+
+
+#: Standard deviations either side of a binomial's mean its pmf is summed over: the mass
+#: beyond is below 1e-40 (a Chernoff bound), so sums cost ``O(sqrt(batch))`` terms, not
+#: ``O(batch)``: a figure's cost does not grow with ``batch_size``.
+PMF_SPREAD = 14
 
 
 def _binomial_pmf(p: float, batch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """``k`` and ``P(c = k)`` for ``c ~ Binomial(batch, p)``, ``k = 0..batch`` (0 < p < 1)."""
-    x = np.arange(batch + 1)
-    log_choose = math.lgamma(batch + 1) - np.asarray(
-        [math.lgamma(k + 1) + math.lgamma(batch - k + 1) for k in x]
-    )
-    return x, np.exp(log_choose + x * math.log(p) + (batch - x) * math.log1p(-p))
+    """``k`` and ``P(c = k)`` for ``c ~ Binomial(batch, p)`` (0 < p < 1), where it is not ~0.
+
+    ``k`` runs over ``mean +- PMF_SPREAD`` standard deviations (and 32 more),
+    clipped to ``[0, batch]``; each ``log P`` from ``lgamma`` at the first
+    ``k`` and the ratios of neighbours after it (vectorised), normalised.
+    """
+    mean, spread = batch * p, math.sqrt(batch * p * (1 - p))
+    lo = max(int(mean - PMF_SPREAD * spread) - 32, 0)
+    hi = min(int(mean + PMF_SPREAD * spread) + 32, batch)
+    x = np.arange(lo, hi + 1, dtype=np.int64)
+    first = (
+        math.lgamma(batch + 1) - math.lgamma(lo + 1) - math.lgamma(batch - lo + 1)
+        + lo * math.log(p) + (batch - lo) * math.log1p(-p)
+    )  # fmt: skip
+    k = x[:-1].astype(np.float64)
+    steps = np.log((batch - k) / (k + 1)) + (math.log(p) - math.log1p(-p))
+    logs = np.concatenate([[0.0], np.cumsum(steps)])
+    pmf = np.exp(first + logs)
+    # the mass outside is below 1e-40: normalised, the rounding of lgamma's large
+    # values (1e-7 of log P at batch 1e8) cancels
+    return x, pmf / pmf.sum()
 
 
 def expected_batch_bits(shares: npt.ArrayLike, batch: int) -> npt.NDArray[np.float64]:
@@ -177,6 +199,8 @@ def _binomial_abs_dev(p: float, batch: int) -> float:
     """``E|c / batch - p|`` for ``c ~ Binomial(batch, p)``."""
     if p <= 0 or p >= 1 or batch < 1:
         return 0.0
+    if batch * p * (1 - p) > LARGE_VARIANCE:  # the normal limit, sqrt(2 var / pi) / batch
+        return math.sqrt(2 * p * (1 - p) / (math.pi * batch))
     x, pmf = _binomial_pmf(p, batch)
     return float((pmf * np.abs(x / batch - p)).sum())
 

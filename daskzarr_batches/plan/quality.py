@@ -62,6 +62,7 @@ from .exact_figures import (
     exact_source_entropy,
     expected_batch_bits,
 )
+from .mixing import WORST_STRETCHES, _Mixing, stretch_batches
 from .windows import RunIndex
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "DEFAULT_SHUFFLE_QUALITY",
     "ENTROPY_BINS",
     "LABEL_MIXING_WARNING",
+    "WORST_STRETCHES",
     "LabelCounter",
     "QualityCounter",
     "ShuffleQuality",
@@ -81,90 +83,8 @@ __all__ = [
     "expected_batch_bits",
     "pair_bins",
     "smallest_buffer",
+    "stretch_batches",
 ]
-
-
-class _Mixing:
-    """Per-batch entropy of the strata histogram, accumulated in delivery order.
-
-    Sparse: a piece's samples become ``(batch, stratum)`` entries (a run of
-    consecutive ids: one entry per segment between batch and stratum
-    edges), so the cost is per sample (or per segment), never per
-    ``batch x strata`` cell.  The unfinished batch is carried as entries.
-    """
-
-    __slots__ = ("batches", "bits", "bounds", "carry", "exact", "k", "size")
-
-    def __init__(self, bounds: npt.NDArray[np.int64], batch_size: int) -> None:
-        self.bounds = bounds
-        self.k = max(len(bounds) - 1, 1)
-        self.size = batch_size
-        self.exact = exact_mixing_bits(bounds, batch_size)
-        self.bits = 0.0
-        self.batches = 0
-        empty = np.zeros(0, dtype=np.int64)
-        self.carry: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] = (empty, empty)
-
-    def stratum(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        return np.clip(np.searchsorted(self.bounds, ids, side="right") - 1, 0, self.k - 1)
-
-    def add(self, ids: npt.NDArray[np.int64], before: int) -> None:
-        """``ids`` delivered after ``before`` samples."""
-        n = len(ids)
-        batch = (before + np.arange(n, dtype=np.int64)) // self.size - before // self.size
-        self._entries(batch, self.stratum(ids), np.ones(n, dtype=np.int64), before, n)
-
-    def add_run(self, lo: int, n: int, before: int) -> None:
-        """Ids ``lo, lo + 1, ..., lo + n - 1`` delivered after ``before`` samples."""
-        size = self.size
-        first = before // size
-        inner = self.bounds[(self.bounds > lo) & (self.bounds < lo + n)] - lo
-        cuts = np.arange((first + 1) * size - before, n, size, dtype=np.int64)
-        edges = np.unique(np.concatenate([[0, n], inner, cuts]))
-        starts, lengths = edges[:-1], np.diff(edges)
-        batch = (before + starts) // size - first
-        self._entries(batch, self.stratum(lo + starts), lengths, before, n)
-
-    def _entries(
-        self,
-        batch: npt.NDArray[np.int64],
-        stratum: npt.NDArray[np.int64],
-        count: npt.NDArray[np.int64],
-        before: int,
-        n: int,
-    ) -> None:
-        carried, carried_counts = self.carry
-        if len(carried):
-            batch = np.concatenate([np.zeros(len(carried), dtype=np.int64), batch])
-            stratum = np.concatenate([carried, stratum])
-            count = np.concatenate([carried_counts, count])
-        key, where = np.unique(batch * self.k + stratum, return_inverse=True)
-        cells = np.bincount(where.ravel(), weights=count).astype(np.int64)
-        rows = key // self.k
-        totals = np.bincount(rows, weights=cells)
-        p = cells / totals[rows]
-        bits = np.bincount(rows, weights=-p * np.log2(p))
-        last = int(rows[-1])
-        whole = last + 1 if (before + n) % self.size == 0 else last
-        self.bits += float(bits[:whole].sum())
-        self.batches += whole
-        if whole <= last:
-            mine = rows == last
-            self.carry = (key[mine] % self.k, cells[mine])
-        else:
-            empty = np.zeros(0, dtype=np.int64)
-            self.carry = (empty, empty)
-
-    def figure(self) -> tuple[float, float]:
-        """``(mixing, bits per batch)``: an unfinished batch counts as one."""
-        total, batches = self.bits, self.batches
-        if len(self.carry[1]):
-            total += _entropy(self.carry[1])
-            batches += 1
-        bits = total / batches if batches else 0.0
-        if self.exact <= 0:
-            return 1.0, bits
-        return min(bits / self.exact, 1.0), bits
 
 
 @dataclass(frozen=True)
@@ -203,8 +123,19 @@ class ShuffleQuality:
         neighbouring regions of a store written in order (one class, one
         time span); see ``docs/streams.md``, *Shuffle quality*.  ``None``
         where the counter was given no strata.
+        Each batch is scored against an exact shuffle's expectation for its
+        own size, so the short last batch of an exact shuffle scores as its
+        full ones do.
     mixing_bits, exact_mixing_bits : float or None
-        That mean in bits, and an exact shuffle's expectation.
+        That mean in bits, and an exact shuffle's expectation for a full batch.
+    worst_mixing : float or None
+        The batch mixing of the epoch's least mixed stretch: the mean score
+        of ``ceil(batches / WORST_STRETCHES)`` consecutive batches (2% of the
+        epoch; the last stretch takes the rest), the minimum over the
+        stretches (clipped to ``[0, 1]``).  The epoch's mean (``mixing``) can
+        hide a stretch of poorly mixed batches (an epoch's end from a few
+        chunks); this does not.  An exact shuffle's is a little below 1 by
+        the noise of a stretch's few batches.  ``None`` with ``mixing``.
     label_mixing : float or None
         Streams told which array holds discrete labels (``labels=``): the
         mean overlap of a batch's label distribution with the epoch's (the
@@ -229,6 +160,7 @@ class ShuffleQuality:
     mixing: float | None = None
     mixing_bits: float | None = None
     exact_mixing_bits: float | None = None
+    worst_mixing: float | None = None
     label_mixing: float | None = None
     label_distance: float | None = None
 
@@ -241,6 +173,8 @@ class ShuffleQuality:
             text += f", sources per batch {self.source_entropy:.3f}"
         if self.mixing is not None:
             text += f", batch mixing {self.mixing:.3f}"
+            if self.worst_mixing is not None:
+                text += f" (worst stretch {self.worst_mixing:.3f})"
         if self.label_mixing is not None:
             text += f", label mixing {self.label_mixing:.3f}"
         return text
@@ -269,6 +203,14 @@ class QualityCounter:
         Bounds of the strata (``[0, ..., n]``: the epoch's stored chunks)
         whose per-batch histogram the mixing figure takes; without it, no
         mixing figure.
+    batches : int, optional
+        The epoch's batches, which sizes the stretches of ``worst_mixing``
+        (`stretch_batches`); default ``ceil(n / batch_size)``.
+    draws : sequence of int, optional
+        How many of the epoch's ids each stratum holds, where that is not its
+        size (a mixture draws some sources in part, others cycled): the
+        shares the exact shuffle's reference batch is drawn from (an exact
+        shuffle of the epoch's own draws).  Default: the strata's sizes.
     """
 
     __slots__ = (
@@ -293,6 +235,8 @@ class QualityCounter:
         members: npt.ArrayLike | None = None,
         batch_size: int = 1,
         strata: npt.ArrayLike | None = None,
+        batches: int | None = None,
+        draws: npt.ArrayLike | None = None,
     ) -> None:
         self.n = max(int(n), 1)
         self.batch_size = max(int(batch_size), 1)
@@ -315,7 +259,17 @@ class QualityCounter:
                 self._exact_sources = exact_source_entropy(sizes, self.batch_size)
         self._mixing: _Mixing | None = None
         if strata is not None:
-            self._mixing = _Mixing(np.asarray(strata, dtype=np.int64), self.batch_size)
+            if batches is None:
+                batches = -(-self.n // self.batch_size)
+            reference = None
+            if draws is not None:
+                reference = np.concatenate([[0], np.cumsum(np.asarray(draws, dtype=np.int64))])
+            self._mixing = _Mixing(
+                np.asarray(strata, dtype=np.int64),
+                self.batch_size,
+                stretch_batches(batches),
+                reference,
+            )
 
     def add(self, ids: npt.ArrayLike, positions: npt.ArrayLike) -> None:
         """Count the next delivered samples: ``ids`` at epoch ``positions``.
@@ -433,14 +387,18 @@ class QualityCounter:
         sources = bits_per_batch = None
         if self._partial is not None:
             total, batches = self._source_bits, self.batches
-            if self._partial.any():
-                total += _entropy(self._partial)
-                batches += 1
+            score = total / self._exact_sources if self._exact_sources else float(batches)
+            if self._partial.any():  # a short batch, against a short batch's expectation
+                short = _entropy(self._partial)
+                sizes = tuple(np.diff(self._runs.offsets).tolist())
+                reference = exact_source_entropy(sizes, int(self._partial.sum()))
+                total, batches = total + short, batches + 1
+                score += short / reference if reference else 1.0
             bits_per_batch = total / batches if batches else 0.0
-            sources = bits_per_batch / self._exact_sources if self._exact_sources else 1.0
-        mixing = mixing_bits = exact_mixing = None
+            sources = score / batches if batches else 1.0
+        mixing = mixing_bits = exact_mixing = worst = None
         if self._mixing is not None:
-            mixing, mixing_bits = self._mixing.figure()
+            mixing, mixing_bits, worst = self._mixing.figure()
             exact_mixing = self._mixing.exact
         return ShuffleQuality(
             samples=self.samples,
@@ -453,6 +411,7 @@ class QualityCounter:
             mixing=mixing,
             mixing_bits=mixing_bits,
             exact_mixing_bits=exact_mixing,
+            worst_mixing=worst,
         )
 
 

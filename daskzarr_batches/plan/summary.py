@@ -121,7 +121,10 @@ class PlanSummary:
         was held to, this epoch's own given its windows (``quality.mixing``
         is the realised one, within the noise of the row shuffles), at least
         ``shuffle_quality`` unless a ``ShuffleQualityWarning`` said
-        otherwise; ``None`` otherwise.
+        otherwise; ``None`` otherwise.  It is the mean over the epoch's
+        batches; the buffered windows are balanced, so no stretch of batches
+        falls far below it (``quality.worst_mixing`` reports the least mixed
+        stretch).
     """
 
     windows: tuple[WindowSummary, ...]

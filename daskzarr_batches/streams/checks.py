@@ -32,6 +32,7 @@ __all__ = [
     "non_negative_int",
     "not_given",
     "positive_int",
+    "sample_count",
     "shuffle_mode",
     "timeout_seconds",
 ]
@@ -55,6 +56,26 @@ def _integer(name: str, value: object, minimum: int, wanted: str, bound: str) ->
 def positive_int(name: str, value: object) -> int:
     """Return ``value`` as an ``int`` >= 1, or raise naming ``name``."""
     return _integer(name, value, 1, "positive integer", "a positive integer")
+
+
+#: The largest count of samples a plan represents: positions, batches and ids are 64-bit.
+MAX_COUNT = 2**63 - 1
+
+
+def sample_count(name: str, value: object) -> int:
+    """``value`` as an ``int`` in ``[1, MAX_COUNT]`` (a count of samples), or raise naming ``name``.
+
+    A count above ``2**63 - 1`` cannot be represented by the plan's 64-bit
+    positions and batch arithmetic: refused here, rather than by numpy deep
+    inside a plan.
+    """
+    result = positive_int(name, value)
+    if result > MAX_COUNT:
+        raise ArgumentValueError(
+            f"{name}={result} cannot be represented: sample counts, positions and batch "
+            f"arithmetic are 64-bit integers, at most 2**63 - 1 = {MAX_COUNT}"
+        )
+    return result
 
 
 def non_negative_int(name: str, value: object) -> int:

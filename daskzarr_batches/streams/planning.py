@@ -23,8 +23,8 @@ from .spec import (
     DEFAULT_WINDOW_BYTES,
     StreamSpec,
     flag,
-    positive_int,
     row_source,
+    sample_count,
     shuffle_mode,
 )
 
@@ -49,7 +49,7 @@ def count_batches(array: Any, batch_size: int, *, drop_remainder: bool = False) 
         ``ceil(n / batch_size)``, or ``n // batch_size`` with
         ``drop_remainder``; 0 for an empty array.
     """
-    size = positive_int("batch_size", batch_size)
+    size = sample_count("batch_size", batch_size)
     drop = flag("drop_remainder", drop_remainder)
     if isinstance(array, Mixture):  # an epoch of draws, not the joined length
         return _count(len(array), size, drop)

@@ -72,6 +72,7 @@ from .checks import (
     merged_io_concurrency,
     non_negative_int,
     positive_int,
+    sample_count,
     shuffle_mode,
     timeout_seconds,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "positive_int",
     "read_options",
     "row_source",
+    "sample_count",
     "shuffle_mode",
     "timeout_seconds",
 ]
@@ -136,7 +138,8 @@ class StreamSpec:
         A string is a size in bytes (``"256MiB"``, ``"1GB"``: `byte_size`),
         converted to the samples it holds (at least 1; `buffer_samples`);
         the spec keeps the number of samples.  ``"auto"``: the smallest
-        buffer of whole units whose batch mixing reaches ``shuffle_quality``
+        buffer of whole units whose batch mixing (the epoch's mean over its
+        batches, its windows balanced) reaches ``shuffle_quality``
         of an exact shuffle's (`smallest_buffer`), within
         ``memory_budget`` (else the largest within it, and a
         ``ShuffleQualityWarning``); the spec keeps the samples chosen.
@@ -258,7 +261,7 @@ class StreamSpec:
             roles = (*roles, "sources")
         put("sources", sources)
         put("roles", tuple(roles))
-        put("batch_size", positive_int("batch_size", self.batch_size))
+        put("batch_size", sample_count("batch_size", self.batch_size))
         if self.shuffle not in get_args(ShuffleMode):
             raise ArgumentValueError(
                 f"shuffle must be one of {get_args(ShuffleMode)}, got {self.shuffle!r}"
@@ -308,6 +311,8 @@ class StreamSpec:
             # a patch grid's units (the plan's "chunks") fit the window when they can
             rows = self.window_rows
             put("sources", tuple(_sized(source, rows) for source in sources))
+            if self.shuffle == "buffer" and buffer == AUTO:
+                self._check_auto()  # the units sized: the plan is not the one searched
 
     def _offsets(self) -> tuple[np.ndarray, ...]:
         return tuple(chunk_offsets(source.chunks[0]) for source in self.sources)
@@ -337,34 +342,51 @@ class StreamSpec:
         def figure(rows: int) -> float:
             return self._planned(plan(rows))
 
-        target = self.shuffle_quality
         rows, reached = smallest_buffer(
             lambda rows: plan(rows).units,
             unit_rows,
             most_rows,
-            target,
+            self.shuffle_quality,
             self.n_samples,
             planned=figure,
             estimate_rows=figure,
             largest=True,
         )
-        if reached < target:
-            warn_caller(
-                ShuffleQualityWarning(
-                    f"shuffle_buffer_size='auto': no buffer within memory_budget="
-                    f"{self.memory_budget} bytes ({self.prefetch + 1} buffers of "
-                    f"{self.row_bytes} bytes a sample) reaches shuffle_quality={target} "
-                    f"(batch mixing, a fraction of an exact shuffle's); the largest, {rows} "
-                    f"samples ({rows // unit_rows} chunks of {unit_rows}), reaches "
-                    f"{reached:.3f}. Ways out: the exact shuffle (shuffle_buffer_size=None; "
-                    "with cache=ChunkCache(...) later epochs read from the cache), "
-                    "write_shuffled(...) once and a buffered shuffle of its output, smaller "
-                    "chunks (a buffer of the same bytes holds more of them), or a larger "
-                    "memory_budget / lower shuffle_quality"
-                )
-            )
         object.__setattr__(self, "_figure", (rows, reached))
+        if reached < self.shuffle_quality:
+            self._warn_short(rows, reached, unit_rows)
         return rows
+
+    def _warn_short(self, rows: int, reached: float, unit_rows: int) -> None:
+        """The ``ShuffleQualityWarning`` of an "auto" buffer below its target (once per spec)."""
+        object.__setattr__(self, "_warned", True)
+        warn_caller(
+            ShuffleQualityWarning(
+                f"shuffle_buffer_size='auto': no buffer within memory_budget="
+                f"{self.memory_budget} bytes ({(self.prefetch or 0) + 1} buffers of "
+                f"{self.row_bytes} bytes a sample) reaches shuffle_quality={self.shuffle_quality} "
+                f"(batch mixing, a fraction of an exact shuffle's); the largest, {rows} "
+                f"samples ({rows // unit_rows} chunks of {unit_rows}), reaches "
+                f"{reached:.3f}. Ways out: the exact shuffle (shuffle_buffer_size=None; "
+                "with cache=ChunkCache(...) later epochs read from the cache), "
+                "write_shuffled(...) once and a buffered shuffle of its output, smaller "
+                "chunks (a buffer of the same bytes holds more of them), or a larger "
+                "memory_budget / lower shuffle_quality"
+            )
+        )
+
+    def _check_auto(self) -> None:
+        """The chosen buffer's figure again, on the plan read (a patch grid's units sized)."""
+        assert self.shuffle_quality is not None
+        object.__setattr__(self, "_figure", None)
+        figure = self.buffer_figure()
+        if (
+            figure is not None
+            and figure < self.shuffle_quality
+            and not self.__dict__.get("_warned")
+        ):
+            units = sample_units(self._offsets(), self.n_samples)
+            self._warn_short(self.window_rows, figure, int(np.diff(units).max(initial=1)))
 
     def buffer_figure(self) -> float | None:
         """The batch mixing ``"auto"`` held the buffer to.

@@ -260,6 +260,27 @@ def test_a_garbled_state_is_refused_naming_the_field(change: dict[str, Any], mat
     )  # a refused state changes nothing
 
 
+def test_a_state_of_the_old_buffered_order_is_refused_saying_why() -> None:
+    # version 3 balanced the buffered windows (issue 35): a buffered state of version 2
+    # would resume another order; sequential and exact orders did not change
+    data = np.arange(100, dtype="i8")
+    for kw in ({"shuffle": False}, {"shuffle": True, "seed": 1}):
+        loader = dzb.Loader(data, 10, **kw)  # type: ignore[arg-type]
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        assert state["version"] == 3
+        fresh = dzb.Loader(data, 10, **kw)  # type: ignore[arg-type]
+        fresh.load_state_dict({**state, "version": 2})
+        assert fresh.state_dict()["position"] == 10 and fresh.state_dict()["version"] == 3
+    loader, state = a_state()
+    assert loader.spec.shuffle == "buffer"
+    fresh = dzb.Loader(data, 10, shuffle=True, seed=1, shuffle_buffer_size=30)
+    with pytest.raises(dzb.ArgumentValueError, match=r"version 2, which version 3 changed"):
+        fresh.load_state_dict({**state, "version": 2})
+    fresh.load_state_dict(state)  # its own version resumes
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_a_state_of_an_absurd_world_size_is_refused_at_once(on_error: str) -> None:

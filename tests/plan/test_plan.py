@@ -126,7 +126,8 @@ def test_numpy_permutes_an_array_as_it_permutes_its_positions() -> None:
 
 def test_buffered_order_of_a_seed_is_pinned() -> None:
     # The CLI demo depends on this order; units here split the second array's
-    # chunks (the grids share too few boundaries).  Buffered windows are not
+    # chunks (the grids share too few boundaries); the order of version 3 (balanced
+    # windows, issue 35).  Buffered windows are not
     # ramped (the first batch mixes the first buffer), so the order of a seed is
     # the one of the versions before the ramp, ramp flag or not.
     def plan(ramp: bool) -> EpochPlan:
@@ -135,8 +136,11 @@ def test_buffered_order_of_a_seed_is_pinned() -> None:
 
     assert epoch_order(plan(ramp=True)).tolist() == epoch_order(plan(ramp=False)).tolist()
     assert epoch_order(plan(ramp=False)).tolist() == [
-        8, 1, 10, 3, 9, 11, 2, 0, 12, 15, 13, 4, 5, 6, 7, 14, 17, 18, 16, 19,
+        8, 1, 10, 3, 9, 11, 2, 0, 13, 12, 15, 14, 16, 18, 4, 7, 17, 5, 6, 19,
     ]  # fmt: skip
+    # five units of 4 in windows of at least 6: three balanced windows of 2, 1 and 2
+    # units (not 2, 2 and a last one of 1)
+    assert [w.size for w in plan(ramp=False).windows()] == [8, 4, 8]
 
 
 @FAST
@@ -183,14 +187,31 @@ def test_paired_grids_read_each_chunk_once_when_blocks_fit(plan: EpochPlan) -> N
 
 @FAST
 @given(plans(modes=("buffer",), drop=False))
-def test_buffer_windows_hold_at_least_the_buffer_except_the_last(plan: EpochPlan) -> None:
-    windows = list(plan.windows())
-    largest_unit = int(np.diff(plan.units).max(initial=0))
-    for window in windows[:-1]:
-        assert window.size >= plan.window_rows
-    for window in windows:
-        # bounded memory: never more than the buffer plus one unit
-        assert window.size < plan.window_rows + max(largest_unit, 1)
+def test_buffer_windows_are_balanced_and_bounded(plan: EpochPlan) -> None:
+    # as many windows as runs of units of at least the buffer make (and a rest), each
+    # within one unit of their mean: no short last window, whose batches would come
+    # from a few units (the end of an epoch less mixed than its middle); where that
+    # would overfill a window (units of very unequal sizes), the runs themselves
+    windows = [w.size for w in plan.windows()]
+    sizes = np.diff(plan.units)
+    largest_unit = int(sizes.max(initial=0))
+    runs, rows = [], 0
+    for size in sizes[plan.rng().permutation(len(sizes))].tolist():  # the epoch's unit order
+        rows += size
+        if rows >= plan.window_rows:
+            runs, rows = [*runs, rows], 0
+    runs += [rows] if rows else []
+    mean = plan.n_samples / max(len(windows), 1)
+    balanced = len(windows) <= len(runs) and all(abs(w - mean) <= largest_unit for w in windows)
+    assert balanced or windows == runs
+    if len(set(sizes.tolist())) == 1:  # equal units: always balanced, floor or ceil units each
+        assert len(windows) == len(runs) and balanced
+        assert {w // largest_unit for w in windows} <= {
+            len(sizes) // len(runs),
+            -(-len(sizes) // len(runs)),
+        }
+    for window in windows:  # bounded memory: never more than the buffer plus one unit
+        assert window < plan.window_rows + max(largest_unit, 1)
 
 
 def plan_flat(plan: EpochPlan) -> EpochPlan:
