@@ -25,11 +25,11 @@ import zarr
 import zarr.storage
 
 from ..errors import ArgumentValueError
-from ..store.sources import Source
+from ..store.sources import Source, is_xarray
 from ..store.zarr_adapter import unwrapped_store
 from ..streams.base import stored_sources
 
-__all__ = ["Location", "check_not_input", "input_arrays", "location_of"]
+__all__ = ["Location", "check_not_input", "input_arrays", "lazy_xarray_arrays", "location_of"]
 
 #: one name per object-store protocol, as fsspec and obstore spell them
 _PROTOCOLS = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "adl": "az", "https": "http"}
@@ -42,11 +42,13 @@ class Location:
     domain: tuple[Any, ...]
     parts: tuple[str, ...]
     text: str  # how a message names it
+    #: a zip store's file, as parts of the local file system (``None``: not in a zip)
+    container: tuple[str, ...] | None = None
 
     def relation(self, other: Location) -> str | None:
         """How this output's location meets input ``other``'s (``None``: apart)."""
         if self.domain != other.domain:
-            return None
+            return self._zip_relation(other)
         if self.parts == other.parts:
             return "is the input"
         if other.parts[: len(self.parts)] == self.parts:
@@ -54,6 +56,27 @@ class Location:
         if self.parts[: len(other.parts)] == other.parts:
             return "lies inside the input"
         return None
+
+    def _zip_relation(self, other: Location) -> str | None:
+        """A zip store's file against a local path: a directory holding it, a zip inside one."""
+        mine, theirs = self._on_disk(), other._on_disk()
+        if mine is None or theirs is None or (self.container is None and other.container is None):
+            return None
+        if mine == theirs:
+            return "is the input's zip file"
+        if theirs[: len(mine)] == mine:
+            return "holds the input's zip file (a directory it is in)"
+        if mine[: len(theirs)] == theirs:
+            return (
+                "lies inside the input's zip file" if other.container else "lies inside the input"
+            )
+        return None
+
+    def _on_disk(self) -> tuple[str, ...] | None:
+        """The local file system's parts: a zip store's file, a local path; else ``None``."""
+        if self.container is not None:
+            return self.container
+        return self.parts if self.domain == ("file",) else None
 
 
 def _split(path: str) -> tuple[str, ...]:
@@ -93,7 +116,7 @@ def location_of(store: Any, path: str = "") -> Location:
         return _local(str(store.root), path)
     if isinstance(store, zarr.storage.ZipStore):
         zipped = os.path.realpath(str(store.path))
-        return Location(("zip", zipped), _split(path), f"{zipped}::{path or '/'}")
+        return Location(("zip", zipped), _split(path), f"{zipped}::{path or '/'}", _split(zipped))
     if isinstance(store, zarr.storage.MemoryStore):
         held = store._store_dict
         return Location(("memory", id(held)), _split(path), f"MemoryStore at {path or '/'!r}")
@@ -147,6 +170,27 @@ def input_arrays(inputs: Sequence[tuple[str, Source]]) -> Iterator[tuple[str, za
                     yield what, found
 
 
+def lazy_xarray_arrays(data: Any) -> Iterator[tuple[str, zarr.Array]]:
+    """``(what, Zarr array)`` behind each ``xarray.DataArray`` of ``data`` backed without dask.
+
+    ``xr.open_zarr(..., chunks=None)``: the source holds the values xarray
+    loaded, no longer the array they came from, so it is found in the
+    DataArray's lazy wrappers, before the job reads it (``data``: as given
+    to a job, a dict or tuple of arrays, named as ``_Inputs.described`` names
+    them).
+    """
+    if isinstance(data, Mapping):
+        named: list[tuple[str, Any]] = [(f"data[{str(k)!r}]", v) for k, v in data.items()]
+    elif isinstance(data, tuple):
+        named = [(f"data[{i!r}]", v) for i, v in enumerate(data)]
+    else:
+        named = [("data", data)]
+    for what, value in named:
+        if is_xarray(value, "DataArray"):
+            for found in _zarr_in(value.variable._data, 0):
+                yield what, found
+
+
 def _zarr_in(value: Any, depth: int) -> Iterator[zarr.Array]:
     """The Zarr arrays in a dask graph's values, tasks and wrappers (a few levels down)."""
     if isinstance(value, zarr.Array):
@@ -173,11 +217,15 @@ def check_not_input(
     store: Any,
     names: Sequence[str | None],
     inputs: Sequence[tuple[str, Source]],
+    lazy: Sequence[tuple[str, zarr.Array]] = (),
 ) -> None:
     """Refuse output arrays at ``store`` (``names``: their paths) that meet an input's array.
 
     ``out`` is the argument as given (for the message), ``inputs`` each
-    input as the message names it (``"data"``, ``"data['x']"``) and its source.
+    input as the message names it (``"data"``, ``"data['x']"``) and its source,
+    ``lazy`` the arrays :func:`lazy_xarray_arrays` found in the job's
+    ``data`` before it was read (xarray replaces its lazy wrappers with the
+    values it loads).
 
     Raises
     ------
@@ -186,7 +234,8 @@ def check_not_input(
         one, or a node inside one; the message names both locations.
         Raised before any output is created, so nothing is deleted.
     """
-    stored = [(what, location_of(array.store_path)) for what, array in input_arrays(inputs)]
+    arrays = [*input_arrays(inputs), *lazy]
+    stored = [(what, location_of(array.store_path)) for what, array in arrays]
     for name in names:
         output = location_of(store, name or "")
         for what, where in stored:

@@ -23,7 +23,7 @@ from ..store.cache import ChunkCache
 from ..store.policy import MissingMode, OnError
 from ..store.sources import _check_dtype
 from ..streams.spec import UNSET, ReadOptions, byte_size, non_negative_int, read_options
-from .aliasing import check_not_input
+from .aliasing import check_not_input, lazy_xarray_arrays
 from .outputs import (
     _check_shards,
     _normal_grid,
@@ -191,12 +191,13 @@ def map_to_zarr(
         read, client=client, timeout=timeout, missing=missing, on_error=on_error,
         retries=retries, io_concurrency=io_concurrency, cache=cache,
     )  # fmt: skip
+    lazy = list(lazy_xarray_arrays(data))  # before _inputs loads them
     inputs = _inputs(data)
     rows = inputs.rows
     dtype = None if dtype is None else _output_dtype(dtype)
     sample_shape = None if sample_shape is None else _sample_shape(sample_shape)
     given, out = out, output_store(out, storage_options, backend)
-    check_not_input("map_to_zarr", given, out, [None], inputs.described())
+    check_not_input("map_to_zarr", given, out, [None], inputs.described(), lazy)
     existing = None if overwrite else _existing(out, None)
     if existing is not None:  # a resume: its dtype and sample shape, func not called
         dtype = existing.dtype if dtype is None else dtype
@@ -366,6 +367,7 @@ def write_shuffled(
         read, client=client, timeout=timeout, missing=missing, on_error=on_error,
         retries=retries, io_concurrency=io_concurrency, cache=cache,
     )  # fmt: skip
+    lazy = list(lazy_xarray_arrays(data))  # before _inputs loads them
     inputs = _inputs(data)
     rows = inputs.rows
     seed = non_negative_int("seed", seed)
@@ -384,7 +386,7 @@ def write_shuffled(
                    "contents": inputs.contents()}  # fmt: skip
     given, out = out, output_store(out, storage_options, backend)
     names = [None] if inputs.kind == "single" else list(inputs.names)
-    check_not_input("write_shuffled", given, out, names, inputs.described())
+    check_not_input("write_shuffled", given, out, names, inputs.described(), lazy)
     outs = []
     for name, source in zip(inputs.names, inputs.sources, strict=True):
         sample = tuple(source.shape[1:])

@@ -158,3 +158,32 @@ def test_the_cli_shuffle_onto_its_store_is_refused(
         error = capsys.readouterr().err
         assert "never writes onto its own input" in error and "g.zarr/a" in error, error
     _intact(here)
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_the_directory_of_an_input_zip_is_refused(job: str, tmp_path: Path) -> None:
+    """``out`` the directory holding an input's zip file: overwriting it deletes the zip."""
+    (tmp_path / "z").mkdir()
+    path = tmp_path / "z" / "in.zip"
+    with zarr.storage.ZipStore(path, mode="w") as zipped:
+        _write(zipped)
+    array = zarr.open_array(zarr.storage.ZipStore(path, mode="r"))
+    for out in (tmp_path / "z", tmp_path):
+        with pytest.raises(dzb.ArgumentValueError, match=r"in\.zip"):
+            JOBS[job](array, str(out))
+    assert path.is_file()
+    JOBS[job](array, str(tmp_path / "z2"))  # beside the zip's directory: written
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_xarray_opened_without_dask(job: str, here: Path) -> None:
+    """``xr.open_zarr(..., chunks=None)``: lazily indexed, no dask graph to find the array in."""
+    xr = pytest.importorskip("xarray")
+    xr.DataArray(DATA, dims=("n", "f"), name="v").to_dataset().to_zarr(
+        "ds.zarr", mode="w", consolidated=False
+    )
+    for wrap, out in ((lambda v: v, "ds.zarr"), (lambda v: {"v": v}, "ds.zarr/v")):
+        variable = xr.open_zarr("ds.zarr", consolidated=False, chunks=None)["v"]  # not loaded
+        with pytest.raises(dzb.ArgumentValueError, match="own input"):
+            JOBS[job](wrap(variable), out)
+    assert sorted(xr.open_zarr("ds.zarr", consolidated=False).variables) == ["v"]
