@@ -36,6 +36,7 @@ from ..plan.batching import (
     share,
     worker_part,
 )
+from ..plan.index_shuffle import ORDER_VERSION
 from ..plan.sampling import ClassSampler
 from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError
@@ -424,6 +425,7 @@ class Loader:
         stream = self._stream
         return {
             "version": STATE_VERSION,
+            "order": ORDER_VERSION,
             "epoch": self._epoch,
             "batches": self._batches,
             "position": self._position if stream is None else stream.position,

@@ -28,7 +28,11 @@ any later one and waits about what ``x[a:b]`` over those chunks costs.
 ``"exact"``
     A uniform permutation of all samples, split into windows of
     ``window_rows`` samples.  A window touches almost every chunk, so the data
-    is read about ``ceil(n / window_rows)`` times per epoch.
+    is read about ``ceil(n / window_rows)`` times per epoch.  The permutation
+    is a keyed bijection of positions (:class:`IndexShuffle`, a Feistel
+    network keyed by ``(seed, epoch)``), never held: window ``w``'s sample
+    ids, positions ``w * window_rows`` onwards, are computed on their own in
+    O(window) time and memory, at any ``n``.
 
 Everything here is deterministic given ``(seed, epoch)``, and independent of
 prefetch, concurrency and scheduler.  This module is the single source of truth
@@ -45,6 +49,7 @@ import numpy as np
 
 from . import epoch_figures
 from .batching import count_batches, samples_used
+from .index_shuffle import IndexShuffle
 from .quality import QualityCounter
 from .sampling import ClassSampler
 from .shards import ShardLayout, shard_units
@@ -348,13 +353,28 @@ class EpochPlan:
                 yield Window(index, samples.start, samples, pieces)
                 index += 1
             return
-        for window in self.windows():
+        windows = self.windows() if not self._exact_alone() else self._exact_windows(first)
+        for window in windows:
             start = window.position
             if start >= end:
                 return
             if start + window.size > first:
                 lo, hi = max(first - start, 0), min(end - start, window.size)
                 yield self.part(window, lo, hi)
+
+    def _exact_alone(self) -> bool:
+        """An exact order of the plan's own samples (no mixture, no sampler)."""
+        return self.shuffle == "exact" and self.mix is None and self.sampler is None
+
+    def _exact_windows(self, first: int) -> Iterator[Window]:
+        """The exact order's windows from the one holding position ``first``: O(window) each."""
+        step = max(self.window_rows, 1)
+        index, position = first // step, first - first % step
+        for samples in self._exact_orders(first):
+            order = sorting_order(samples)
+            pieces = tuple(tuple(pieces_for(samples, off, order)) for off in self.offsets)
+            yield Window(index, position, samples, pieces)
+            index, position = index + 1, position + len(samples)
 
     def _truncate(
         self, orders: Iterator[tuple[range | SampleIds, _UnitShuffle | None]]
@@ -518,8 +538,16 @@ class EpochPlan:
         for lo in range(0, len(order), step):
             yield order[lo : lo + step]
 
-    def _exact_orders(self) -> Iterator[SampleIds]:
-        order = permutation(self.rng(), self.n_samples)[: self.n_used]
+    def index_shuffle(self) -> IndexShuffle:
+        """The exact order's bijection of positions to sample ids, keyed by ``(seed, epoch)``."""
+        return IndexShuffle.of(self.n_samples, self.seed, self.epoch)
+
+    def _exact_orders(self, first: int = 0) -> Iterator[SampleIds]:
+        # window w is positions [w * step, (w + 1) * step) of the keyed bijection, each
+        # computed on its own in O(step): the permutation is never held
+        order = self.index_shuffle()
         step = max(self.window_rows, 1)
-        for lo in range(0, len(order), step):
-            yield order[lo : lo + step]
+        narrow = self.n_samples < 2**31  # int32 ids: half the memory, as before
+        for lo in range(first - first % step, self.n_used, step):
+            ids = order.window(lo, min(lo + step, self.n_used))
+            yield ids.astype(np.int32) if narrow else ids
