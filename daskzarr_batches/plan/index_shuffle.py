@@ -35,21 +35,29 @@ ROUNDS = 6
 #: (1: numpy's ``Generator.permutation`` of ``(seed, epoch)``, before it).
 ORDER_VERSION = 2
 
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
+#: MurmurHash3's finalisers: (shift, multiplier, shift, multiplier, shift) for 64 and 32 bits
+_FMIX64 = (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)
+_FMIX32 = (16, 0x85EBCA6B, 13, 0xC2B2AE35, 16)
+
+#: values walked at a time: their scratch arrays stay in cache
+_BLOCK = 1 << 15
 
 Ids = npt.NDArray[np.int64]
+Words = npt.NDArray[np.uint64] | npt.NDArray[np.uint32]
 
 
-def _fmix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """MurmurHash3's 64-bit finaliser, in place on ``x`` (which it returns)."""
-    x ^= x >> _S33
-    x *= _M1
-    x ^= x >> _S33
-    x *= _M2
-    x ^= x >> _S33
-    return x
+def _fmix(x: Words, scratch: Words, mix: tuple[int, ...]) -> None:
+    """A MurmurHash3 finaliser in place on ``x`` (``scratch``: an array like it)."""
+    dtype = x.dtype.type
+    s1, m1, s2, m2, s3 = (dtype(v) for v in mix)
+    np.right_shift(x, s1, out=scratch)
+    x ^= scratch
+    x *= m1
+    np.right_shift(x, s2, out=scratch)
+    x ^= scratch
+    x *= m2
+    np.right_shift(x, s3, out=scratch)
+    x ^= scratch
 
 
 @dataclass(frozen=True)
@@ -102,24 +110,48 @@ class IndexShuffle:
         x = np.asarray(values, dtype=np.int64)
         if x.size and (int(x.min()) < 0 or int(x.max()) >= self.n):
             raise ValueError(f"values outside [0, {self.n}): {x.min()}..{x.max()}")
-        out = x.astype(np.uint64).ravel()
-        todo = np.arange(out.size)
-        n = np.uint64(self.n)
-        while todo.size:  # cycle-walking: at most 4 n / n values a pass, expected
-            out[todo] = self._network(out[todo], inverse)
-            todo = todo[out[todo] >= n]
-        return out.astype(np.int64).reshape(x.shape)
+        flat = x.ravel()
+        out = np.empty(flat.size, dtype=np.int64)
+        for lo in range(0, flat.size, _BLOCK):
+            out[lo : lo + _BLOCK] = self._walk_block(flat[lo : lo + _BLOCK], inverse)
+        return out.reshape(x.shape)
 
-    def _network(self, x: npt.NDArray[np.uint64], inverse: bool) -> npt.NDArray[np.uint64]:
-        """One pass of the Feistel network (or its inverse) over ``x < 4**half``."""
-        h = np.uint64(self.half)
-        mask = np.uint64((1 << self.half) - 1)
-        left, right = x >> h, x & mask
+    def _walk_block(self, values: Ids, inverse: bool) -> Ids:
+        """One block through the network until every value is below ``n`` (cycle-walking)."""
+        wide = self.half > 16  # halves of up to 16 bits are walked in 32-bit words
+        dtype = np.uint64 if wide else np.uint32
+        x = values.astype(dtype)
+        self._network(x, inverse)
+        n = dtype(self.n)
+        todo = np.flatnonzero(x >= n)
+        while todo.size:  # expected passes: the network's 4**half / n, at most 4
+            part = x[todo]
+            self._network(part, inverse)
+            x[todo] = part
+            todo = todo[part >= n]
+        return x.astype(np.int64)
+
+    def _network(self, x: Words, inverse: bool) -> None:
+        """One pass of the Feistel network (or its inverse), in place on ``x < 4**half``."""
+        dtype = x.dtype.type
+        wide = dtype is np.uint64
+        mix = _FMIX64 if wide else _FMIX32
+        h, mask = dtype(self.half), dtype((1 << self.half) - 1)
+        left = x >> h
+        right = x & mask
+        hashed, scratch = np.empty_like(x), np.empty_like(x)
         keys = self.keys[::-1] if inverse else self.keys
         for key in keys:
-            k = np.uint64(key)
-            if inverse:  # undo: (L, R) <- (R ^ F(L), L)
-                left, right = right ^ (_fmix(left + k) & mask), left
-            else:  # (L, R) -> (R, L ^ F(R))
-                left, right = right, left ^ (_fmix(right + k) & mask)
-        return (left << h) | right
+            k = dtype(key if wide else key & 0xFFFFFFFF)
+            # forward (L, R) -> (R, L ^ F(R)); inverse (L, R) <- (R ^ F(L), L)
+            np.add(left if inverse else right, k, out=hashed)
+            _fmix(hashed, scratch, mix)
+            hashed &= mask
+            if inverse:
+                hashed ^= right
+                left, right, hashed = hashed, left, right
+            else:
+                hashed ^= left
+                left, right, hashed = right, hashed, left
+        np.left_shift(left, h, out=x)
+        x |= right
