@@ -266,7 +266,7 @@ def test_a_state_of_the_old_exact_order_is_refused_saying_why() -> None:
     fresh.load_state_dict(state)  # this version's state resumes
     assert [b.tolist() for b in fresh] == [b.tolist() for b in it]
     # a buffered order did not change: its old state (no field) still applies
-    buffered, buffered_state = a_state()
+    _, buffered_state = a_state()
     del buffered_state["order"]
     again = dzb.Loader(data, 10, shuffle=True, seed=1, shuffle_buffer_size=30)
     again.load_state_dict(buffered_state)
