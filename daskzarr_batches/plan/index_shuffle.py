@@ -21,6 +21,7 @@ before it, numpy's ``Generator.permutation``, was version 1).  Pure numpy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -120,12 +121,12 @@ class IndexShuffle:
         """One block through the network until every value is below ``n`` (cycle-walking)."""
         wide = self.half > 16  # halves of up to 16 bits are walked in 32-bit words
         dtype = np.uint64 if wide else np.uint32
-        x = values.astype(dtype)
+        x = cast(Words, values.astype(dtype))
         self._network(x, inverse)
         n = dtype(self.n)
         todo = np.flatnonzero(x >= n)
         while todo.size:  # expected passes: the network's 4**half / n, at most 4
-            part = x[todo]
+            part = cast(Words, x[todo])
             self._network(part, inverse)
             x[todo] = part
             todo = todo[part >= n]
