@@ -122,6 +122,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "the exact shuffle's peak RSS per memory budget (4 MiB to 1 GiB), "
               "a fresh process each",
               ("data",)),
+    Benchmark("scale", "benchmarks.scale", "run",
+              "issue 39: first batch, plan_epoch and peak RSS per mode at 1e7, 1e8, 1e9 "
+              "samples (nothing written, a fresh process each) beside numpy's permutation; "
+              "writes --out/scale.md, scale.json",
+              ("rows", "out")),
     Benchmark("latency", "benchmarks.latency", "run",
               "chunk streams, map/reduce and batch streams on a store sleeping before "
               "each get; --old REF beside an earlier commit; --sweep io_concurrency",

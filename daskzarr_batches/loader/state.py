@@ -24,6 +24,7 @@ from ..plan.batching import (
     Ranges,
     count_batches,
 )
+from ..plan.index_shuffle import ORDER_VERSION
 
 if TYPE_CHECKING:  # the loader imports this module
     from .epochs import Loader
@@ -56,7 +57,36 @@ _VERSION = 3
 #: another order); of another order it is read as the current version.  Version 3:
 #: buffered windows are balanced (issue 35), so a buffered order of a seed differs.
 _CHANGED_ORDERS: dict[int, tuple[str, ...]] = {2: ("buffer",)}
-_FIELDS = {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error"}
+_FIELDS = {*_PROGRESS, *_IDENTITY, "position", "worker", "on_error", "order"}
+#: fields a state may lack: ``order`` (the exact order's version) came after version 2
+_OPTIONAL = {"order"}
+
+
+def _check_order(state: Mapping[str, Any]) -> None:
+    """``state['order']`` names this version's exact order, or the state is refused.
+
+    A state saved before the field existed was of the exact order drawn by
+    numpy's permutation (order 1): its positions name other samples in the
+    keyed bijection's order (``ORDER_VERSION``), so an exact state without the
+    field is refused; other shuffles' orders did not change with it.
+    """
+    order = state.get("order")
+    if order is None and "order" not in state and state.get("shuffle") != "exact":
+        return
+    if order is None and "order" not in state:
+        raise ArgumentValueError(
+            "the Loader state has no 'order' field: it was saved by an earlier version, "
+            "whose exact shuffle drew each epoch as numpy's permutation of (seed, epoch) "
+            f"(order 1); this version's exact order is a keyed bijection (order "
+            f"{ORDER_VERSION}), so the state's positions would name other samples. Restart "
+            "the epoch (a fresh Loader, or set_epoch), or resume with the version that "
+            "saved it"
+        )
+    if type(order) is not int or order != ORDER_VERSION:
+        raise ArgumentValueError(
+            f"state['order']={reprlib.repr(order)}: a state of another exact order than this "
+            f"version's ({ORDER_VERSION}, the keyed bijection); restart the epoch"
+        )
 
 
 def _state_at(loader: Loader, progress: tuple[Any, ...]) -> dict[str, Any]:
@@ -65,6 +95,7 @@ def _state_at(loader: Loader, progress: tuple[Any, ...]) -> dict[str, Any]:
     part = loader._part
     return {
         "version": _VERSION,
+        "order": ORDER_VERSION,
         "epoch": epoch,
         "batches": batches,
         "position": position,
@@ -123,12 +154,13 @@ def _validated(state: Mapping[str, Any], loader: Loader) -> dict[str, Any]:
             f"state['version']={reprlib.repr(version)}: not a Loader state (version {_VERSION})"
         )
     fields = _FIELDS
-    lacking = sorted(fields - set(state))
+    lacking = sorted(fields - _OPTIONAL - set(state))
     if lacking:
         raise ArgumentValueError(f"the Loader state lacks the field(s) {lacking}")
     unknown = sorted(map(str, set(state) - fields))
     if unknown:
         raise ArgumentValueError(f"the Loader state has unknown field(s) {unknown}")
+    _check_order(state)
     mine = loader._identity()
     # an exact or sequential order does not depend on its windows (an exact window
     # is smaller on a cluster for collections, whose join holds it twice)

@@ -475,6 +475,14 @@ def mix(
         Weights that do not match the sources or are not positive, an
         unknown ``stop``, ``"never"`` without ``samples_per_epoch``, an
         empty source, or sources that do not join ([`concat`][daskzarr_batches.concat]).
+
+    Notes
+    -----
+    A mixture's epoch order is held whole, per draw: about 16 bytes a draw
+    kept for the epoch (its sample id and source, int64) and about 40 bytes a
+    draw while it is drawn (the schedule's times and their sort, each
+    source's own order), so 10**8 draws hold 1.6 GB; unlike the exact
+    shuffle of one dataset, whose order is computed window by window.
     """
     from ..plan.mix import STOP_RULES
 

@@ -254,6 +254,11 @@ def unwrapped_store(store: Any) -> Any:
     return store
 
 
+def memory_store_dict(store: zarr.storage.MemoryStore) -> Any:
+    """The dict a ``MemoryStore`` holds its objects in (two stores over one dict alias)."""
+    return store._store_dict
+
+
 # -- buffers ------------------------------------------------------------------------
 
 

@@ -190,7 +190,9 @@ class StreamSpec:
         Fast start: the first sequential window is read as windows of 1, 1,
         2, 4, ... units (``EpochPlan.ramp``).  ``False`` gives the flat
         windows of earlier versions.  Buffered shuffles are never ramped:
-        their first window is the first buffer, read concurrently.
+        their first window is the first buffer, read concurrently.  The exact
+        shuffle's first window is cut into pieces of 1, 4, 16, ... batches,
+        fewer than the chunks (``EpochPlan.ramp``).
     cache : ChunkCache, optional
         Decoded chunks served from (and kept in) this cache.
     layout : streams.patch.Layout, optional

@@ -26,7 +26,7 @@ import zarr.storage
 
 from ..errors import ArgumentValueError
 from ..store.sources import Source, is_xarray
-from ..store.zarr_adapter import unwrapped_store
+from ..store.zarr_adapter import memory_store_dict, unwrapped_store
 from ..streams.base import stored_sources
 
 __all__ = ["Location", "check_not_input", "input_arrays", "lazy_xarray_arrays", "location_of"]
@@ -118,7 +118,7 @@ def location_of(store: Any, path: str = "") -> Location:
         zipped = os.path.realpath(str(store.path))
         return Location(("zip", zipped), _split(path), f"{zipped}::{path or '/'}", _split(zipped))
     if isinstance(store, zarr.storage.MemoryStore):
-        held = store._store_dict
+        held = memory_store_dict(store)
         return Location(("memory", id(held)), _split(path), f"MemoryStore at {path or '/'!r}")
     if isinstance(store, zarr.storage.FsspecStore):
         protocol = _protocol(store.fs)

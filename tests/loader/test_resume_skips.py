@@ -281,6 +281,29 @@ def test_a_state_of_the_old_buffered_order_is_refused_saying_why() -> None:
     fresh.load_state_dict(state)  # its own version resumes
 
 
+def test_a_state_of_the_old_exact_order_is_refused_saying_why() -> None:
+    """Issue 39: the exact order became a keyed bijection; an old state names other samples."""
+    data = np.arange(100, dtype="i8")
+    loader = dzb.Loader(data, 10, shuffle=True, seed=1)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["order"] == 2
+    old = {k: v for k, v in state.items() if k != "order"}  # what the old version wrote
+    fresh = dzb.Loader(data, 10, shuffle=True, seed=1)
+    with pytest.raises(dzb.ArgumentValueError, match=r"no 'order' field.*numpy's permutation"):
+        fresh.load_state_dict(old)
+    with pytest.raises(dzb.ArgumentValueError, match=r"state\['order'\]=1: a state of another"):
+        fresh.load_state_dict({**state, "order": 1})
+    fresh.load_state_dict(state)  # this version's state resumes
+    assert [b.tolist() for b in fresh] == [b.tolist() for b in it]
+    # the field is the exact order's: a buffered state without it still applies
+    _, buffered_state = a_state()
+    del buffered_state["order"]
+    again = dzb.Loader(data, 10, shuffle=True, seed=1, shuffle_buffer_size=30)
+    again.load_state_dict(buffered_state)
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_a_state_of_an_absurd_world_size_is_refused_at_once(on_error: str) -> None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import daskzarr_batches as dzb
 from daskzarr_batches.plan.budget import DECODE_COPIES, INDEX_BYTES_PER_SAMPLE, exact_budget
 from daskzarr_batches.plan.epoch import EpochPlan, permutation
+from daskzarr_batches.plan.index_shuffle import IndexShuffle
 from daskzarr_batches.plan.windows import chunk_offsets
 
 MiB = 2**20
@@ -50,10 +51,11 @@ def test_permutation_is_numpys_in_half_the_bytes(n: int, seed: int) -> None:
     assert np.array_equal(ids, np.random.default_rng(seed).permutation(n))
 
 
-def test_the_epoch_order_of_a_seed_is_numpys_permutation() -> None:
+def test_the_epoch_order_of_a_seed_is_its_keyed_bijection() -> None:
     plan = EpochPlan(1000, (chunk_offsets([100] * 10),), 7, False, "exact", 97, seed=3, epoch=2)
     order = np.concatenate([w.samples for w in plan.windows()])
-    assert np.array_equal(order, plan.rng().permutation(1000))
+    assert np.array_equal(order, IndexShuffle.of(1000, 3, 2)(np.arange(1000)))
+    assert not np.array_equal(order, plan.rng().permutation(1000))  # the old order is gone
 
 
 CHILD = """

@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 import zarr
 import zarr.storage
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
 import daskzarr_batches as dzb
 import daskzarr_batches.plan as dzplan
-from daskzarr_batches.plan.windows import sorting_order
+from daskzarr_batches.plan.epoch import EpochPlan
+from daskzarr_batches.plan.summary import PlanSummary
+from daskzarr_batches.plan.windows import chunk_offsets, sorting_order
 
 METADATA = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 
@@ -141,3 +143,61 @@ def test_sorting_order_is_a_stable_argsort(ids: list[int], shift: int) -> None:
     samples = np.unique(samples)
     np.random.default_rng(shift).shuffle(samples)
     assert np.array_equal(sorting_order(samples), np.argsort(samples, kind="stable"))
+
+
+# --------------------------------------------------------------------------
+# Summaries in O(units) / O(windows x chunks) (issue 39) agree with drawing every row
+
+GENERATE = (Phase.explicit, Phase.generate)  # no shrinking: a failure prints its case
+
+
+@given(
+    n=st.integers(40_000, 80_000),
+    chunk=st.integers(50, 2_000),
+    buffer=st.integers(1_000, 8_000),  # windows of many batches: a batch straddling two
+    seed=st.integers(0, 2**32),  # is counted in the first by expected_mixing
+)
+@settings(max_examples=10, deadline=None, derandomize=True, phases=GENERATE)
+def test_a_buffered_summary_without_rows_is_the_summary_with_them(
+    n: int, chunk: int, buffer: int, seed: int
+) -> None:
+    from daskzarr_batches.plan import epoch_figures
+
+    sizes = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
+    offsets = (chunk_offsets(sizes), chunk_offsets([n // 3, n - n // 3]))
+    plan = EpochPlan(n, offsets, 32, False, "buffer", buffer, seed, 1, row_bytes=(16, 8))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(epoch_figures, "BUFFERED_ROWS_DRAWN", 0)  # from 2**20 samples
+        fast = epoch_figures._buffered_summary(plan)
+        assert fast is not None and plan.summary() == fast
+        patch.setattr(epoch_figures, "_buffered_summary", lambda *a, **k: None)
+        slow = plan.summary()
+
+    def plain(summary: PlanSummary) -> list[tuple[object, ...]]:
+        return [(w.index, w.samples, w.batches, w.chunks, w.bytes_decoded, w.bytes_held,
+                 w.shards, w.requests) for w in summary.windows]  # fmt: skip
+
+    assert plain(fast) == plain(slow)
+    # the figures in expectation given the windows, the realised ones within noise
+    assert abs(fast.quality.entropy - slow.quality.entropy) < 0.02
+    assert fast.quality.mixing is not None and slow.quality.mixing is not None
+    assert abs(fast.quality.mixing - slow.quality.mixing) < 0.05
+    assert abs(fast.quality.displacement - slow.quality.displacement) < 0.05
+
+
+@given(n=st.integers(1, 40_000), chunk=st.integers(1, 4_000), window=st.integers(1, 30_000))
+@settings(max_examples=20, deadline=None, derandomize=True, phases=GENERATE)
+def test_an_exact_summary_without_ids_reads_what_the_ids_read(
+    n: int, chunk: int, window: int
+) -> None:
+    sizes = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
+    plan = EpochPlan(n, (chunk_offsets(sizes),), 16, False, "exact", window, 3, 0, row_bytes=(8,))
+    fast = plan.summary()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EpochPlan, "_exact_alone", lambda self: False)
+        slow = plan.summary()
+    for mine, theirs in zip(fast.windows, slow.windows, strict=True):
+        assert (mine.index, mine.samples, mine.batches) == (theirs.index, theirs.samples,
+                                                            theirs.batches)  # fmt: skip
+        # a dense window counts every chunk: the ids miss one with probability < exp(-24)
+        assert mine.chunks == theirs.chunks and mine.bytes_decoded == theirs.bytes_decoded

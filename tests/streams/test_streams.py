@@ -587,12 +587,13 @@ def test_prefetch_bounds_the_windows_in_flight(prefetch: int) -> None:
 
 @pytest.mark.parametrize(
     ("kind", "first_chunks"),
-    [("sequential", 1), ("buffered", 10), ("paired", 1), ("exact", 10), ("chunks", 1)],
+    [("sequential", 1), ("buffered", 10), ("paired", 1), ("exact", 3), ("chunks", 1)],
 )
 def test_first_batch_waits_for_one_chunk_and_is_timed(kind: str, first_chunks: int) -> None:
     # With prefetch 0 nothing is read ahead: the first batch costs the first
     # window's chunks only (sequential: the ramp's one unit; buffered: the whole
-    # first buffer, read concurrently, so the first batch mixes all of it), and
+    # first buffer, read concurrently, so the first batch mixes all of it; exact:
+    # the ramp's first piece, one batch of 3 samples, at most 3 chunks), and
     # stats time it.
     data = make_data((40, 2), "float64")
     x = to_zarr(data, (4, 2))
@@ -611,7 +612,10 @@ def test_first_batch_waits_for_one_chunk_and_is_timed(kind: str, first_chunks: i
     waited = stream.stats.time_to_first_batch
     assert waited is not None and waited > 0
     per_array = stream.stats.chunks_read // (2 if kind == "paired" else 1)
-    assert per_array == first_chunks
+    if kind == "exact":  # the chunks of one batch's samples
+        assert 1 <= per_array <= first_chunks
+    else:
+        assert per_array == first_chunks
     rest = list(stream)
     assert stream.stats.time_to_first_batch == waited  # set once
     assert len(rest) == len(stream) - 1
