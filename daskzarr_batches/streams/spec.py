@@ -139,10 +139,9 @@ class StreamSpec:
         converted to the samples it holds (at least 1; `buffer_samples`);
         the spec keeps the number of samples.  ``"auto"``: the smallest
         buffer of whole units whose batch mixing (the epoch's mean over its
-        batches, its windows balanced) reaches ``shuffle_quality``
-        of an exact shuffle's (`smallest_buffer`), within
-        ``memory_budget`` (else the largest within it, and a
-        ``ShuffleQualityWarning``); the spec keeps the samples chosen.
+        batches, its windows balanced) reaches ``shuffle_quality`` of an exact
+        shuffle's (`smallest_buffer`), within ``memory_budget`` (else the
+        largest within it, and a ``ShuffleQualityWarning``); kept as samples.
     shuffle_quality : float, optional
         The target of ``shuffle_buffer_size="auto"`` (in ``(0, 1]``; default
         ``DEFAULT_SHUFFLE_QUALITY``), kept with the size it chose.
@@ -180,19 +179,17 @@ class StreamSpec:
     retries : int, default 3
         Retries of one read after a transient fault (backoff with jitter).
     io_concurrency : int, optional
-        Store requests the stream's reads keep in flight at most;
-        ``None``: no limit beyond the stream's own (the windows in flight,
-        ``prefetch + 1`` windows' worth of samples, read at once, each
-        requesting its chunks concurrently).  Decoding is bounded
+        Store requests the stream's reads keep in flight at most; ``None``:
+        no limit beyond the stream's own (``prefetch + 1`` windows in flight,
+        each requesting its chunks concurrently).  Decoding is bounded
         separately, by Zarr's executor.  On a cluster the limit holds
         within each read task on its worker.
     ramp : bool, default True
-        Fast start: the first sequential window is read as windows of 1, 1,
-        2, 4, ... units (``EpochPlan.ramp``).  ``False`` gives the flat
-        windows of earlier versions.  Buffered shuffles are never ramped:
-        their first window is the first buffer, read concurrently.  The exact
-        shuffle's first window is cut into pieces of 1, 4, 16, ... batches,
-        fewer than the chunks (``EpochPlan.ramp``).
+        Fast start (``EpochPlan.ramp``): the first sequential window is read
+        as windows of 1, 1, 2, 4, ... units, the exact shuffle's first window
+        in pieces of 1, 4, 16, ... batches (fewer than the chunks).  ``False``
+        gives the flat windows of earlier versions.  Buffered shuffles are
+        never ramped: their first window is the first buffer, read concurrently.
     cache : ChunkCache, optional
         Decoded chunks served from (and kept in) this cache.
     layout : streams.patch.Layout, optional
