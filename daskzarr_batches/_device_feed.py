@@ -63,6 +63,11 @@ class DeviceFeed:
         #: the loader's ``_progress()`` after the last batch handed out (None: its own)
         self._state: tuple[Any, ...] | None = None
 
+    def _hand(self, state: tuple[Any, ...] | None) -> None:
+        """Record the progress after the last batch handed out (None: the loader's own is
+        exact), here and in the loader, whose ``state_dict()`` then reports it too."""
+        self._state = self.loader._handed = state
+
     def put(self, batch: Any) -> Any:
         """Start ``batch``'s transfer; what :meth:`hand_out` gets."""
         raise NotImplementedError
@@ -86,7 +91,7 @@ class DeviceFeed:
     def set_epoch(self, epoch: int) -> None:
         """Run epoch ``epoch`` in the next iteration (from its start)."""
         self.loader.set_epoch(epoch)
-        self._state = None
+        self._hand(None)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state after the last batch this iterator handed out."""
@@ -97,8 +102,8 @@ class DeviceFeed:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from ``state_dict``; see
         [`Loader.load_state_dict`][daskzarr_batches.Loader.load_state_dict])."""
+        self._hand(None)
         self.loader.load_state_dict(state)
-        self._state = None
 
     get_state = state_dict
     set_state = load_state_dict
@@ -121,8 +126,8 @@ class DeviceFeed:
         except BaseException:  # GeneratorExit (a break, a loop body's error) included
             # the loader's iteration is closed by now
             handed = start if self._state is None else self._state
+            self._hand(None)  # the loader's own state is exact again
             self.loader.load_state_dict(self.loader._state_at(handed))
-            self._state = None  # the loader's own state is exact again
             raise
 
     def _batches(self) -> Iterator[Any]:
@@ -153,10 +158,10 @@ class DeviceFeed:
                 item, state, warned = ahead.popleft()
                 for warning in warned:
                     warn_caller(warning)
-                self._state = state
+                self._hand(state)
                 yield self.hand_out(item)
         for warning in last:
             warn_caller(warning)
         if not isinstance(ended, StopIteration):
             raise ended  # type: ignore[misc]
-        self._state = None  # the epoch is over: the loader's own state is exact
+        self._hand(None)  # the epoch is over: the loader's own state is exact
