@@ -281,14 +281,20 @@ class ZarrIterableDataset(IterableDataset):
     def _device_epoch(self, device: torch.device) -> Iterator[Any]:
         """The epoch on ``device``; left early, the loader goes back to the last handed out."""
         start, host = self.loader.state_dict(), self._main_epoch()
+        stated = _Stated(host, self.loader)
         prefetcher = DevicePrefetcher(
-            _Stated(host, self.loader), device, pin_memory=self.pin_memory, prefetch=self.prefetch
+            stated, device, pin_memory=self.pin_memory, prefetch=self.prefetch
         )
         self._prefetcher = prefetcher
         batches = prefetcher.__iter__()  # a generator, closed if left early
         try:
-            yield from batches
+            for batch in batches:
+                # the loader's own state_dict() too is that after the batch handed out
+                self.loader._handed = stated.pulled.popleft()
+                yield batch
+            self.loader._handed = None
         except BaseException:  # GeneratorExit (a break, a loop body's error) included
+            self.loader._handed = None
             batches.close()
             host.close()
             self.loader.load_state_dict(prefetcher.state or start)
@@ -512,7 +518,15 @@ class _Stated:
     """An epoch's batches with the loader's ``state_dict`` beside them (for the prefetcher)."""
 
     def __init__(self, batches: Iterator[Any], loader: Loader) -> None:
-        self._batches, self.state_dict = batches, loader.state_dict
+        self._batches, self._loader = batches, loader
+        #: the loader's progress after each batch pulled, not yet handed out
+        self.pulled: deque[tuple[Any, ...]] = deque()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's own state now (not a device feed's record), its progress kept."""
+        progress = self._loader._progress()
+        self.pulled.append(progress)
+        return self._loader._state_at(progress)
 
     def __iter__(self) -> Iterator[Any]:
         return self._batches
