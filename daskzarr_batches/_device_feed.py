@@ -25,7 +25,7 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError, deferred_warnings, warn_caller
 
-__all__ = ["DeviceFeed", "checked_prefetch", "map_arrays"]
+__all__ = ["DeviceFeed", "StatedBatches", "checked_prefetch", "map_arrays"]
 
 
 def map_arrays(batch: Any, fn: Callable[[np.ndarray], Any]) -> Any:
@@ -46,6 +46,25 @@ def checked_prefetch(prefetch: Any) -> int:
     if prefetch < 0:
         raise ArgumentValueError(f"prefetch must be >= 0, got {prefetch}")
     return int(prefetch)
+
+
+class StatedBatches:
+    """An epoch's batches with the loader's own ``state_dict`` beside them (for the torch
+    adapter's prefetcher); ``pulled`` keeps the loader's progress after each batch pulled,
+    so the batch handed out can set it as the loader's ``_handed``."""
+
+    def __init__(self, batches: Iterator[Any], loader: Any) -> None:
+        self._batches, self._loader = batches, loader
+        self.pulled: deque[tuple[Any, ...]] = deque()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state now (its own progress, not a device feed's record)."""
+        progress = self._loader._progress()
+        self.pulled.append(progress)
+        return dict(self._loader._state_at(progress))
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches
 
 
 class DeviceFeed:

@@ -43,7 +43,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
 
 import numpy as np
 
-from ._device_feed import checked_prefetch
+from ._device_feed import StatedBatches, checked_prefetch
 from ._torch_tensors import _check_dtype, _converter, _map_tensors
 from ._torch_tensors import csr_tensor as csr_tensor  # sparse rows as torch sparse CSR
 from ._torch_tensors import to_tensors as to_tensors  # re-exported: tests use it here
@@ -281,7 +281,7 @@ class ZarrIterableDataset(IterableDataset):
     def _device_epoch(self, device: torch.device) -> Iterator[Any]:
         """The epoch on ``device``; left early, the loader goes back to the last handed out."""
         start, host = self.loader.state_dict(), self._main_epoch()
-        stated = _Stated(host, self.loader)
+        stated = StatedBatches(host, self.loader)
         prefetcher = DevicePrefetcher(
             stated, device, pin_memory=self.pin_memory, prefetch=self.prefetch
         )
@@ -294,7 +294,6 @@ class ZarrIterableDataset(IterableDataset):
                 yield batch
             self.loader._handed = None
         except BaseException:  # GeneratorExit (a break, a loop body's error) included
-            self.loader._handed = None
             batches.close()
             host.close()
             self.loader.load_state_dict(prefetcher.state or start)
@@ -512,24 +511,6 @@ class DevicePrefetcher:
 
     def __repr__(self) -> str:
         return f"<DevicePrefetcher to {self.device} of {self.batches!r}>"
-
-
-class _Stated:
-    """An epoch's batches with the loader's ``state_dict`` beside them (for the prefetcher)."""
-
-    def __init__(self, batches: Iterator[Any], loader: Loader) -> None:
-        self._batches, self._loader = batches, loader
-        #: the loader's progress after each batch pulled, not yet handed out
-        self.pulled: deque[tuple[Any, ...]] = deque()
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's own state now (not a device feed's record), its progress kept."""
-        progress = self._loader._progress()
-        self.pulled.append(progress)
-        return self._loader._state_at(progress)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._batches
 
 
 def _device(device: Any) -> torch.device:
