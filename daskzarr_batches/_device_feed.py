@@ -25,7 +25,7 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError, deferred_warnings, warn_caller
 
-__all__ = ["DeviceFeed", "checked_prefetch", "map_arrays"]
+__all__ = ["DeviceFeed", "StatedBatches", "checked_prefetch", "map_arrays"]
 
 
 def map_arrays(batch: Any, fn: Callable[[np.ndarray], Any]) -> Any:
@@ -48,6 +48,25 @@ def checked_prefetch(prefetch: Any) -> int:
     return int(prefetch)
 
 
+class StatedBatches:
+    """An epoch's batches with the loader's own ``state_dict`` beside them (for the torch
+    adapter's prefetcher); ``pulled`` keeps the loader's progress after each batch pulled,
+    so the batch handed out can set it as the loader's ``_handed``."""
+
+    def __init__(self, batches: Iterator[Any], loader: Any) -> None:
+        self._batches, self._loader = batches, loader
+        self.pulled: deque[tuple[Any, ...]] = deque()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state now (its own progress, not a device feed's record)."""
+        progress = self._loader._progress()
+        self.pulled.append(progress)
+        return dict(self._loader._state_at(progress))
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches
+
+
 class DeviceFeed:
     """A loader's epochs with each batch put on devices ``prefetch`` batches ahead.
 
@@ -62,6 +81,11 @@ class DeviceFeed:
         self.prefetch = checked_prefetch(prefetch)
         #: the loader's ``_progress()`` after the last batch handed out (None: its own)
         self._state: tuple[Any, ...] | None = None
+
+    def _hand(self, state: tuple[Any, ...] | None) -> None:
+        """Record the progress after the last batch handed out (None: the loader's own is
+        exact), here and in the loader, whose ``state_dict()`` then reports it too."""
+        self._state = self.loader._handed = state
 
     def put(self, batch: Any) -> Any:
         """Start ``batch``'s transfer; what :meth:`hand_out` gets."""
@@ -86,7 +110,7 @@ class DeviceFeed:
     def set_epoch(self, epoch: int) -> None:
         """Run epoch ``epoch`` in the next iteration (from its start)."""
         self.loader.set_epoch(epoch)
-        self._state = None
+        self._hand(None)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state after the last batch this iterator handed out."""
@@ -97,8 +121,8 @@ class DeviceFeed:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from ``state_dict``; see
         [`Loader.load_state_dict`][daskzarr_batches.Loader.load_state_dict])."""
+        self._hand(None)
         self.loader.load_state_dict(state)
-        self._state = None
 
     get_state = state_dict
     set_state = load_state_dict
@@ -121,8 +145,8 @@ class DeviceFeed:
         except BaseException:  # GeneratorExit (a break, a loop body's error) included
             # the loader's iteration is closed by now
             handed = start if self._state is None else self._state
+            self._hand(None)  # the loader's own state is exact again
             self.loader.load_state_dict(self.loader._state_at(handed))
-            self._state = None  # the loader's own state is exact again
             raise
 
     def _batches(self) -> Iterator[Any]:
@@ -153,10 +177,10 @@ class DeviceFeed:
                 item, state, warned = ahead.popleft()
                 for warning in warned:
                     warn_caller(warning)
-                self._state = state
+                self._hand(state)
                 yield self.hand_out(item)
         for warning in last:
             warn_caller(warning)
         if not isinstance(ended, StopIteration):
             raise ended  # type: ignore[misc]
-        self._state = None  # the epoch is over: the loader's own state is exact
+        self._hand(None)  # the epoch is over: the loader's own state is exact

@@ -43,7 +43,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess
 
 import numpy as np
 
-from ._device_feed import checked_prefetch
+from ._device_feed import StatedBatches, checked_prefetch
 from ._torch_tensors import _check_dtype, _converter, _map_tensors
 from ._torch_tensors import csr_tensor as csr_tensor  # sparse rows as torch sparse CSR
 from ._torch_tensors import to_tensors as to_tensors  # re-exported: tests use it here
@@ -281,13 +281,18 @@ class ZarrIterableDataset(IterableDataset):
     def _device_epoch(self, device: torch.device) -> Iterator[Any]:
         """The epoch on ``device``; left early, the loader goes back to the last handed out."""
         start, host = self.loader.state_dict(), self._main_epoch()
+        stated = StatedBatches(host, self.loader)
         prefetcher = DevicePrefetcher(
-            _Stated(host, self.loader), device, pin_memory=self.pin_memory, prefetch=self.prefetch
+            stated, device, pin_memory=self.pin_memory, prefetch=self.prefetch
         )
         self._prefetcher = prefetcher
         batches = prefetcher.__iter__()  # a generator, closed if left early
         try:
-            yield from batches
+            for batch in batches:
+                # the loader's own state_dict() too is that after the batch handed out
+                self.loader._handed = stated.pulled.popleft()
+                yield batch
+            self.loader._handed = None
         except BaseException:  # GeneratorExit (a break, a loop body's error) included
             batches.close()
             host.close()
@@ -506,16 +511,6 @@ class DevicePrefetcher:
 
     def __repr__(self) -> str:
         return f"<DevicePrefetcher to {self.device} of {self.batches!r}>"
-
-
-class _Stated:
-    """An epoch's batches with the loader's ``state_dict`` beside them (for the prefetcher)."""
-
-    def __init__(self, batches: Iterator[Any], loader: Loader) -> None:
-        self._batches, self.state_dict = batches, loader.state_dict
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._batches
 
 
 def _device(device: Any) -> torch.device:

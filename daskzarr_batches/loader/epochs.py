@@ -282,6 +282,9 @@ class Loader:
         self._base = 0  # where the rank was in its share when this worker's part was cut
         self._stream: BatchStream | None = None  # the running epoch's stream
         self._busy = threading.Lock()  # held by the running iteration
+        #: a device feed's progress after the batch it last handed out, while it iterates
+        #: this loader (its batches put ahead are not counted in state_dict())
+        self._handed: tuple[Any, ...] | None = None
 
     # ------------------------------------------------------------------ epochs
 
@@ -317,6 +320,7 @@ class Loader:
                 f"{self._batches}/{len(self)}): finish or close that iterator first, or give "
                 "each thread a Loader of its own"
             )
+        self._handed = None  # a feed's record of an iteration before is stale now
         stream: BatchStream | None = None
         try:
             stream = self.stream()
@@ -394,6 +398,7 @@ class Loader:
         clone = copy.copy(self)
         clone._busy = threading.Lock()
         clone._stream = None
+        clone._handed = None
         clone.stats = StreamStats()
         clone._part = (worker, workers)
         clone._base = self._position if self._batches else 0
@@ -408,9 +413,12 @@ class Loader:
         ``position`` is where this rank is in its share of the epoch (samples
         yielded and samples skipped as undecodable), ``batches`` the batches
         it has yielded; the rest identifies the order (seed, batch size,
-        shuffle, ...) so that a state is never applied to another one.
+        shuffle, ...) so that a state is never applied to another one.  While a
+        device feed (``JaxLoader``, ``CupyLoader``) iterates this loader, it is
+        the state after the last batch the feed handed out, as the feed's own.
         """
-        return _state_at(self, self._progress())
+        handed = self._handed
+        return _state_at(self, self._progress() if handed is None else handed)
 
     def _progress(self) -> tuple[Any, ...]:
         """What of the state moves as batches are yielded (cheap: a device feed takes
@@ -443,6 +451,7 @@ class Loader:
             shuffle, seed, ...), naming what differs.
         """
         states = _validated_states(state, self)
+        self._handed = None  # the state given wins over a device feed's record
         first = states[0]
         epoch, old_world = first["epoch"], first["world_size"]
         if old_world == self.world_size:
@@ -576,8 +585,13 @@ class Loader:
         state["spec"] = dataclasses.replace(self.spec, client=None)
         state["_busy"] = None
         state["_stream"] = None
+        handed = state.pop("_handed", None)
+        if handed is not None:  # a copy goes on after the last batch a device feed handed out
+            keys = ("_epoch", "_batches", "_position", "_resumed", "_base")
+            state.update(zip(keys, handed, strict=True))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._busy = threading.Lock()
+        self._handed = None

@@ -4,6 +4,7 @@ transforms: the Loader and the device feed on the host (``CupyLoader(xp=numpy)``
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,25 @@ def test_a_device_feed_left_early_goes_on_with_its_prefetched_batches(exit: str)
     seen += [i for batch in feed for i in _ids(batch)]
     assert sorted(seen) == list(range(1000))  # was 900: the 2 batches put ahead were lost
     assert feed.epoch == 1
+
+
+def test_the_loaders_own_state_inside_a_device_feed_loop_counts_only_batches_handed_out() -> None:
+    """A checkpoint of the wrapped ``Loader`` taken in the feed's loop (``loader.state_dict()``,
+    not ``feed.state_dict()``) resumes exactly too: it counted the prefetched batches before."""
+    loader = dzb.Loader(np.arange(100), 8, shuffle=True, shuffle_buffer_size=20, seed=1)
+    feed = CupyLoader(loader, xp=np, prefetch=3)
+    seen: list[int] = []
+    for step, batch in enumerate(feed):
+        seen += _ids(batch)
+        if step == 2:
+            state = loader.state_dict()
+            assert state == feed.state_dict()
+            assert (state["batches"], state["position"]) == (3, 24)  # was (6, 48)
+            assert pickle.loads(pickle.dumps(loader)).state_dict() == state
+    again = dzb.Loader(np.arange(100), 8, shuffle=True, shuffle_buffer_size=20, seed=1)
+    again.load_state_dict(state)
+    assert seen[:24] + [i for batch in again for i in _ids(batch)] == seen
+    assert loader.state_dict()["epoch"] == 1  # the epoch over: the loader's own state again
 
 
 def test_a_failing_transform_leaves_its_batch_uncounted() -> None:

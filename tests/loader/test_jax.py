@@ -141,6 +141,20 @@ def test_a_break_goes_on_with_the_prefetched_batches(batch_sharding: Any) -> Non
     assert sorted(seen) == list(range(1000))  # was 920: the 2 put ahead were lost
 
 
+def test_the_loaders_own_state_in_the_loop_is_the_feeds() -> None:
+    """``loader.state_dict()`` taken in the feed's loop counted the prefetched batches."""
+    loader = Loader(np.arange(400), 40, shuffle=True, seed=1)
+    seen: list[int] = []
+    for batch in JaxLoader(loader, prefetch=3):
+        seen += np.asarray(batch).tolist()
+        if len(seen) == 120:
+            state = loader.state_dict()
+    assert (state["batches"], state["position"]) == (3, 120)  # was (6, 240)
+    again = Loader(np.arange(400), 40, shuffle=True, seed=1)
+    again.load_state_dict(state)
+    assert seen[:120] + [i for batch in again for i in batch.tolist()] == seen
+
+
 def test_big_endian_arrays_are_converted(tmp_path: Path, batch_sharding: Any) -> None:
     x = zarr.create_array(tmp_path / "be.zarr", shape=(64, 3), chunks=(16, 3), dtype=">f4",
                           zarr_format=2)  # fmt: skip

@@ -254,6 +254,22 @@ def test_device_delivery_on_the_cpu_device_resumes_exactly(arrays: dict[str, Any
     assert again.state_dict()["epoch"] == 1
 
 
+def test_the_loaders_own_state_in_a_device_loop_counts_only_batches_handed_out() -> None:
+    """``loader.state_dict()`` taken in a ``device=`` loop is the dataset's (it counted the
+    prefetched batches: a checkpoint of it lost them on resume)."""
+    loader = dzb.Loader(np.arange(100), 8, shuffle=True, shuffle_buffer_size=20, seed=1)
+    seen: list[int] = []
+    for step, batch in enumerate(ZarrIterableDataset(loader, device="cpu", prefetch=3)):
+        seen += batch.tolist()
+        if step == 2:
+            state = loader.state_dict()
+            assert (state["batches"], state["position"]) == (3, 24)  # was (6, 48)
+    again = dzb.Loader(np.arange(100), 8, shuffle=True, shuffle_buffer_size=20, seed=1)
+    again.load_state_dict(state)
+    assert seen[:24] + [i for batch in again for i in batch.tolist()] == seen
+    assert loader.state_dict()["epoch"] == 1
+
+
 def test_device_prefetcher_around_workers_and_dlpack(arrays: dict[str, Any]) -> None:
     loader = torch.utils.data.DataLoader(
         ZarrIterableDataset(make(arrays)), batch_size=None, num_workers=2
