@@ -166,7 +166,8 @@ def _show_pairs(
         "   buffered shuffle (shuffle_buffer_size=8): the order of chunks is permuted, "
         "then rows are"
     )
-    say("   drawn at random from about 8 samples (2 whole chunks) at a time; each chunk read once")
+    say("   drawn at random within windows of whole chunks of at most about 8 samples, balanced")
+    say("   (here chunk 1, then chunks 0 and 2: no short last window); each chunk read once")
     aligned = True
     with paired_shuffled_batch_stream(
         features, labels, 4, seed=1, shuffle_buffer_size=8, **streams
