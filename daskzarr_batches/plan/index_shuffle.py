@@ -109,8 +109,8 @@ class IndexShuffle:
 
     def _walk(self, values: npt.ArrayLike, inverse: bool) -> Ids:
         x = np.asarray(values, dtype=np.int64)
-        if x.size and (int(x.min()) < 0 or int(x.max()) >= self.n):
-            raise ValueError(f"values outside [0, {self.n}): {x.min()}..{x.max()}")
+        if x.size and (int(np.min(x)) < 0 or int(np.max(x)) >= self.n):
+            raise ValueError(f"values outside [0, {self.n}): {np.min(x)}..{np.max(x)}")
         flat = x.ravel()
         out = np.empty(flat.size, dtype=np.int64)
         for lo in range(0, flat.size, _BLOCK):

@@ -159,5 +159,5 @@ class _Mixing:
             stretches[-2] += stretches[-1]
             sizes[-2] += sizes[-1]
             stretches, sizes = stretches[:-1], sizes[:-1]
-        worst = float((stretches / sizes).min())
+        worst = float(np.min(stretches / sizes))
         return min(score / batches, 1.0), total / batches, min(worst, 1.0)
