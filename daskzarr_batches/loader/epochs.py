@@ -280,7 +280,6 @@ class Loader:
         self._resumed: Ranges | None = None  # the positions left after an elastic restore
         self._part: tuple[int, int] | None = None  # (worker, workers) of a worker's loader
         self._base = 0  # where the rank was in its share when this worker's part was cut
-        self._stream: BatchStream | None = None  # the running epoch's stream
         self._busy = threading.Lock()  # held by the running iteration
         #: a device feed's progress after the batch it last handed out, while it iterates
         #: this loader (its batches put ahead are not counted in state_dict())
@@ -325,7 +324,6 @@ class Loader:
         try:
             stream = self.stream()
             self.stats = stream.stats
-            self._stream = stream
             with stream:
                 for batch in stream:
                     # a transform that raises leaves its batch uncounted: the progress is
@@ -338,7 +336,6 @@ class Loader:
             self._epoch += 1
             self._restart()
         finally:
-            self._stream = None
             self._busy.release()
 
     def bottleneck(self) -> Bottleneck:
@@ -397,7 +394,6 @@ class Loader:
             raise ArgumentValueError(f"{self!r} is already a worker's loader")
         clone = copy.copy(self)
         clone._busy = threading.Lock()
-        clone._stream = None
         clone._handed = None
         clone.stats = StreamStats()
         clone._part = (worker, workers)
