@@ -40,6 +40,7 @@ import numpy as np
 from .errors import ArgumentTypeError, ArgumentValueError, renamed_keywords
 from .store.cache import ChunkCache
 from .store.policy import MissingMode, OnError
+from .store.requests import ReaderFactory
 from .streams.chunk import ChunkStream, build_chunk_stream
 from .streams.chunk_jobs import PairwiseFold as _PairwiseFold
 from .streams.chunk_jobs import reduce_on_cluster
@@ -72,6 +73,7 @@ def map_chunks(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
 ) -> ChunkStream:
     """Stream ``func(chunk)`` for every stored chunk of ``array``.
@@ -116,7 +118,7 @@ def map_chunks(
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -149,7 +151,7 @@ def map_chunks(
     options = read_options(
         read, client=client, timeout=timeout, missing=missing, on_error=on_error,
         retries=retries, io_concurrency=io_concurrency,
-        cache=cache,
+        cache=cache, reader=reader,
     )  # fmt: skip
     return build_chunk_stream(ChunkSpec(array, ordered, with_index, options), transform=func)
 
@@ -168,6 +170,7 @@ def reduce_chunks(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
 ) -> R:
     """Reduce ``func(chunk)`` over every stored chunk with ``combine``.
@@ -194,7 +197,7 @@ def reduce_chunks(
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -236,6 +239,7 @@ def reduce_chunks(
         retries=retries,
         io_concurrency=io_concurrency,
         cache=cache,
+        reader=reader,
         read=read,
     ) as results:
         name = results.source.name
@@ -350,6 +354,7 @@ def feature_moments(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
 ) -> Moments:
     """Per-feature count, mean and variance of ``array``'s samples, in one pass.
@@ -366,7 +371,7 @@ def feature_moments(
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -396,6 +401,7 @@ def feature_moments(
         retries=retries,
         io_concurrency=io_concurrency,
         cache=cache,
+        reader=reader,
         read=read,
     ) as results:
         source = results.source

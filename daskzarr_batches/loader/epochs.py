@@ -40,6 +40,7 @@ from ..plan.batching import (
 from ..plan.sampling import ClassSampler
 from ..store.cache import ChunkCache
 from ..store.policy import MissingMode, OnError
+from ..store.requests import ReaderFactory
 from ..streams.base import StreamStats
 from ..streams.batch import BatchStream
 from ..streams.spec import (
@@ -143,7 +144,7 @@ class Loader:
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -212,6 +213,7 @@ class Loader:
         retries: int = UNSET.retries,
         io_concurrency: int | None = UNSET.io_concurrency,
         cache: ChunkCache | None = UNSET.cache,
+        reader: ReaderFactory | None = UNSET.reader,
         read: ReadOptions | None = None,
         input_dims: Mapping[Any, int] | None = None,
         input_overlap: Mapping[Any, int] | None = None,
@@ -261,6 +263,7 @@ class Loader:
                 retries=retries,
                 io_concurrency=io_concurrency,
                 cache=cache,
+                reader=reader,
             ).keywords(),
             layout=layout,
             return_sources=return_sources,

@@ -67,7 +67,9 @@ from ..store.policy import (
     program_error,
     read_array,
 )
+from ..store.reader_hook import Planned, planned, reader_of
 from ..store.readers import Access, reader_for, run_on_loop
+from ..store.requests import block_requests
 from ..store.rows import owned, put_rows
 from ..store.shards import read_shard_blocks, sharding_codec
 from .context import DEFAULT_CONTEXT, ReadContext
@@ -131,8 +133,40 @@ def read_block(
     """Decode one stored block, as an array the caller owns, and its report.
 
     With ``on_error="skip"`` (``ctx.policy``) a block that does not decode is
-    ``None``, and the report lists it as skipped.
+    ``None``, and the report lists it as skipped.  The block's chunks are
+    requests to the array's reader (``store.reader_hook``): the library's
+    runs the read below (:func:`_planned_block`).
     """
+    out = np.empty(tuple(s.stop - s.start for s in slices), np.dtype(array.dtype))
+    mine = None if isinstance(array, zarr.Array) else block
+    requests = block_requests(array, slices, out, mine)
+    ledger = Ledger()
+    plan = Planned(
+        requests, lambda: _planned_block(array, name, block, slices, ctx), array,
+        lambda coro: run_on_loop(coro, ctx.scope), counts=ledger.cache,
+    )  # fmt: skip
+    try:
+        with planned(plan):
+            reader_of(array, ctx.policy).read(requests)
+    except (MissingChunkError, StoreGoneError, ReadCancelledError):
+        raise
+    except Exception as exc:  # a reader of the user's failed: read by the library, named
+        if plan.ran or is_program_error(exc):
+            raise
+        return _planned_block(array, name, block, slices, ctx)
+    if plan.ran:
+        return plan.result
+    return out, _block_report(ledger, block)
+
+
+def _planned_block(
+    array: Any,
+    name: str,
+    block: tuple[int, ...],
+    slices: tuple[slice, ...],
+    ctx: ReadContext = DEFAULT_CONTEXT,
+) -> tuple[np.ndarray | None, ReadReport]:
+    """:func:`read_block`'s own read: the array's engine, else through the policy view, named."""
     policy, scope = ctx.policy, ctx.scope
     piece = _block_piece(block, slices)
     reader = reader_for(array, policy)

@@ -30,7 +30,9 @@ from ..store.policy import (
     is_program_error,
     program_error,
 )
+from ..store.reader_hook import Planned, planned, reader_of
 from ..store.readers import Access, RowsWindow, poolable, reader_for, run_on_loop
+from ..store.requests import window_requests
 from ..store.rows import (
     Placer,
     direct_at_once,
@@ -118,27 +120,32 @@ def read_window(
     def keys() -> list[str]:  # the store keys of the window's chunk rows
         return [key for piece in pieces for key in storage_keys(array, piece.start, piece.stop)]
 
-    reader = reader_for(array, policy)
-    access = Access(array, name, policy, ledger, scope, keys, reader.native)
+    engine = reader_for(array, policy)
+    access = Access(array, name, policy, ledger, scope, keys, engine.native)
     view = access.view
     limit_rows, streaming = _decode_limit(pieces, size, row_bytes, decode_bytes)
     runs = runs_of(pieces, limit_rows)
     shape, dtype = (size, *view.shape[1:]), np.dtype(view.dtype)
-    out = None
     if into is not None:
         assert not plan_order and into.shape == shape, (into.shape, shape)
         out = into
     elif pool is not None and decode_bytes is None and poolable(view):
         out = pool.take(shape, dtype)
-
-    def make() -> np.ndarray:
-        return np.empty(shape, dtype) if decode_bytes is None else mapped(shape, dtype)
+    else:
+        out = np.empty(shape, dtype) if decode_bytes is None else mapped(shape, dtype)
 
     window = RowsWindow(
-        runs, size, plan_order, limit_rows, streaming, decode_bytes is None, make, out
+        runs, size, plan_order, limit_rows, streaming, decode_bytes is None, lambda: out, out
     )
+    requests = window_requests(array, window.ordered(), out, plan_order)
+    plan = Planned(
+        requests, lambda: engine.read_rows(access, window), view,
+        lambda coro: run_on_loop(coro, scope), counts=ledger.cache,
+    )  # fmt: skip
     try:
-        rows = reader.read_rows(access, window)
+        with planned(plan):
+            reader_of(array, policy).read(requests)
+        rows = plan.result if plan.ran else out
         if rows is not None:
             return rows, _report(view, pieces, ledger, ())
     except ReadCancelledError:

@@ -196,6 +196,10 @@ class ReadPolicy:
     cache : ChunkCache, optional
         Decoded chunks served from (and kept in) this cache: reads through
         :func:`policy_view` use a :class:`CachingPipeline`.
+    readers : ReaderHook, optional
+        The user's reader factory (``ReadOptions(reader=...)``) and the key
+        its readers are remembered under (``store.reader_hook``); a fresh
+        key per stream (:meth:`limited`).
     """
 
     missing: MissingMode = "fill"
@@ -204,6 +208,7 @@ class ReadPolicy:
     requests: RequestLimit | None = field(default=None, compare=False)
     cache: ChunkCache | None = field(default=None, compare=False)
     cache_tokens: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    readers: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.missing not in get_args(MissingMode):
@@ -241,9 +246,11 @@ class ReadPolicy:
         """This policy with a fresh :class:`RequestLimit` of ``requests`` (``None``: no limit).
 
         Called once per stream, so the stream's reads share one limit (and one
-        clock of their requests, also without a limit).
+        clock of their requests, also without a limit), and the stream's
+        reader factory remembers its readers under a key of its own.
         """
-        return dataclasses.replace(self, requests=RequestLimit(requests))
+        readers = None if self.readers is None else self.readers.fresh()
+        return dataclasses.replace(self, requests=RequestLimit(requests), readers=readers)
 
 
 DEFAULT_POLICY = ReadPolicy()

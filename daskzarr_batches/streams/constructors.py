@@ -18,6 +18,7 @@ from typing import Any
 
 from ..store.cache import ChunkCache
 from ..store.policy import MissingMode, OnError
+from ..store.requests import ReaderFactory
 from .batch import BatchStream
 from .chunk import ChunkStream, build_chunk_stream
 from .patch_stream import patch_stream
@@ -69,6 +70,7 @@ def chunk_stream(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
 ) -> ChunkStream:
     """Stream one numpy array per stored chunk, over the whole chunk grid.
@@ -95,7 +97,7 @@ def chunk_stream(
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -132,7 +134,7 @@ def chunk_stream(
     options = read_options(
         read, client=client, timeout=timeout, missing=missing, on_error=on_error,
         retries=retries, io_concurrency=merged_io_concurrency(concurrency, io_concurrency),
-        cache=cache,
+        cache=cache, reader=reader,
     )  # fmt: skip
     return build_chunk_stream(ChunkSpec(array, ordered, with_index, options))
 
@@ -151,6 +153,7 @@ def batch_stream(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
     return_sources: bool = False,
 ) -> BatchStream:
@@ -262,6 +265,7 @@ def batch_stream(
                 retries=retries,
                 io_concurrency=io_concurrency,
                 cache=cache,
+                reader=reader,
             ).keywords(),
             return_sources=return_sources,
         )
@@ -286,6 +290,7 @@ def shuffled_batch_stream(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
     return_sources: bool = False,
 ) -> BatchStream:
@@ -360,7 +365,7 @@ def shuffled_batch_stream(
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -386,6 +391,7 @@ def shuffled_batch_stream(
                 retries=retries,
                 io_concurrency=io_concurrency,
                 cache=cache,
+                reader=reader,
             ).keywords(),
             return_sources=return_sources,
         )
@@ -407,6 +413,7 @@ def paired_batch_stream(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
     return_sources: bool = False,
     label_mixing: bool = False,
@@ -440,6 +447,7 @@ def paired_batch_stream(
                 retries=retries,
                 io_concurrency=io_concurrency,
                 cache=cache,
+                reader=reader,
             ).keywords(),
             return_sources=return_sources,
             labels="labels" if label_mixing else None,
@@ -466,6 +474,7 @@ def paired_shuffled_batch_stream(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
     return_sources: bool = False,
     label_mixing: bool = False,
@@ -503,6 +512,7 @@ def paired_shuffled_batch_stream(
                 retries=retries,
                 io_concurrency=io_concurrency,
                 cache=cache,
+                reader=reader,
             ).keywords(),
             return_sources=return_sources,
             labels="labels" if label_mixing else None,

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..store.cache import ChunkCache
 from ..store.policy import MissingMode, OnError
+from ..store.requests import ReaderFactory
 from .batch import BatchStream
 from .patch import patch_arguments
 from .spec import (
@@ -54,6 +55,7 @@ def patch_stream(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
 ) -> BatchStream:
     """Stream minibatches of N-D patches: spatial tiles, time windows, forecast pairs.
@@ -133,7 +135,7 @@ def patch_stream(
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -185,6 +187,7 @@ def patch_stream(
                 retries=retries,
                 io_concurrency=io_concurrency,
                 cache=cache,
+                reader=reader,
             ).keywords(),
             roles=args.roles,
             layout=args.layout,

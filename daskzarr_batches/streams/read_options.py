@@ -1,7 +1,7 @@
 """How a stream reads, as one frozen, validated value: :class:`ReadOptions`.
 
 ``client``, ``timeout``, the read policy (``missing``, ``on_error``,
-``retries``), ``io_concurrency`` and ``cache``: the keywords every public
+``retries``), ``io_concurrency``, ``cache`` and ``reader``: the keywords every public
 stream, map/reduce and loader signature takes; :func:`read_options` joins an
 entry point's ``read=`` with its flat keywords.  Re-exported by
 ``streams.spec``, where they were first.
@@ -20,6 +20,8 @@ from ..errors import ArgumentTypeError, ArgumentValueError
 from ..execute.runners import resolve_client
 from ..store.cache import ChunkCache
 from ..store.policy import DEFAULT_RETRIES, MissingMode, OnError, ReadPolicy
+from ..store.reader_hook import ReaderHook
+from ..store.requests import ReaderFactory
 from .checks import NotGiven, io_concurrency, non_negative_int, not_given, timeout_seconds
 
 __all__ = ["UNSET", "ReadOptions", "read_options"]
@@ -71,6 +73,15 @@ class ReadOptions:
     cache : ChunkCache, optional
         Decoded chunks served from this cache when it holds them, and kept in
         it when read from the store.
+    reader : callable, optional
+        ``reader(array, default)``, returning the
+        :class:`~daskzarr_batches.readers.ChunkReader` that decodes ``array``'s
+        chunks (``default``: the reader this library chose; yours may wrap
+        it, or read a format of its own).  Called once per array per stream
+        in each process that reads (a cluster worker is its own process);
+        every decode of every stream kind is a ``read(requests)`` of it, and
+        a chunk served from ``cache`` asks it nothing.  ``None``: the
+        library's reader.
     """
 
     client: Any = field(default=None, compare=False)
@@ -80,6 +91,7 @@ class ReadOptions:
     retries: int = DEFAULT_RETRIES
     io_concurrency: int | None = None
     cache: ChunkCache | None = field(default=None, compare=False)
+    reader: ReaderFactory | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         put = functools.partial(object.__setattr__, self)
@@ -93,11 +105,17 @@ class ReadOptions:
                 f"cache must be a ChunkCache or None, got {self.cache!r} of type "
                 f"{type(self.cache).__name__}"
             )
+        if self.reader is not None and not callable(self.reader):
+            raise ArgumentTypeError(
+                "reader must be a callable factory(array, default) -> ChunkReader or None, "
+                f"got {self.reader!r} of type {type(self.reader).__name__}"
+            )
 
     @property
     def policy(self) -> ReadPolicy:
         """The read policy, without a request limit (a stream adds its own: ``limited``)."""
-        return ReadPolicy(self.missing, self.on_error, self.retries, cache=self.cache)
+        hook = None if self.reader is None else ReaderHook(self.reader)
+        return ReadPolicy(self.missing, self.on_error, self.retries, cache=self.cache, readers=hook)
 
     def keywords(self) -> dict[str, Any]:
         """The fields as the flat keywords of the entry points (``client=...``, ...)."""

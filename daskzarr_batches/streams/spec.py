@@ -190,8 +190,8 @@ class StreamSpec:
         in pieces of 1, 4, 16, ... batches (fewer than the chunks).  ``False``
         gives the flat windows of earlier versions.  Buffered shuffles are
         never ramped: their first window is the first buffer, read concurrently.
-    cache : ChunkCache, optional
-        Decoded chunks served from (and kept in) this cache.
+    cache, reader : optional
+        Decoded chunks served from this cache; the reader factory (``ReadOptions``).
     layout : streams.patch.Layout, optional
         How a batch's arrays are packed for the caller (patch streams: pairs,
         dicts, origins); ``None``: an array, or a tuple for several.
@@ -230,6 +230,7 @@ class StreamSpec:
     ramp: bool = True
     layout: Any = field(default=None, compare=False)
     cache: ChunkCache | None = field(default=None, compare=False)
+    reader: Any = field(default=None, compare=False)
     return_sources: bool = False
     shuffle_quality: float | None = None
     sampler: ClassSampler | None = field(default=None, compare=False)
@@ -270,10 +271,7 @@ class StreamSpec:
         put("window_bytes", positive_int("window_bytes", self.window_bytes))
         put("drop_remainder", flag("drop_remainder", self.drop_remainder))
         put("ramp", flag("ramp", self.ramp))
-        read = ReadOptions(
-            self.client, self.timeout, self.missing, self.on_error, self.retries,
-            self.io_concurrency, self.cache,
-        )  # fmt: skip
+        read = self.read
         for name in ("client", "timeout", "retries", "io_concurrency"):  # as normalised
             put(name, getattr(read, name))
         buffer = self.shuffle_buffer_size
@@ -440,7 +438,7 @@ class StreamSpec:
         """The spec's read options (``client`` ... ``io_concurrency``) as one value."""
         return ReadOptions(
             self.client, self.timeout, self.missing, self.on_error, self.retries,
-            self.io_concurrency, self.cache,
+            self.io_concurrency, self.cache, self.reader,
         )  # fmt: skip
 
     @property

@@ -21,6 +21,7 @@ from ..plan.budget import exact_budget
 from ..plan.epoch import permutation
 from ..store.cache import ChunkCache
 from ..store.policy import MissingMode, OnError
+from ..store.requests import ReaderFactory
 from ..store.sources import _check_dtype
 from ..streams.spec import UNSET, ReadOptions, byte_size, non_negative_int, read_options
 from .aliasing import check_not_input, lazy_xarray_arrays
@@ -77,6 +78,7 @@ def map_to_zarr(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -131,7 +133,7 @@ def map_to_zarr(
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -189,7 +191,7 @@ def map_to_zarr(
     stats = WriteStats() if stats is None else stats
     read = read_options(
         read, client=client, timeout=timeout, missing=missing, on_error=on_error,
-        retries=retries, io_concurrency=io_concurrency, cache=cache,
+        retries=retries, io_concurrency=io_concurrency, cache=cache, reader=reader,
     )  # fmt: skip
     lazy = list(lazy_xarray_arrays(data))  # before _inputs loads them
     inputs = _inputs(data)
@@ -275,6 +277,7 @@ def write_shuffled(
     retries: int = UNSET.retries,
     io_concurrency: int | None = UNSET.io_concurrency,
     cache: ChunkCache | None = UNSET.cache,
+    reader: ReaderFactory | None = UNSET.reader,
     read: ReadOptions | None = None,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -330,7 +333,7 @@ def write_shuffled(
     read : ReadOptions, optional
         The read options as one value, to share one set across streams; or
         the flat read keywords ``client``, ``timeout``, ``missing``,
-        ``on_error``, ``retries``, ``io_concurrency`` and ``cache``, each a
+        ``on_error``, ``retries``, ``io_concurrency``, ``cache`` and ``reader``, each a
         field of [`ReadOptions`][daskzarr_batches.ReadOptions] (documented
         there once, with its default).  A flat one given beside ``read``
         must agree with it.
@@ -365,7 +368,7 @@ def write_shuffled(
     stats = WriteStats() if stats is None else stats
     read = read_options(
         read, client=client, timeout=timeout, missing=missing, on_error=on_error,
-        retries=retries, io_concurrency=io_concurrency, cache=cache,
+        retries=retries, io_concurrency=io_concurrency, cache=cache, reader=reader,
     )  # fmt: skip
     lazy = list(lazy_xarray_arrays(data))  # before _inputs loads them
     inputs = _inputs(data)
