@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..store.policy import (
 )
 from ..store.reader_hook import Planned, planned, reader_of
 from ..store.readers import Access, RowsWindow, poolable, reader_for, run_on_loop
-from ..store.requests import window_requests
+from ..store.requests import ChunkRequest, read_each, window_requests
 from ..store.rows import (
     Placer,
     direct_at_once,
@@ -40,6 +40,7 @@ from ..store.rows import (
     direct_targets,
     keeps_all,
     runs_of,
+    starts,
     taken,
 )
 from .context import DEFAULT_CONTEXT, ReadContext
@@ -138,9 +139,28 @@ def read_window(
         runs, size, plan_order, limit_rows, streaming, decode_bytes is None, lambda: out, out
     )
     requests = window_requests(array, window.ordered(), out, plan_order)
+
+    def narrow(some: Sequence[ChunkRequest]) -> Callable[[], Any]:
+        """The engine's read of the pieces of ``some`` only, each to its rows of ``out``."""
+        chunks = {request.chunk[0] for request in some}
+        ats = starts([[piece] for piece in window.ordered()])
+        fewer = [
+            piece if plan_order else dataclasses.replace(piece, dest=slice(at, at + taken(piece)))
+            for piece, at in zip(window.ordered(), ats, strict=True)
+            if piece.chunk in chunks
+        ]
+        part = dataclasses.replace(window, runs=runs_of(fewer, limit_rows), plan_order=True)
+
+        def run() -> np.ndarray:
+            if engine.read_rows(access, part) is None:  # not the engine's read: chunk by chunk
+                read_each(view, some, lambda coro: run_on_loop(coro, scope))
+            return out
+
+        return run
+
     plan = Planned(
         requests, lambda: engine.read_rows(access, window), view,
-        lambda coro: run_on_loop(coro, scope), counts=ledger.cache,
+        lambda coro: run_on_loop(coro, scope), counts=ledger.cache, narrow=narrow,
     )  # fmt: skip
     try:
         with planned(plan):

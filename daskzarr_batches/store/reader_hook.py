@@ -49,10 +49,12 @@ __all__ = [
 class Planned:
     """The read a task planned for ``requests``: ``run()`` does it, by the array's engine.
 
-    ``view``: the array as the task reads it (its policy view); ``scope``
+    ``view``: the array as the task reads it (its policy view); ``loop``
     runs coroutines on Zarr's loop (a stream's cancellation scope, else
-    ``sync``); ``ran``: whether ``run`` was called (the task's own read),
-    ``result``: what it returned.
+    ``sync``); ``narrow(some)``: the task's read of some of its requests
+    only, planned the same way (a cache that holds the others); ``ran``:
+    whether ``run`` was called (the task's own read), ``result``: what it
+    returned.
     """
 
     requests: Sequence[ChunkRequest]
@@ -61,6 +63,7 @@ class Planned:
     loop: Callable[[Any], Any] = sync
     limit: int | None = None
     counts: Any = None
+    narrow: Callable[[Sequence[ChunkRequest]], Callable[[], Any]] | None = None
     ran: bool = False
     result: Any = None
 
@@ -199,27 +202,36 @@ class CachedReader:
 
     def read(self, requests: Sequence[ChunkRequest]) -> None:
         """See :meth:`~daskzarr_batches.readers.ChunkReader.read`."""
+        from .cache import CacheCounts
+
         plan = _PLANNED.get()
-        counts = None if plan is None else getattr(plan, "counts", None)
+        counts = None if plan is None else plan.counts
+        looked = CacheCounts()  # damaged entries: the lookup beneath a miss may count them too
         held: dict[tuple[int, ...], np.ndarray | None] = {}
         misses = []
         for request in requests:
             if request.chunk not in held:
-                held[request.chunk] = self._held(request.chunk, counts)
+                held[request.chunk] = self._held(request.chunk, looked)
             data = held[request.chunk]
             if data is None:
                 misses.append(request)
                 continue
             request.fill(data)
+        before = 0 if counts is None else counts.damaged
+        if len(misses) == len(requests):
+            self.inner.read(requests)
+        elif misses and plan is not None and plan.narrow is not None and plan.matches(requests):
+            fewer = dataclasses.replace(plan, requests=misses, run=plan.narrow(misses), narrow=None)
+            with planned(fewer):
+                self.inner.read(misses)
+        elif misses:
+            self.inner.read(misses)
         if counts is not None:
+            counts.damaged = before + max(looked.damaged, counts.damaged - before)
             for data in held.values():
                 if data is not None:
                     counts.hits += 1
                     counts.bytes_hit += data.nbytes
-        if len(misses) == len(requests):
-            self.inner.read(requests)
-        elif misses:
-            self.inner.read(misses)
 
     def _held(self, chunk: tuple[int, ...], counts: Any) -> np.ndarray | None:
         """The decoded chunk ``chunk`` if the cache holds it (inner: alone, or in its shard)."""
