@@ -67,7 +67,7 @@ from ..store.policy import (
     program_error,
     read_array,
 )
-from ..store.reader_hook import Planned, planned, reader_of
+from ..store.reader_hook import Planned, planned, reader_failed, reader_of
 from ..store.readers import Access, reader_for, run_on_loop
 from ..store.requests import block_requests
 from ..store.rows import owned, put_rows
@@ -145,15 +145,18 @@ def read_block(
         requests, lambda: _planned_block(array, name, block, slices, ctx), array,
         lambda coro: run_on_loop(coro, ctx.scope), counts=ledger.cache,
     )  # fmt: skip
+    reader = reader_of(array, ctx.policy)
     try:
         with planned(plan):
-            reader_of(array, ctx.policy).read(requests)
+            reader.read(requests)
     except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
-    except Exception as exc:  # a reader of the user's failed: read by the library, named
-        if plan.ran or is_program_error(exc):
-            raise
-        return _planned_block(array, name, block, slices, ctx)
+    except Exception as exc:  # the library's read names its own failures; a user reader's:
+        if not plan.ran and is_program_error(exc):
+            error = program_error(exc, f"chunk {block} of array {name}")
+            raise error from error.__cause__
+        reader_failed(exc, plan, array, f"chunk {block}")
+        raise
     if plan.ran:
         return plan.result
     return out, _block_report(ledger, block)

@@ -30,7 +30,7 @@ from ..store.policy import (
     is_program_error,
     program_error,
 )
-from ..store.reader_hook import Planned, planned, reader_of
+from ..store.reader_hook import Planned, planned, reader_failed, reader_of
 from ..store.readers import Access, RowsWindow, poolable, reader_for, run_on_loop
 from ..store.requests import ChunkRequest, read_each, window_requests
 from ..store.rows import (
@@ -162,9 +162,10 @@ def read_window(
         requests, lambda: engine.read_rows(access, window), view,
         lambda coro: run_on_loop(coro, scope), counts=ledger.cache, narrow=narrow,
     )  # fmt: skip
+    reader = reader_of(array, policy)
     try:
         with planned(plan):
-            reader_of(array, policy).read(requests)
+            reader.read(requests)
         rows = plan.result if plan.ran else out
         if rows is not None:
             return rows, _report(view, pieces, ledger, ())
@@ -174,6 +175,7 @@ def read_window(
         if is_program_error(exc):  # so that the error names the chunk that fails
             error = program_error(exc, f"a window of array {name}")
             raise error from error.__cause__
+        reader_failed(exc, plan, array, f"axis-0 chunks {[p.chunk for p in window.ordered()]}")
     place = Placer(window.output(), plan_order)
     skipped = read_again(view, name, runs, place, ledger, policy, scope)
     out = _without(place.out, skipped, size, plan_order)

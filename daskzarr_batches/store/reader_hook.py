@@ -41,6 +41,7 @@ __all__ = [
     "Planned",
     "ReaderHook",
     "planned",
+    "reader_failed",
     "reader_of",
 ]
 
@@ -254,6 +255,25 @@ class CachedReader:
 
     def __repr__(self) -> str:
         return f"CachedReader({self.inner!r})"
+
+
+def reader_failed(exc: BaseException, plan: Planned, array: Any, what: str) -> None:
+    """Raise ``exc`` named when a reader of the user's failed (not the library's planned read).
+
+    The library's own read, when it fails, is read again by the task's
+    fallback (``read.failures``), which names the chunk; a reader of the
+    user's may read a format Zarr does not, so its failure is not read again
+    through Zarr: it is raised as a :class:`~daskzarr_batches.ChunkReadError`
+    naming ``what`` (the task's chunks) and the array, the error chained.
+    A failure of the program (``TypeError``, ...) is raised by the caller.
+    """
+    from ..errors import ChunkReadError, ReadCancelledError
+
+    if plan.ran or isinstance(exc, ChunkReadError | ReadCancelledError):
+        return
+    raise ChunkReadError(
+        f"the reader of {_describe(array)} failed reading {what}: {type(exc).__name__}: {exc}"
+    ) from exc
 
 
 def reader_of(array: Any, policy: Any) -> ChunkReader:
