@@ -155,14 +155,29 @@ def test_collection_readers_that_do_not_run_the_planned_read(tmp_path: Path, kin
         assert set(counts) == _all_chunks(member) and set(counts.values()) == {1}
 
 
-def test_many_plain_members_under_wrappers_are_read_whole(tmp_path: Path) -> None:
+def test_many_plain_members_under_wrappers_are_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """More wrapped members than are asked inside one another: the rest asked after."""
-    members = [_array(tmp_path / f"m{i}", 4, 2, 4 * i) for i in range(40)]
+    from daskzarr_batches.read import window
+
+    monkeypatch.setattr(window, "MEMBERS_NESTED", 2)
+    gathered: list[int] = []
+    gather = window._Members.gather
+
+    def counted(self: Any) -> None:
+        gathered.append(len(self.enlisted))
+        gather(self)
+
+    monkeypatch.setattr(window._Members, "gather", counted)
+    members = [_array(tmp_path / f"m{i}", 4, 2, 4 * i) for i in range(12)]
     factory = Factory()
     got = list(dzb.batch_stream(dzb.concat(members), 50, reader=factory))
-    np.testing.assert_array_equal(np.concatenate(got)[:, 0] // WIDTH, np.arange(160))
+    np.testing.assert_array_equal(np.concatenate(got)[:, 0] // WIDTH, np.arange(48))
     factory.once_per_array()
     assert all(reader.chunks == [(0, 0), (1, 0)] for _, reader in factory.made)
+    # each combined read of at most two members (a member split by windows read in each)
+    assert max(gathered) == 2 and sum(gathered) >= 12
 
 
 @pytest.mark.parametrize("mode", list(STREAMS))
