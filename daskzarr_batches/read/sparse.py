@@ -24,7 +24,7 @@ from ..plan.windows import ChunkPiece
 from ..store.pipelines import codec_pipeline_of, is_zarrs_pipeline, with_codec_pipeline
 from ..store.policy import ReadReport, is_program_error
 from ..store.reader_hook import Planned, planned, reader_of
-from ..store.requests import block_requests
+from ..store.requests import ChunkRequest
 from ..store.sparse import CsrSource, Decoded, chunk_runs, gather_rows, needed_chunks
 from ..store.threads import DaemonExecutor
 from ..store.zarr_adapter import codec_pipeline
@@ -168,6 +168,19 @@ class _Runs:
         sizes = tuple((c, min((c + 1) * unit, length) - c * unit) for c in chunks.tolist())
         return cls(unit, length, chunks, starts, lengths, offsets, sizes)
 
+    def requests(self, out: np.ndarray) -> list[ChunkRequest]:
+        """The requests of every chunk, its elements to ``out`` (the runs one after another)."""
+        requests, at = [], 0
+        for chunk, size in self.sizes:
+            start = chunk * self.unit
+            whole = slice(0, size)
+            here = slice(at, at + size)
+            requests.append(
+                ChunkRequest((chunk,), (slice(start, start + size),), (whole,), out, (here,))
+            )
+            at += size
+        return requests
+
     def slices(self) -> list[tuple[int, int, int]]:
         """``(start, stop, at)``: the runs cut into slices of at most ``SLICE_CHUNKS`` chunks."""
         step = self.unit * SLICE_CHUNKS
@@ -195,16 +208,7 @@ def _ask_sliced(
     """
     here = {part: _readable_here(array) for part, array in arrays.items()}
     outs = {part: np.empty(int(sum(runs[part].lengths)), here[part].dtype) for part in here}
-    requests = {
-        part: [
-            request
-            for start, stop, at in runs[part].slices()
-            for request in block_requests(
-                arrays[part], (slice(start, stop),), outs[part][at : at + stop - start]
-            )
-        ]
-        for part in arrays
-    }
+    requests = {part: runs[part].requests(outs[part]) for part in arrays}
     enlisted: list[str] = []
 
     def ask(parts: Sequence[str]) -> None:
