@@ -20,7 +20,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import zarr
+from hypothesis import given
+from hypothesis import strategies as st
 from sparse_layout import random_cells, write_sharded_like, write_zarr_like
+from strategies import property_settings, seeds
 from zarr.codecs import BloscCodec
 
 import daskzarr_batches as dzb
@@ -178,6 +181,46 @@ def test_many_plain_members_under_wrappers_are_read_whole(
     assert all(reader.chunks == [(0, 0), (1, 0)] for _, reader in factory.made)
     # each combined read of at most two members (a member split by windows read in each)
     assert max(gathered) == 2 and sum(gathered) >= 12
+
+
+@property_settings(8)
+@given(
+    lengths=st.lists(st.integers(1, 13), min_size=1, max_size=5),
+    chunk=st.integers(1, 5),
+    blosc=st.lists(st.booleans(), min_size=5, max_size=5),
+    kind=st.sampled_from(["counting", "one-by-one", "itself"]),
+    mode=st.sampled_from(["sequential", "buffered", "exact"]),
+    seed=seeds,
+)
+def test_every_member_decode_is_asked_of_its_reader(
+    lengths: list[int], chunk: int, blosc: list[bool], kind: str, mode: str, seed: int
+) -> None:
+    """Any members, reader and shuffle: the rows are the members' and the readers saw
+    exactly the chunks the stream says it decoded, each member's chunks all."""
+    store = zarr.storage.MemoryStore()
+    members, at = [], 0
+    for i, length in enumerate(lengths):
+        codec = (BloscCodec(cname="lz4"),) if blosc[i] else "auto"
+        array = zarr.create_array(
+            store, name=f"m{i}", shape=(length, WIDTH), chunks=(chunk, WIDTH), dtype="i4",
+            compressors=codec,
+        )  # fmt: skip
+        array[:] = (np.arange(at, at + length)[:, None] * WIDTH + np.arange(WIDTH)).astype("i4")
+        members.append(array)
+        at += length
+    factory = Factory(kind)
+    data = dzb.concat(members)
+    if mode == "exact":
+        stream = dzb.shuffled_batch_stream(data, 3, seed=seed, reader=factory)
+    else:
+        stream = STREAMS[mode](data, reader=factory)
+    got = list(stream)
+    np.testing.assert_array_equal(_rows(got), np.arange(at))
+    factory.once_per_array()
+    seen = factory.seen()
+    assert sum(sum(counts.values()) for counts in seen.values()) == stream.stats.chunks_read
+    for member in members:
+        assert set(seen[str(member.store_path)]) == _all_chunks(member)
 
 
 @pytest.mark.parametrize("mode", list(STREAMS))
