@@ -311,7 +311,7 @@ class _Members:
             array, name, _, pieces, _ = self.reads[i]
             reader = reader_of(array, self.policy)
             library = type(reader) is LibraryReader
-            if not library and depth >= MEMBERS_NESTED:
+            if not library and depth >= max(MEMBERS_NESTED, 1):
                 self.gather()  # the readers asked so far are filled: they may return
                 return k
             ledger = Ledger()
