@@ -23,6 +23,8 @@ from ..errors import CorruptChunkError
 from ..plan.windows import ChunkPiece
 from ..store.pipelines import codec_pipeline_of, is_zarrs_pipeline, with_codec_pipeline
 from ..store.policy import ReadReport, is_program_error
+from ..store.reader_hook import Planned, planned, reader_of
+from ..store.requests import ChunkRequest
 from ..store.sparse import CsrSource, Decoded, chunk_runs, gather_rows, needed_chunks
 from ..store.threads import DaemonExecutor
 from ..store.zarr_adapter import codec_pipeline
@@ -113,7 +115,7 @@ def read_csr_rows(
     values: dict[str, np.ndarray] = {}
     if _sliced_directly(ctx):
         try:
-            values = _read_sliced(arrays, runs)
+            values = _ask_sliced(arrays, runs, ctx)
         except Exception as exc:  # read again through the read policy, which names the chunk
             if is_program_error(exc):
                 raise
@@ -166,6 +168,19 @@ class _Runs:
         sizes = tuple((c, min((c + 1) * unit, length) - c * unit) for c in chunks.tolist())
         return cls(unit, length, chunks, starts, lengths, offsets, sizes)
 
+    def requests(self, out: np.ndarray) -> list[ChunkRequest]:
+        """The requests of every chunk, its elements to ``out`` (the runs one after another)."""
+        requests, at = [], 0
+        for chunk, size in self.sizes:
+            start = chunk * self.unit
+            whole = slice(0, size)
+            here = slice(at, at + size)
+            requests.append(
+                ChunkRequest((chunk,), (slice(start, start + size),), (whole,), out, (here,))
+            )
+            at += size
+        return requests
+
     def slices(self) -> list[tuple[int, int, int]]:
         """``(start, stop, at)``: the runs cut into slices of at most ``SLICE_CHUNKS`` chunks."""
         step = self.unit * SLICE_CHUNKS
@@ -178,19 +193,60 @@ class _Runs:
         return out
 
 
-def _read_sliced(arrays: dict[str, Any], runs: dict[str, _Runs]) -> dict[str, np.ndarray]:
-    """Every part's runs read by slicing its array, the slices decoded at once on the pool."""
-    arrays = {part: _readable_here(array) for part, array in arrays.items()}
-    outs = {part: np.empty(int(sum(runs[part].lengths)), arrays[part].dtype) for part in arrays}
+def _ask_sliced(
+    arrays: dict[str, Any], runs: dict[str, _Runs], ctx: ReadContext
+) -> dict[str, np.ndarray]:
+    """Every part's runs asked of its array's reader, the library's read one for both parts.
+
+    Each part's stored chunks are its requests (``store.requests``) to the
+    reader of its array (``reader_of``); ``data``'s planned read asks for
+    ``indices`` inside it, and the innermost planned read slices every part
+    whose reader ran its planned read, all at once on the pool
+    (:func:`_read_sliced`), so a wrapper's read returns with its requests
+    filled and the parts are still decoded together.  A part whose reader
+    filled its requests itself is not read again.
+    """
+    here = {part: _readable_here(array) for part, array in arrays.items()}
+    outs = {part: np.empty(int(sum(runs[part].lengths)), here[part].dtype) for part in here}
+    requests = {part: runs[part].requests(outs[part]) for part in arrays}
+    enlisted: list[str] = []
+
+    def ask(parts: Sequence[str]) -> None:
+        if not parts:
+            _read_sliced(here, runs, outs, enlisted)
+            return
+        part, rest = parts[0], parts[1:]
+
+        def run() -> None:
+            enlisted.append(part)
+            ask(rest)
+
+        plan = Planned(requests[part], run, here[part])
+        with planned(plan):
+            reader_of(arrays[part], ctx.policy).read(requests[part])
+        if not plan.ran:  # filled by the reader itself: the other parts are read still
+            ask(rest)
+
+    ask(list(arrays))
+    return outs
+
+
+def _read_sliced(
+    arrays: dict[str, Any],
+    runs: dict[str, _Runs],
+    outs: dict[str, np.ndarray],
+    parts: Sequence[str],
+) -> None:
+    """Runs of ``parts`` read by slicing their arrays, the slices decoded at once on the pool."""
     jobs = [
         (outs[part], arrays[part], start, stop, at)
-        for part in arrays
+        for part in parts
         for start, stop, at in runs[part].slices()
     ]
     if len(jobs) <= 1:
         for job in jobs:
             _read_slice(*job)
-        return outs
+        return
     futures = [_parts_pool().submit(_read_slice, *job) for job in jobs[1:]]
     try:
         _read_slice(*jobs[0])
@@ -198,7 +254,6 @@ def _read_sliced(arrays: dict[str, Any], runs: dict[str, _Runs]) -> dict[str, np
         concurrent.futures.wait(futures)
     for future in futures:
         future.result()
-    return outs
 
 
 def _readable_here(array: Any) -> Any:

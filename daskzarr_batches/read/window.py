@@ -28,9 +28,10 @@ from ..store.policy import (
     ReadPolicy,
     ReadReport,
     is_program_error,
+    policy_view,
     program_error,
 )
-from ..store.reader_hook import Planned, planned, reader_failed, reader_of
+from ..store.reader_hook import LibraryReader, Planned, planned, reader_failed, reader_of
 from ..store.readers import Access, RowsWindow, poolable, reader_for, run_on_loop
 from ..store.requests import ChunkRequest, read_each, window_requests
 from ..store.rows import (
@@ -241,58 +242,32 @@ def read_members(
     """Windows of several arrays (a collection's members) read into one output, as one read.
 
     ``reads`` are :data:`MemberRead` per member, each member's rows going to
-    ``out`` from its ``starts`` on (ascending sample order).  The members
-    with a ``store.direct`` layout have their chunks fetched through a policy
-    store of their own and decoded straight into their rows (the kept rows
-    of a chunk kept in part gathered from it), every member's chunks at
-    once on Zarr's event loop, as many at a time as :func:`read_window`
-    decodes for one array (``decode_bytes``: an exact shuffle's share of its
-    budget): one read, where one task per member paid its own task, view
-    and selection for two or three chunks (docs/benchmarks.md,
-    *Collections*).  Any other member, or one whose chunk does not decode,
-    is read on its own by :func:`read_window` (which names, skips or fills
-    its chunks as for one array); a fetch that failed for good is raised,
-    named.  Returns each member's ``(rows, report)``, as :func:`read_window`
-    would.
+    ``out`` from its ``starts`` on (ascending sample order).  Each member's
+    chunks are asked of its own reader (``reader_of``: the user's from
+    ``ReadOptions(reader=...)``, else the library's), as its requests
+    (``store.requests``), member after member (:class:`_Members`).  The
+    library's read of the members with a ``store.direct`` layout is one
+    read for all of them: their chunks fetched through a policy store of
+    their own and decoded straight into their rows (the kept rows of a chunk
+    kept in part gathered from it), every member's chunks at once on Zarr's
+    event loop, as many at a time as :func:`read_window` decodes for one
+    array (``decode_bytes``: an exact shuffle's share of its budget): one
+    read, where one task per member paid its own task, view and selection
+    for two or three chunks (docs/benchmarks.md, *Collections*).  Any other
+    member, or one whose chunk does not decode, is read on its own by
+    :func:`read_window` (which names, skips or fills its chunks as for one
+    array); a fetch that failed for good is raised, named.  Returns each
+    member's ``(rows, report)``, as :func:`read_window` would.
     """
     results: list[tuple[np.ndarray, ReadReport] | None] = [None] * len(reads)
-    jobs = []
-    for i, ((array, name, _, pieces, layout), start) in enumerate(zip(reads, starts, strict=True)):
-        items = None if layout is None else direct_items(pieces)
-        if layout is None or items is None:
-            continue
-        ledger = Ledger()
-        reader = layout.policy_reader(array, name, policy, ledger)
-        spans, takes, targets = direct_targets(pieces, items, out, start)
-        rows = slice(start, start + sum(taken(piece) for piece in pieces))
-        jobs.append((i, reader, spans, targets, takes, ledger, rows))
     every = [piece for read in reads for piece in read[3]]
     at_once = None
     if every:
         row_bytes = max(read[2] for read in reads)
         limit_rows, _ = _decode_limit(every, len(out), row_bytes, decode_bytes)
         at_once = direct_at_once(limit_rows, every)
-
-    async def read_all() -> list[Any]:
-        limit = concurrency_limit(at_once)
-        return await asyncio.gather(
-            *(job[1].read(job[2], job[3], limit, job[4], decode_bytes is None) for job in jobs),
-            return_exceptions=True,
-        )
-
-    if jobs:
-        outcomes = run_on_loop(read_all(), scope)
-        for (i, *_, ledger, rows), outcome in zip(jobs, outcomes, strict=True):
-            array, name, _, pieces, _ = reads[i]
-            if isinstance(outcome, MissingChunkError | StoreGoneError | ReadCancelledError):
-                raise outcome
-            if isinstance(outcome, BaseException):
-                # a key whose retries are spent is not read again: named here; a chunk
-                # that did not decode is read again alone, below (named, or skipped)
-                named = [(f"axis-0 chunk {piece.chunk}", piece) for piece in pieces]
-                raise_failed_read(array, name, named, ledger)
-                continue
-            results[i] = (out[rows], _report(array, pieces, ledger, ()))
+    members = _Members(reads, out, starts, policy, scope, decode_bytes, at_once, results)
+    members.ask_all()
     done = []
     for result, (array, name, row_bytes, pieces, _), start in zip(
         results, reads, starts, strict=True
@@ -304,6 +279,128 @@ def read_members(
             result = read_window(array, name, size, row_bytes, pieces, ctx, into)
         done.append(result)
     return done
+
+
+#: Readers of other members asked inside one another's read at most (:class:`_Members`).
+MEMBERS_NESTED = 32
+
+
+@dataclass(eq=False)
+class _Members:
+    """The members of :func:`read_members` with a ``store.direct`` layout, asked of their readers.
+
+    Each member's requests go to its reader (``reader_of``), the member's
+    part of the combined read as their planned read (:meth:`enlist`).  The
+    library's own reader runs its planned read and returns at once, so a
+    member it reads is enlisted and the next one asked; the combined read of
+    the enlisted members runs when every member was asked (:meth:`gather`).
+    Any other reader (a user's wrapper) must return with its requests
+    filled, so its planned read enlists the member and then asks the next
+    members (and runs the combined read at the end) *inside* that reader's
+    read: every reader sees its own requests, and the chunks are still
+    decoded in one read.  At most :data:`MEMBERS_NESTED` readers are asked
+    inside one another; then the read so far runs and the next members are
+    asked from the top.  A member whose reader filled its requests itself
+    (the planned read not run) has its rows and an empty report.
+    """
+
+    reads: Sequence[MemberRead]
+    out: np.ndarray
+    starts: Sequence[int]
+    policy: ReadPolicy
+    scope: CancelScope | None
+    decode_bytes: int | None
+    at_once: int | None
+    results: list[tuple[np.ndarray, ReadReport] | None]
+    enlisted: list[Any] = dataclasses.field(default_factory=list)
+
+    def ask_all(self) -> None:
+        """Ask every direct member's reader, the combined read run as they ask for it."""
+        direct = [
+            i
+            for i, read in enumerate(self.reads)
+            if read[4] is not None and direct_items(read[3]) is not None
+        ]
+        k = 0
+        while k < len(direct):
+            k = self.ask(direct, k, 0)
+        self.gather()
+
+    def ask(self, direct: Sequence[int], k: int, depth: int) -> int:
+        """Ask the readers of members ``direct[k:]``; the position where the asking stopped."""
+        while k < len(direct):
+            i = direct[k]
+            array, name, _, pieces, _ = self.reads[i]
+            reader = reader_of(array, self.policy)
+            library = type(reader) is LibraryReader
+            if not library and depth >= max(MEMBERS_NESTED, 1):
+                self.gather()  # the readers asked so far are filled: they may return
+                return k
+            ledger = Ledger()
+            rows = slice(self.starts[i], self.starts[i] + sum(taken(p) for p in pieces))
+            requests = window_requests(array, pieces, self.out, False, at=rows.start)
+            stopped = [len(direct)]
+
+            def run(
+                i: int = i, k: int = k, ledger: Ledger = ledger, rows: slice = rows,
+                library: bool = library, stopped: list[int] = stopped,
+            ) -> None:  # fmt: skip
+                self.enlisted.append((i, ledger, rows))
+                if not library:  # the rest asked, and read, before this reader returns
+                    stopped[0] = self.ask(direct, k + 1, depth + 1)
+                    self.gather()
+
+            view = array if library else policy_view(array, name, self.policy, ledger)
+            plan = Planned(
+                requests, run, view, lambda coro: run_on_loop(coro, self.scope),
+                counts=ledger.cache,
+            )  # fmt: skip
+            with planned(plan):
+                reader.read(requests)
+            if not plan.ran:  # the reader filled the member's rows itself
+                self.results[i] = (self.out[rows], _report(array, pieces, ledger, ()))
+            elif not library:
+                return stopped[0]
+            k += 1
+        return k
+
+    def gather(self) -> None:
+        """The combined read of the members enlisted so far: their chunks at once, one read."""
+        enlisted, self.enlisted = self.enlisted, []
+        if not enlisted:
+            return
+        jobs = []
+        for i, ledger, rows in enlisted:
+            array, name, _, pieces, layout = self.reads[i]
+            items = direct_items(pieces)
+            assert layout is not None and items is not None
+            reader = layout.policy_reader(array, name, self.policy, ledger)
+            spans, takes, targets = direct_targets(pieces, items, self.out, rows.start)
+            jobs.append((reader, spans, targets, takes))
+        keep = self.decode_bytes is None
+
+        async def read_all() -> list[Any]:
+            limit = concurrency_limit(self.at_once)
+            return await asyncio.gather(
+                *(
+                    reader.read(spans, targets, limit, takes, keep)
+                    for reader, spans, targets, takes in jobs
+                ),
+                return_exceptions=True,
+            )
+
+        outcomes = run_on_loop(read_all(), self.scope)
+        for (i, ledger, rows), outcome in zip(enlisted, outcomes, strict=True):
+            array, name, _, pieces, _ = self.reads[i]
+            if isinstance(outcome, MissingChunkError | StoreGoneError | ReadCancelledError):
+                raise outcome
+            if isinstance(outcome, BaseException):
+                # a key whose retries are spent is not read again: named here; a chunk
+                # that did not decode is read again alone, by read_window (named, or skipped)
+                named = [(f"axis-0 chunk {piece.chunk}", piece) for piece in pieces]
+                raise_failed_read(array, name, named, ledger)
+                continue
+            self.results[i] = (self.out[rows], _report(array, pieces, ledger, ()))
 
 
 def in_subset(report: ReadReport, local: dict[int, tuple[int, int, int]]) -> ReadReport:
