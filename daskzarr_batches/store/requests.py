@@ -82,8 +82,13 @@ class ChunkRequest:
     where: tuple[Any, ...]
 
     def fill(self, decoded: Any) -> None:
-        """Put the wanted part of ``decoded`` (the whole chunk, as stored) into its place."""
-        self.out[self.where] = np.asarray(decoded)[self.selection]
+        """Put the wanted part of ``decoded`` (the whole chunk, as stored) into its place.
+
+        ``decoded`` may be the chunk as stored (an edge chunk at the full
+        chunk shape) or cropped to the array: it is cropped to ``region`` first.
+        """
+        crop = tuple(slice(0, where.stop - where.start) for where in self.region)
+        self.out[self.where] = np.asarray(decoded)[crop][self.selection]
 
     def wanted(self) -> tuple[Any, ...]:
         """The selection in the array's coordinates (orthogonal: a slice or indices per axis)."""
