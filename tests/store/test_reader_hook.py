@@ -1,0 +1,539 @@
+"""The reader hook's contract, across every stream kind (issue 36).
+
+A counting wrapper passed as ``reader=`` (flat, and as ``ReadOptions(reader=...)``)
+to each stream kind must see every stored chunk decoded: the chunks it is asked for
+are the chunks fetched from the store (a :class:`~stores.CountingStore` beneath),
+each once where the kind reads each chunk once (sequential, buffered, paired, the
+per-chunk jobs), and every chunk of the array for the exact shuffle; an epoch served
+from a ``ChunkCache`` asks it nothing and fetches nothing; the factory is called
+once per array per stream.  Then: a reader of its own format is one class, and a
+factory that returns no reader, raises, or is no callable is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from stores import CountingStore
+
+import daskzarr_batches as dzb
+from daskzarr_batches.readers import ChunkReader, ChunkRequest
+from daskzarr_batches.store.zarr_adapter import sync
+
+SHAPE, CHUNKS, SHARDS = (48, 6), (8, 3), (16, 6)
+
+
+class Counting:
+    """Counts the chunks it is asked for, and lets the library's reader read them."""
+
+    def __init__(self, inner: ChunkReader) -> None:
+        self.inner, self.chunks = inner, []
+        self.lock = threading.Lock()
+
+    def read(self, requests: Sequence[ChunkRequest]) -> None:
+        with self.lock:
+            self.chunks += [r.chunk for r in requests]
+        self.inner.read(requests)
+
+
+class Factory:
+    """A reader factory that wraps each array's default in :class:`Counting`, and remembers."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, Counting]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, array: Any, default: ChunkReader) -> Counting:
+        reader = Counting(default)
+        with self.lock:
+            self.made.append((str(array.store_path), reader))
+        return reader
+
+    def seen(self) -> collections.Counter[tuple[str, tuple[int, ...]]]:
+        """Each (array, chunk) asked for, and how many times."""
+        return collections.Counter((name, c) for name, r in self.made for c in r.chunks)
+
+    def calls(self) -> collections.Counter[str]:
+        return collections.Counter(name for name, _ in self.made)
+
+
+def _array(kind: str = "plain", seed: int = 0, shape: tuple[int, ...] = SHAPE) -> zarr.Array:
+    """An array in a memory store of its own, counting the chunk keys it fetches."""
+    store = CountingStore(zarr.storage.MemoryStore())
+    chunks = CHUNKS[: len(shape)]
+    shards = SHARDS[: len(shape)] if kind == "sharded" else None
+    x = zarr.create_array(store, shape=shape, chunks=chunks, shards=shards, dtype="f4")
+    x[:] = np.arange(np.prod(shape), dtype="f4").reshape(shape) + 1000 * seed
+    store.counts.clear()
+    return x
+
+
+def _name(array: zarr.Array) -> str:
+    return str(array.store_path)
+
+
+def _grid(array: zarr.Array) -> set[tuple[int, ...]]:
+    """Every stored chunk of ``array`` (inner chunks when sharded)."""
+    counts = [-(-n // c) for n, c in zip(array.shape, array.chunks, strict=True)]
+    return set(itertools.product(*map(range, counts)))
+
+
+def _keys(array: zarr.Array, chunks: Iterable[tuple[int, ...]]) -> set[str]:
+    """The store keys holding ``chunks`` (their shards' when sharded)."""
+    per = [s // c for s, c in zip(array.shards or array.chunks, array.chunks, strict=True)]
+    return {
+        array.metadata.encode_chunk_key(tuple(i // n for i, n in zip(c, per, strict=True)))
+        for c in chunks
+    }
+
+
+def _fetched(array: zarr.Array) -> set[str]:
+    counts: collections.Counter[str] = array.store.counts
+    return {key for key, n in counts.items() if n}
+
+
+# --------------------------------------------------------------------------
+# The stream kinds: each consumes one epoch with the read keywords ``kw`` and
+# returns the arrays it reads and how often each chunk must be asked for:
+# "once" (read amplification 1), "all" (every chunk, maybe more than once) or
+# "some" (a part of the epoch: what was fetched, nothing more).
+
+
+def _take(stream: Iterable[Any]) -> list[Any]:
+    with stream as s:  # type: ignore[attr-defined]
+        return list(s)
+
+
+def _rows(batches: Sequence[Any]) -> np.ndarray:
+    return np.concatenate([np.asarray(b) for b in batches])
+
+
+def _sequential(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    out = _rows(_take(dzb.batch_stream(a["x"], 5, **kw)))
+    np.testing.assert_array_equal(out, a["x_np"])
+    return [a["x"]], "once"
+
+
+def _buffered(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    s = dzb.shuffled_batch_stream(a["x"], 5, shuffle_buffer_size=16, seed=1, **kw)
+    out = _rows(_take(s))
+    np.testing.assert_array_equal(np.sort(out, axis=0), a["x_np"])
+    return [a["x"]], "once"
+
+
+def _exact(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    s = dzb.shuffled_batch_stream(a["x"], 5, shuffle_buffer_size=None, seed=1, **kw)
+    out = _rows(_take(s))
+    np.testing.assert_array_equal(np.sort(out, axis=0), a["x_np"])
+    return [a["x"]], "all"
+
+
+def _paired(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    pairs = _take(dzb.paired_batch_stream(a["x"], a["y"], 5, **kw))
+    np.testing.assert_array_equal(_rows([y for _, y in pairs]), a["y_np"])
+    return [a["x"], a["y"]], "once"
+
+
+def _paired_shuffled(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    s = dzb.paired_shuffled_batch_stream(a["x"], a["y"], 5, shuffle_buffer_size=16, **kw)
+    pairs = _take(s)
+    x, y = _rows([x for x, _ in pairs]), _rows([y for _, y in pairs])
+    np.testing.assert_array_equal(x[:, 0], y)  # x's first column is y's row
+    return [a["x"], a["y"]], "once"
+
+
+def _patches(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    s = dzb.patch_stream(
+        a["x"], {0: 8}, 2, target_data=a["y"], target_dims={0: 8}, target_offset={0: 8}, **kw
+    )
+    got = _take(s)
+    x, y = _rows([x for x, _ in got]), _rows([y for _, y in got])
+    np.testing.assert_array_equal(x[:, :, 0] + 8 * 6, y)  # x[:, 0] one chunk (8 rows of 6) on
+    return [a["x"], a["y"]], "all"
+
+
+def _collection(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    out = _rows(_take(dzb.batch_stream(dzb.concat([a["x"], a["x2"]]), 5, **kw)))
+    np.testing.assert_array_equal(out, np.concatenate([a["x_np"], a["x2_np"]]))
+    return [a["x"], a["x2"]], "once"
+
+
+def _mixture(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    mixed = dzb.mix([a["x"], a["x2"]], [0.5, 0.5], seed=3, stop="all_exhausted")
+    out = _rows(_take(dzb.batch_stream(mixed, 5, **kw)))
+    assert set(np.unique(out)) <= set(np.unique(np.concatenate([a["x_np"], a["x2_np"]])))
+    return [a["x"], a["x2"]], "some"
+
+
+def _subset(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    first, second = dzb.chunk_split(a["x"], [0.5, 0.5], seed=2)
+    rows = [_rows(_take(dzb.batch_stream(part, 5, **kw))) for part in (first, second)]
+    np.testing.assert_array_equal(np.sort(np.concatenate(rows), axis=0), a["x_np"])
+    return [a["x"]], "once"  # the two subsets' streams: each chunk in one of them
+
+
+def _sharded(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    out = _rows(_take(dzb.batch_stream(a["xs"], 5, **kw)))
+    np.testing.assert_array_equal(out, a["xs_np"])
+    return [a["xs"]], "once"
+
+
+def _sharded_shuffled(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    s = dzb.shuffled_batch_stream(a["xs"], 5, shuffle_buffer_size=16, seed=1, **kw)
+    np.testing.assert_array_equal(np.sort(_rows(_take(s)), axis=0), a["xs_np"])
+    return [a["xs"]], "once"
+
+
+def _blocks(array: zarr.Array, values: np.ndarray, kw: dict[str, Any]) -> None:
+    """A chunk stream's blocks, each equal to its region of ``array`` (``values``)."""
+    blocks = _take(dzb.chunk_stream(array, with_index=True, **kw))
+    for index, block in blocks:
+        where = tuple(slice(i * c, i * c + c) for i, c in zip(index, array.chunks, strict=True))
+        np.testing.assert_array_equal(block, values[where])
+    assert sum(np.size(block) for _, block in blocks) == values.size
+
+
+def _chunks(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    _blocks(a["x"], a["x_np"], kw)
+    return [a["x"]], "once"
+
+
+def _sharded_chunks(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    _blocks(a["xs"], a["xs_np"], kw)
+    return [a["xs"]], "once"
+
+
+def _map_chunks(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    sums = _take(dzb.map_chunks(lambda c: float(np.sum(c)), a["x"], **kw))
+    assert sum(sums) == float(np.sum(a["x_np"]))
+    return [a["x"]], "once"
+
+
+def _reduce(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    total = dzb.reduce_chunks(lambda c: float(np.sum(c)), lambda p, q: p + q, a["x"], **kw)
+    assert total == float(np.sum(a["x_np"]))
+    return [a["x"]], "once"
+
+
+def _moments(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    moments = dzb.feature_moments(a["x"], **kw)
+    np.testing.assert_allclose(moments.mean, np.mean(a["x_np"], axis=0), rtol=1e-5)
+    return [a["x"]], "once"
+
+
+def _map_to_zarr(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    out = dzb.map_to_zarr(lambda c: c * 2, a["x"], tmp / "mapped.zarr", overwrite=True, **kw)
+    np.testing.assert_array_equal(out[:], a["x_np"] * 2)
+    return [a["x"]], "once"
+
+
+def _write_shuffled(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    out = dzb.write_shuffled(a["x"], tmp / "shuffled.zarr", overwrite=True, chunks=8, **kw)
+    np.testing.assert_array_equal(np.sort(np.asarray(out[:]), axis=0), a["x_np"])
+    return [a["x"]], "all"
+
+
+def _to_dask(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    with dzb.batch_stream(a["x"], 5, **kw) as stream:
+        out = stream.to_dask().compute()
+    np.testing.assert_array_equal(np.asarray(out), a["x_np"])
+    return [a["x"]], "once"
+
+
+def _loader(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    loader = dzb.Loader(a["x"], 5, shuffle=True, shuffle_buffer_size=16, **kw)
+    np.testing.assert_array_equal(np.sort(_rows(list(loader)), axis=0), a["x_np"])
+    return [a["x"]], "once"
+
+
+def _loader_resumed(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+    first = dzb.Loader(a["x"], 5, **kw)
+    batches = iter(first)
+    head = [next(batches) for _ in range(3)]
+    state = first.state_dict()
+    batches.close()  # type: ignore[attr-defined]
+    a["x"].store.counts.clear()  # what the resumed loader reads, below
+    factory = kw["reader"] if "reader" in kw else kw["read"].reader
+    factory.made.clear()
+    again = dzb.Loader(a["x"], 5, **kw)
+    again.load_state_dict(state)
+    rest = list(again)
+    np.testing.assert_array_equal(_rows(head + rest), a["x_np"])
+    return [a["x"]], "some"
+
+
+def _device(make: Callable[[dzb.Loader], Iterable[Any]]) -> Any:
+    def kind(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[list[Any], str]:
+        loader = dzb.Loader(a["x"], 5, **kw)
+        out = _rows([np.asarray(b) for b in make(loader)])
+        np.testing.assert_array_equal(out, a["x_np"])
+        return [a["x"]], "once"
+
+    return kind
+
+
+def _cupy_feed(loader: dzb.Loader) -> Iterable[Any]:
+    from daskzarr_batches.cupy import CupyLoader
+
+    return CupyLoader(loader, xp=np)
+
+
+def _torch_feed(loader: dzb.Loader) -> Iterable[Any]:
+    import torch  # noqa: F401  (marks the test: deselected where torch is not installed)
+
+    from daskzarr_batches.torch import ZarrIterableDataset
+
+    return (b.numpy() for b in ZarrIterableDataset(loader, device="cpu"))
+
+
+def _jax_feed(loader: dzb.Loader) -> Iterable[Any]:
+    import jax  # noqa: F401  (marks the test: run last, deselected without jax)
+
+    from daskzarr_batches.jax import JaxLoader
+
+    return JaxLoader(loader)
+
+
+KINDS: dict[str, Callable[[dict[str, Any], dict[str, Any], Path], tuple[list[Any], str]]] = {
+    "sequential": _sequential,
+    "buffered": _buffered,
+    "exact": _exact,
+    "paired": _paired,
+    "paired_shuffled": _paired_shuffled,
+    "patches_with_targets": _patches,
+    "collection": _collection,
+    "mixture": _mixture,
+    "chunk_subset": _subset,
+    "sharded": _sharded,
+    "sharded_shuffled": _sharded_shuffled,
+    "chunk_stream": _chunks,
+    "sharded_chunk_stream": _sharded_chunks,
+    "map_chunks": _map_chunks,
+    "reduce_chunks": _reduce,
+    "feature_moments": _moments,
+    "map_to_zarr": _map_to_zarr,
+    "write_shuffled": _write_shuffled,
+    "to_dask": _to_dask,
+    "loader": _loader,
+    "loader_resumed": _loader_resumed,
+    "cupy_loader_numpy": _device(_cupy_feed),
+}
+#: the kinds that read through more than one stream (the factory is called once in each)
+STREAMS = {"chunk_subset": 2}
+DEVICE_KINDS = {"torch_cpu": _device(_torch_feed)}
+JAX_KINDS = {"jax_loader": _device(_jax_feed)}
+
+
+@pytest.fixture
+def arrays() -> dict[str, Any]:
+    x, x2, xs = _array(), _array(seed=1), _array("sharded", seed=2)
+    y = _array(shape=SHAPE[:1])
+    y[:] = x[:, 0]  # x's first column
+    y.store.counts.clear()
+    made = {"x": x, "x2": x2, "xs": xs, "y": y}
+    values = {f"{name}_np": np.asarray(array[:]) for name, array in made.items()}
+    for array in made.values():
+        array.store.counts.clear()  # what the streams fetch, from here on
+    return {**made, **values}
+
+
+def _keywords(how: str, factory: Factory, cache: Any = None) -> dict[str, Any]:
+    if how == "flat":
+        return {"reader": factory} if cache is None else {"reader": factory, "cache": cache}
+    return {"read": dzb.ReadOptions(reader=factory, cache=cache)}
+
+
+def _check_seen(factory: Factory, read: list[Any], mode: str, kind: str) -> None:
+    """The factory's readers saw every chunk fetched, as ``mode`` says, once per array."""
+    names = {_name(array) for array in read}
+    streams = STREAMS.get(kind, 1)
+    calls = factory.calls()
+    assert set(calls) <= names, f"{kind}: a reader made for arrays not read: {calls}"
+    seen = factory.seen()
+    for array in read:
+        name = _name(array)
+        mine = {c: n for (a, c), n in seen.items() if a == name}
+        fetched = _fetched(array)
+        assert fetched, f"{kind}: nothing of {name} fetched"
+        assert calls[name] == streams, f"{kind}: factory called {calls[name]} times for {name}"
+        assert set(mine) <= _grid(array), f"{kind}: chunks outside the grid: {set(mine)}"
+        assert _keys(array, mine) == fetched, (
+            f"{kind}: {name}: the store gave {sorted(fetched)}, the reader was asked "
+            f"for {sorted(mine)}"
+        )
+        if mode in ("once", "all"):
+            assert set(mine) == _grid(array), f"{kind}: {name}: not every chunk: {sorted(mine)}"
+        if mode == "once":
+            twice = {c: n for c, n in mine.items() if n != 1}
+            assert not twice, f"{kind}: {name}: chunks asked for more than once: {twice}"
+
+
+def _contract(
+    kind: str, how: str, arrays: dict[str, Any], tmp_path: Path, kinds: dict[str, Any]
+) -> None:
+    factory = Factory()
+    read, mode = kinds[kind](arrays, _keywords(how, factory), tmp_path)
+    _check_seen(factory, read, mode, kind)
+
+
+@pytest.mark.parametrize("how", ["flat", "options"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_counting_reader_sees_every_chunk_decoded(
+    kind: str, how: str, arrays: dict[str, Any], tmp_path: Path
+) -> None:
+    _contract(kind, how, arrays, tmp_path, KINDS)
+
+
+@pytest.mark.parametrize("how", ["flat", "options"])
+def test_a_counting_reader_sees_the_torch_feeds_chunks(
+    how: str, arrays: dict[str, Any], tmp_path: Path
+) -> None:
+    import torch  # noqa: F401  (deselected where torch is not installed)
+
+    _contract("torch_cpu", how, arrays, tmp_path, DEVICE_KINDS)
+
+
+def test_a_counting_reader_sees_the_jax_feeds_chunks(arrays: dict[str, Any], tmp_path: Path) -> None:
+    import jax  # noqa: F401  (runs last; deselected where jax is not installed)
+
+    _contract("jax_loader", "flat", arrays, tmp_path, JAX_KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(set(KINDS) - {"loader_resumed"}))
+def test_an_epoch_from_the_cache_asks_the_reader_nothing(
+    kind: str, arrays: dict[str, Any], tmp_path: Path
+) -> None:
+    cache = dzb.ChunkCache("64MiB")
+    first = Factory()
+    KINDS[kind](arrays, _keywords("flat", first, cache), tmp_path)
+    assert first.seen(), f"{kind}: the first epoch asked the reader for nothing"
+    for array in arrays.values():
+        if isinstance(array, zarr.Array):
+            array.store.counts.clear()
+    second = Factory()
+    KINDS[kind](arrays, _keywords("options", second, cache), tmp_path)
+    assert not second.seen(), f"{kind}: epoch two from the cache asked for {second.seen()}"
+    fetched = {
+        name: _fetched(array)
+        for name, array in arrays.items()
+        if isinstance(array, zarr.Array) and _fetched(array)
+    }
+    assert not fetched, f"{kind}: epoch two from the cache fetched {fetched}"
+
+
+# --------------------------------------------------------------------------
+# A reader of a format of its own: one class
+
+
+class ZstdChunks:
+    """Reads an array whose chunks are little-endian values, zstd-compressed, by itself.
+
+    Each request's chunk is fetched from the array's store by its key and
+    decompressed with numcodecs' zstd here, never through Zarr's codec
+    pipeline nor the library's reader (``default`` is not used).
+    """
+
+    def __init__(self, array: zarr.Array, default: ChunkReader) -> None:
+        self.array, self.decoded = array, 0
+        self.zstd = numcodecs.Zstd()
+        self.dtype = np.dtype(array.dtype).newbyteorder("<")
+
+    def read(self, requests: Sequence[ChunkRequest]) -> None:
+        for request in requests:
+            key = self.array.metadata.encode_chunk_key(request.chunk)
+            data = sync(self.array.store.get(key, zarr.core.buffer.default_buffer_prototype()))
+            if data is None:  # never written: the fill value
+                chunk = np.full(self.array.chunks, self.array.fill_value, self.dtype)
+            else:
+                raw = self.zstd.decode(data.to_bytes())
+                chunk = np.frombuffer(raw, self.dtype).reshape(self.array.chunks)
+            request.fill(chunk)
+            self.decoded += 1
+
+
+def _zstd_array(path: Path) -> zarr.Array:
+    x = zarr.create_array(
+        path, shape=(30, 4), chunks=(7, 3), dtype="<f8",
+        serializer=zarr.codecs.BytesCodec(endian="little"), compressors=zarr.codecs.ZstdCodec(),
+    )  # fmt: skip
+    x[:28] = np.arange(112, dtype="f8").reshape(28, 4) / 3  # rows 28, 29: never written
+    return x
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_reader_of_its_own_format_is_one_class(shuffled: bool, tmp_path: Path) -> None:
+    x = _zstd_array(tmp_path / "raw.zarr")
+    readers: list[ZstdChunks] = []
+
+    def factory(array: Any, default: ChunkReader) -> ZstdChunks:
+        readers.append(ZstdChunks(array, default))
+        return readers[-1]
+
+    if shuffled:
+        stream = dzb.shuffled_batch_stream(x, 4, shuffle_buffer_size=14, seed=4, reader=factory)
+        out = np.sort(_rows(_take(stream)), axis=0)
+    else:
+        out = _rows(_take(dzb.batch_stream(x, 4, reader=factory)))
+    np.testing.assert_array_equal(out, x[:])
+    assert len(readers) == 1 and readers[0].decoded >= len(_grid(x))
+
+
+def test_a_reader_of_its_own_format_serves_chunk_jobs(tmp_path: Path) -> None:
+    x = _zstd_array(tmp_path / "raw.zarr")
+    read = dzb.ReadOptions(reader=ZstdChunks)
+    total = dzb.reduce_chunks(lambda c: float(np.sum(c)), lambda p, q: p + q, x, read=read)
+    assert total == pytest.approx(float(np.sum(x[:])))
+
+
+# --------------------------------------------------------------------------
+# Factories that give no reader
+
+
+class NoRead:
+    pass
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        lambda x, f: dzb.batch_stream(x, 5, reader=f),
+        lambda x, f: dzb.chunk_stream(x, reader=f),
+        lambda x, f: dzb.map_chunks(np.sum, x, reader=f),
+    ],
+    ids=["batch_stream", "chunk_stream", "map_chunks"],
+)
+def test_a_factory_returning_no_reader_is_named(stream: Any) -> None:
+    x = _array()
+    with pytest.raises(dzb.ArgumentTypeError, match=r"NoRead.*zarr array .*read\(requests\)"):
+        _take(stream(x, lambda array, default: NoRead()))
+
+
+def test_a_factory_that_raises_raises_through_naming_the_array() -> None:
+    x = _array()
+
+    def broken(array: Any, default: ChunkReader) -> ChunkReader:
+        raise RuntimeError("no reader here")
+
+    with pytest.raises(dzb.DaskZarrBatchesError, match=r"reader factory .*zarr array") as info:
+        _take(dzb.batch_stream(x, 5, reader=broken))
+    assert "no reader here" in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("bad", [3, "numpy", object()])
+def test_a_reader_that_is_no_callable_is_refused_naming_it(bad: Any) -> None:
+    x = _array()
+    with pytest.raises(dzb.ArgumentTypeError, match=r"reader must be a callable.*got"):
+        dzb.batch_stream(x, 5, reader=bad)
+    with pytest.raises(dzb.ArgumentTypeError, match=r"reader must be a callable.*got"):
+        dzb.ReadOptions(reader=bad)
+    with pytest.raises(dzb.ArgumentTypeError, match=r"reader must be a callable"):
+        dzb.Loader(x, 5, reader=bad)
