@@ -145,9 +145,10 @@ def read_block(
         requests, lambda: _planned_block(array, name, block, slices, ctx), array,
         lambda coro: run_on_loop(coro, ctx.scope), counts=ledger.cache,
     )  # fmt: skip
+    reader = reader_of(array, ctx.policy)  # a factory's failure is raised, not read around
     try:
         with planned(plan):
-            reader_of(array, ctx.policy).read(requests)
+            reader.read(requests)
     except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
     except Exception as exc:  # a reader of the user's failed: read by the library, named

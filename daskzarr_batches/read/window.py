@@ -142,9 +142,10 @@ def read_window(
         requests, lambda: engine.read_rows(access, window), view,
         lambda coro: run_on_loop(coro, scope), counts=ledger.cache,
     )  # fmt: skip
+    reader = reader_of(array, policy)  # a factory's failure is raised, not read around
     try:
         with planned(plan):
-            reader_of(array, policy).read(requests)
+            reader.read(requests)
         rows = plan.result if plan.ran else out
         if rows is not None:
             return rows, _report(view, pieces, ledger, ())

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import ArgumentTypeError
+from ..errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
 from .requests import ChunkReader, ChunkRequest, ReaderFactory, read_each
 from .zarr_adapter import sync
 
@@ -166,7 +166,15 @@ class ReaderHook:
             if found is not None and (found[0] is array or key[1][0] != "object"):
                 _MADE.move_to_end(key)
                 return found[1]
-        made = self.factory(array, default)
+        try:
+            made = self.factory(array, default)
+        except DaskZarrBatchesError:
+            raise
+        except Exception as exc:
+            raise ArgumentValueError(
+                f"reader factory {self.factory!r} raised {type(exc).__name__}: {exc} "
+                f"for {_describe(array)}"
+            ) from exc
         if not callable(getattr(made, "read", None)):
             raise ArgumentTypeError(
                 f"reader factory {self.factory!r} returned {made!r} of type "

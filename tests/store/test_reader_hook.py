@@ -523,19 +523,33 @@ class NoRead:
 )
 def test_a_factory_returning_no_reader_is_named(stream: Any) -> None:
     x = _array()
-    with pytest.raises(dzb.ArgumentTypeError, match=r"NoRead.*zarr array .*read\(requests\)"):
-        _take(stream(x, lambda array, default: NoRead()))
+    pattern = rf"returned .*NoRead.* for zarr array '{_name(x)}': a ChunkReader has a read"
+    with pytest.raises(dzb.DaskZarrBatchesError, match=pattern) as info:  # the task's error,
+        _take(stream(x, lambda array, default: NoRead()))  # named by the stream
+    assert isinstance(_causes(info.value)[-1], dzb.ArgumentTypeError)
 
 
-def test_a_factory_that_raises_raises_through_naming_the_array() -> None:
+def _causes(error: BaseException) -> list[BaseException]:
+    out = [error]
+    while out[-1].__cause__ is not None:
+        out.append(out[-1].__cause__)
+    return out
+
+
+@pytest.mark.parametrize("stream", ["batch_stream", "chunk_stream"])
+def test_a_factory_that_raises_is_raised_naming_the_array(stream: str) -> None:
     x = _array()
 
     def broken(array: Any, default: ChunkReader) -> ChunkReader:
         raise RuntimeError("no reader here")
 
-    with pytest.raises(dzb.DaskZarrBatchesError, match=r"reader factory .*zarr array") as info:
-        _take(dzb.batch_stream(x, 5, reader=broken))
-    assert "no reader here" in str(info.value.__cause__)
+    made = getattr(dzb, stream)(x, 5, reader=broken) if stream == "batch_stream" else None
+    made = dzb.chunk_stream(x, reader=broken) if made is None else made
+    pattern = rf"reader factory .* raised RuntimeError: no reader here for zarr array '{_name(x)}'"
+    with pytest.raises(dzb.DaskZarrBatchesError, match=pattern) as info:
+        _take(made)
+    causes = _causes(info.value)
+    assert isinstance(causes[-2], dzb.ArgumentValueError) and isinstance(causes[-1], RuntimeError)
 
 
 @pytest.mark.parametrize("bad", [3, "numpy", object()])
