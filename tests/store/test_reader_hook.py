@@ -75,7 +75,8 @@ def _array(
 ) -> zarr.Array:
     """An array in a store of its own: in memory, counting the chunk keys it fetches, or a
     plain directory (whose zstd chunks the library's direct reader decodes, uncounted)."""
-    store: Any = zarr.storage.LocalStore(where) if where else CountingStore(zarr.storage.MemoryStore())
+    memory = zarr.storage.MemoryStore()
+    store: Any = zarr.storage.LocalStore(where) if where else CountingStore(memory)
     chunks = chunks[: len(shape)]
     shards = SHARDS[: len(shape)] if kind == "sharded" else None
     x = zarr.create_array(store, shape=shape, chunks=chunks, shards=shards, dtype="f4")
@@ -438,7 +439,9 @@ def test_a_counting_reader_sees_the_torch_feeds_chunks(
     _contract("torch_cpu", how, arrays, tmp_path, DEVICE_KINDS)
 
 
-def test_a_counting_reader_sees_the_jax_feeds_chunks(arrays: dict[str, Any], tmp_path: Path) -> None:
+def test_a_counting_reader_sees_the_jax_feeds_chunks(
+    arrays: dict[str, Any], tmp_path: Path
+) -> None:
     import jax  # noqa: F401  (runs last; deselected where jax is not installed)
 
     _contract("jax_loader", "flat", arrays, tmp_path, JAX_KINDS)
