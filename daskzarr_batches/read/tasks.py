@@ -134,10 +134,11 @@ def read_block(
 
     With ``on_error="skip"`` (``ctx.policy``) a block that does not decode is
     ``None``, and the report lists it as skipped.  The block's chunks are
-    requests to the array's reader (``store.reader_hook``): the library's
-    runs the read below (:func:`_planned_block`).
+    requests to the array's reader (``store.reader_hook``), into an output
+    of ``ctx.allocate``: the library's runs the read below
+    (:func:`_planned_block`, whose array it returns instead).
     """
-    out = np.empty(tuple(s.stop - s.start for s in slices), np.dtype(array.dtype))
+    out = ctx.allocate(tuple(s.stop - s.start for s in slices), array.dtype)
     mine = None if isinstance(array, zarr.Array) else block
     requests = block_requests(array, slices, out, mine)
     ledger = Ledger()

@@ -112,9 +112,11 @@ def read_window(
     ``pool``: where a Zarr array's window output is taken from (the
     consumer gives it back once its batches are cut, so the next window
     writes into pages already faulted in); not with ``decode_bytes``.
+    ``ctx.allocator``, when given, allocates the output instead (and
+    instead of ``decode_bytes``' mmap): the array the requests point at.
     """
     policy, scope, plan_order = ctx.policy, ctx.scope, ctx.plan_order
-    decode_bytes, pool = ctx.decode_bytes, ctx.pool
+    decode_bytes = ctx.decode_bytes
     ledger = Ledger()
 
     def keys() -> list[str]:  # the store keys of the window's chunk rows
@@ -129,10 +131,10 @@ def read_window(
     if into is not None:
         assert not plan_order and into.shape == shape, (into.shape, shape)
         out = into
-    elif pool is not None and decode_bytes is None and poolable(view):
-        out = pool.take(shape, dtype)
-    else:
-        out = np.empty(shape, dtype) if decode_bytes is None else mapped(shape, dtype)
+    elif decode_bytes is not None and ctx.allocator is None:
+        out = mapped(shape, dtype)  # the exact shuffle's: an mmap of its own
+    else:  # the context's allocator, else the pool's buffer or numpy's
+        out = ctx.allocate(shape, dtype, poolable(view))
 
     window = RowsWindow(
         runs, size, plan_order, limit_rows, streaming, decode_bytes is None, lambda: out, out
