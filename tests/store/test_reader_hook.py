@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,25 @@ class Counting:
         self.inner.read(requests)
 
 
-class Factory:
-    """A reader factory that wraps each array's default in :class:`Counting`, and remembers."""
+#: what every :class:`Factory` made, by its name: copies sent to an in-process cluster's
+#: workers record where the test reads
+_MADE: dict[str, list[tuple[str, Counting]]] = {}
 
-    def __init__(self) -> None:
-        self.made: list[tuple[str, Counting]] = []
+
+class Factory:
+    """A reader factory that wraps each array's default in :class:`Counting`, and remembers.
+
+    It pickles as its name, so that the copies a cluster's tasks carry (workers in this
+    process) record in the same list.
+    """
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = uuid.uuid4().hex if name is None else name
+        self.made = _MADE.setdefault(self.name, [])
         self.lock = threading.Lock()
+
+    def __reduce__(self) -> Any:
+        return (Factory, (self.name,))
 
     def __call__(self, array: Any, default: ChunkReader) -> Counting:
         reader = Counting(default)
@@ -294,7 +308,7 @@ def _loader_resumed(a: dict[str, Any], kw: dict[str, Any], tmp: Path) -> tuple[l
     batches.close()  # type: ignore[attr-defined]
     _clear(a["x"])  # what the resumed loader reads, below
     factory = kw["reader"] if "reader" in kw else kw["read"].reader
-    factory.made.clear()
+    del factory.made[:]
     again = dzb.Loader(a["x"], 5, **kw)
     again.load_state_dict(state)
     rest = list(again)
@@ -445,6 +459,44 @@ def test_a_counting_reader_sees_the_jax_feeds_chunks(
     import jax  # noqa: F401  (runs last; deselected where jax is not installed)
 
     _contract("jax_loader", "flat", arrays, tmp_path, JAX_KINDS)
+
+
+#: the kinds run on a cluster (in-process workers: one process, the factory called once)
+ON_A_CLUSTER = ["buffered", "chunk_stream", "exact", "loader", "map_chunks", "paired", "sequential"]
+
+
+@pytest.mark.parametrize("kind", ON_A_CLUSTER)
+def test_a_counting_reader_sees_every_chunk_decoded_on_a_cluster(
+    kind: str, arrays: dict[str, Any], tmp_path: Path, client: Any
+) -> None:
+    factory = Factory()
+    read, mode = KINDS[kind](arrays, {"reader": factory, "client": client}, tmp_path)
+    _check_seen(factory, read, mode, kind)
+
+
+@pytest.mark.parametrize("kind", ["buffered", "chunk_stream", "sequential"])
+def test_an_epoch_from_the_cluster_cache_asks_the_reader_nothing(
+    kind: str, arrays: dict[str, Any], tmp_path: Path, client: Any
+) -> None:
+    cache = dzb.ChunkCache("64MiB")  # its cluster tier: chunks kept as the cluster's futures
+    first, second = Factory(), Factory()
+    try:
+        read, mode = KINDS[kind](
+            arrays, {"reader": first, "cache": cache, "client": client}, tmp_path
+        )
+        _check_seen(first, read, mode, kind)
+        for array in arrays.values():
+            _clear(array)
+        KINDS[kind](arrays, {"reader": second, "cache": cache, "client": client}, tmp_path)
+        assert not second.seen(), f"{kind}: epoch two from the cache asked for {second.seen()}"
+        fetched = {
+            n: f for n, a in arrays.items() if isinstance(a, zarr.Array) and (f := _fetched(a))
+        }
+        assert not fetched, f"{kind}: epoch two from the cache fetched {fetched}"
+        if _fetched(arrays["x"]) is None:  # arrays in a directory: kept on the cluster
+            assert cache.cluster_chunks > 0  # (in memory: read and cached in this process)
+    finally:
+        cache.clear()  # the kept futures released
 
 
 @pytest.mark.parametrize("kind", sorted(set(KINDS) - {"loader_resumed"}))
