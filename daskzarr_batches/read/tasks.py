@@ -67,7 +67,7 @@ from ..store.policy import (
     program_error,
     read_array,
 )
-from ..store.reader_hook import Planned, planned, reader_of
+from ..store.reader_hook import Planned, planned, reader_of, users_failure
 from ..store.readers import Access, reader_for, run_on_loop
 from ..store.requests import block_requests
 from ..store.rows import owned, put_rows
@@ -152,10 +152,15 @@ def read_block(
             reader.read(requests)
     except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
-    except Exception as exc:  # a reader of the user's failed: read by the library, named
+    except Exception as exc:
         if plan.ran or is_program_error(exc):
             raise
-        return _planned_block(array, name, block, slices, ctx)
+        failure = users_failure(plan, reader, name, exc)
+        if failure is exc:
+            raise
+        if failure is not None:  # a reader of the user's failed: not read around
+            raise failure from exc
+        return _planned_block(array, name, block, slices, ctx)  # the library's: named
     if plan.ran:
         return plan.result
     return out, _block_report(ledger, block)

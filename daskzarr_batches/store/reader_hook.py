@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import ArgumentTypeError, ArgumentValueError, DaskZarrBatchesError
-from .requests import ChunkReader, ChunkRequest, ReaderFactory, read_each
+from ..errors import ArgumentTypeError, ArgumentValueError, ChunkReadError, DaskZarrBatchesError
+from .requests import ChunkReader, ChunkRequest, ReaderFactory, chunks_of, read_each
 from .zarr_adapter import sync
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "ReaderHook",
     "planned",
     "reader_of",
+    "users_failure",
 ]
 
 
@@ -52,7 +53,9 @@ class Planned:
     ``view``: the array as the task reads it (its policy view); ``scope``
     runs coroutines on Zarr's loop (a stream's cancellation scope, else
     ``sync``); ``ran``: whether ``run`` was called (the task's own read),
-    ``result``: what it returned.
+    ``result``: what it returned; ``library_failed``: whether the library's
+    reader raised (its planned read, or its read of other requests), so that
+    a failure above it is a user's reader's own (:func:`users_failure`).
     """
 
     requests: Sequence[ChunkRequest]
@@ -63,6 +66,7 @@ class Planned:
     counts: Any = None
     ran: bool = False
     result: Any = None
+    library_failed: bool = False
 
     def matches(self, requests: Sequence[ChunkRequest]) -> bool:
         """Whether ``requests`` are this plan's, the same objects in the same order."""
@@ -106,14 +110,19 @@ class LibraryReader:
     def read(self, requests: Sequence[ChunkRequest]) -> None:
         """See :meth:`~daskzarr_batches.readers.ChunkReader.read`."""
         plan = _PLANNED.get()
-        if plan is not None and not plan.ran and plan.matches(requests):
-            plan.ran = True
-            plan.result = plan.run()
-            return
-        if plan is not None:
-            read_each(plan.view, requests, plan.loop, plan.limit)
-        else:
-            read_each(self.array, requests)
+        try:
+            if plan is not None and not plan.ran and plan.matches(requests):
+                plan.ran = True
+                plan.result = plan.run()
+                return
+            if plan is not None:
+                read_each(plan.view, requests, plan.loop, plan.limit)
+            else:
+                read_each(self.array, requests)
+        except BaseException:
+            if plan is not None:
+                plan.library_failed = True
+            raise
 
     def __repr__(self) -> str:
         return f"LibraryReader({_describe(self.array)})"
@@ -250,6 +259,33 @@ class CachedReader:
 
     def __repr__(self) -> str:
         return f"CachedReader({self.inner!r})"
+
+
+def users_failure(
+    plan: Planned, reader: ChunkReader, name: str, exc: BaseException
+) -> BaseException | None:
+    """The error to raise for ``exc``, raised by ``reader`` of array ``name`` reading ``plan``.
+
+    ``None`` when the library's own reader failed (its planned read, or its
+    read of requests a wrapper passed on), which the task reads again so that
+    the error names the chunk (or skips it); else a user's reader failed by
+    itself, and reading around it would hide that: a ``ChunkReadError``
+    naming the reader, the array and the chunks asked for (``exc`` itself
+    when it is one).
+    """
+    inner = reader.inner if isinstance(reader, CachedReader) else reader
+    if plan.ran or plan.library_failed or isinstance(inner, LibraryReader):
+        return None
+    if isinstance(exc, ChunkReadError):
+        return exc
+    chunks = list(chunks_of(plan.requests))
+    shown = ", ".join(map(str, chunks[:8])) + (
+        f" and {len(chunks) - 8} more" if len(chunks) > 8 else ""
+    )
+    return ChunkReadError(
+        f"reader {inner!r} of array {name} failed reading chunks {shown}: "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 def reader_of(array: Any, policy: Any) -> ChunkReader:

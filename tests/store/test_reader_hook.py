@@ -641,3 +641,42 @@ def test_a_reader_that_is_no_callable_is_refused_naming_it(bad: Any) -> None:
         dzb.ReadOptions(reader=bad)
     with pytest.raises(dzb.ArgumentTypeError, match=r"reader must be a callable"):
         dzb.Loader(x, 5, reader=bad)
+
+
+class FailsOn:
+    """A reader of its own that cannot read one chunk (and reads the others itself)."""
+
+    def __init__(self, array: zarr.Array, bad: tuple[int, ...]) -> None:
+        self.array, self.bad = array, bad
+
+    def read(self, requests: Sequence[ChunkRequest]) -> None:
+        for request in requests:
+            if request.chunk == self.bad:
+                raise OSError(f"cannot decode {request.chunk}")
+            request.fill(self.array[request.region])
+
+    def __repr__(self) -> str:
+        return "FailsOn()"
+
+
+@pytest.mark.parametrize("stream", ["batch_stream", "shuffled", "chunk_stream"])
+def test_a_users_reader_that_fails_is_raised_naming_the_chunks_not_read_around(
+    stream: str,
+) -> None:
+    x = _array()
+    values = np.asarray(x[:])
+
+    def factory(array: Any, default: ChunkReader) -> FailsOn:
+        return FailsOn(array, (2, 1))
+
+    made = {
+        "batch_stream": lambda: dzb.batch_stream(x, 5, reader=factory),
+        "shuffled": lambda: dzb.shuffled_batch_stream(x, 5, shuffle_buffer_size=16, reader=factory),
+        "chunk_stream": lambda: dzb.chunk_stream(x, reader=factory),
+    }[stream]()
+    pattern = r"reader FailsOn\(\) of array .* failed reading chunks .*\(2, 1\).*cannot decode"
+    with pytest.raises(dzb.ChunkReadError, match=pattern) as info:
+        _take(made)
+    assert isinstance(info.value.__cause__, OSError)
+    # the library's own reader, wrapped, still reads every chunk right
+    np.testing.assert_array_equal(_rows(_take(dzb.batch_stream(x, 5, reader=Factory()))), values)
