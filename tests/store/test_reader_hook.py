@@ -20,11 +20,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import hypothesis.strategies as st
 import numcodecs
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given
 from stores import CountingStore
+from strategies import batch_sizes, buffer_sizes, property_settings, regular_chunks, shapes
 
 import daskzarr_batches as dzb
 from daskzarr_batches.readers import ChunkReader, ChunkRequest
@@ -520,6 +523,36 @@ def test_an_epoch_from_the_cache_asks_the_reader_nothing(
     assert not fetched, f"{kind}: epoch two from the cache fetched {fetched}"
 
 
+@property_settings(12)
+@given(
+    shape=shapes(min_rows=1, min_width=1, max_rows=30, max_width=5),
+    data=st.data(),
+    mode=st.sampled_from(["sequential", "buffered", "exact"]),
+)
+def test_every_chunk_once_in_any_grid(shape: tuple[int, ...], data: Any, mode: str) -> None:
+    """Any shape and chunk grid, sharded or not: the counting reader is asked for every
+    stored chunk (inner chunk), once where amplification is 1 (sequential and buffered, any
+    buffer), and the rows are right."""
+    chunks = data.draw(regular_chunks(shape), label="chunks")
+    batch = data.draw(batch_sizes(shape[0]), label="batch_size")
+    per = data.draw(st.none() | st.tuples(*(st.integers(1, 2) for _ in shape)), label="shards")
+    shards = None if per is None else tuple(c * n for c, n in zip(chunks, per, strict=True))
+    store = CountingStore(zarr.storage.MemoryStore())
+    x = zarr.create_array(store, shape=shape, chunks=chunks, shards=shards, dtype="i4")
+    values = np.arange(np.prod(shape), dtype="i4").reshape(shape)
+    x[:] = values
+    factory = Factory()
+    if mode == "sequential":
+        stream = dzb.batch_stream(x, batch, reader=factory)
+    else:
+        size = None if mode == "exact" else data.draw(buffer_sizes(shape[0]), label="buffer")
+        stream = dzb.shuffled_batch_stream(x, batch, shuffle_buffer_size=size, reader=factory)
+    x.store.counts.clear()
+    out = _rows(_take(stream))
+    np.testing.assert_array_equal(out if mode == "sequential" else np.sort(out, axis=0), values)
+    _check_seen(factory, [x], "all" if mode == "exact" else "once", mode)
+
+
 # --------------------------------------------------------------------------
 # A reader of a format of its own: one class
 
@@ -680,3 +713,11 @@ def test_a_users_reader_that_fails_is_raised_naming_the_chunks_not_read_around(
     assert isinstance(info.value.__cause__, OSError)
     # the library's own reader, wrapped, still reads every chunk right
     np.testing.assert_array_equal(_rows(_take(dzb.batch_stream(x, 5, reader=Factory()))), values)
+
+
+def test_a_flat_reader_beside_read_must_be_the_same_factory() -> None:
+    x, factory = _array(), Factory()
+    with pytest.raises(dzb.ArgumentValueError, match=r"reader=.* disagrees with read\.reader="):
+        dzb.batch_stream(x, 5, reader=Factory(), read=dzb.ReadOptions(reader=factory))
+    same = dzb.batch_stream(x, 5, reader=factory, read=dzb.ReadOptions(reader=factory))
+    assert len(_take(same)) == 10 and factory.calls() == {_name(x): 1}
