@@ -701,3 +701,26 @@ def test_a_flat_reader_beside_read_must_be_the_same_factory() -> None:
         dzb.batch_stream(x, 5, reader=Factory(), read=dzb.ReadOptions(reader=factory))
     same = dzb.batch_stream(x, 5, reader=factory, read=dzb.ReadOptions(reader=factory))
     assert len(_take(same)) == 10 and factory.calls() == {_name(x): 1}
+
+
+@pytest.mark.parametrize("layout", ["write_zarr", "write_sharded"])
+def test_a_counting_reader_sees_every_sparse_chunk_decoded(layout: str, tmp_path: Path) -> None:
+    """anndata's CSR rows: each stored (inner) chunk of ``data`` and ``indices`` asked for."""
+    from sparse_layout import random_cells, write_sharded_like, write_zarr_like
+
+    cells = random_cells(60, 12, 4, seed=3)
+    if layout == "write_zarr":
+        write_zarr_like(tmp_path / "cells.zarr", cells, chunk=16)
+    else:
+        write_sharded_like(tmp_path / "cells.zarr", cells, n_obs_per_chunk=8, obs_per_shard=16)
+    x = dzb.open_array(str(tmp_path / "cells.zarr"), "X")
+    factory = Factory()
+    batches = _take(dzb.shuffled_batch_stream(x, 16, shuffle_buffer_size=24, reader=factory))
+    assert sum(b.shape[0] for b in batches) == 60
+    group = zarr.open_group(tmp_path / "cells.zarr" / "X", mode="r")
+    seen = factory.seen()
+    for name in ("data", "indices"):  # by path: however the library opened the group
+        mine = {c for (a, c) in seen if a.endswith(f"X/{name}")}
+        calls = [n for a, n in factory.calls().items() if a.endswith(f"X/{name}")]
+        assert calls == [1], (name, factory.calls())
+        assert mine == _grid(group[name]), (name, sorted(mine))
