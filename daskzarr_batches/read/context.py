@@ -1,8 +1,10 @@
 """One read context: everything a stream's reads share, built once per stream.
 
 A :class:`ReadContext` carries the read policy, the cancellation scope, the
-plan order, the buffer pool, the cache on a cluster (its kept chunks) and
-the decode limit, frozen, so that graph builders and task functions take it
+plan order, the buffer pool, the allocator of the outputs its reads' chunk
+requests point at (:meth:`ReadContext.allocate`: numpy, pinned host memory,
+a device array module), the cache on a cluster (its kept chunks) and the
+decode limit, frozen, so that graph builders and task functions take it
 whole instead of threading each through every layer.  Graph builders narrow
 it (:meth:`ReadContext.narrowed`: one array's decode share, one window's
 priority) and hand tasks :meth:`ReadContext.for_tasks`, the part a worker
@@ -15,6 +17,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from ..store.policy import DEFAULT_POLICY, CancelScope, ReadPolicy
 
 if TYPE_CHECKING:
@@ -22,7 +26,21 @@ if TYPE_CHECKING:
     from ..store.sources import SliceSource
     from .buffers import BufferPool
 
-__all__ = ["DEFAULT_CONTEXT", "Kept", "ReadContext"]
+__all__ = ["DEFAULT_CONTEXT", "Allocator", "Kept", "ReadContext"]
+
+
+class Allocator(Protocol):
+    """Makes the output a read's chunk requests point at (``ChunkRequest.out``).
+
+    Called with the output's shape and dtype; returns an uninitialised array
+    of them that a chunk reader fills (``out[where] = chunk[selection]``):
+    numpy's (the default), one in pinned host memory, or a device array
+    module's for a reader that decodes on the device.  Picklable where the
+    stream reads on a cluster (each task allocates in its worker).
+    """
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        """An uninitialised array of ``shape`` and ``dtype``."""
 
 
 class Kept(Protocol):
@@ -68,6 +86,9 @@ class ReadContext:
         A cache on a cluster; graph builders only.
     priority : int
         The priority kept chunks are made at (the window's or block's).
+    allocator : Allocator, optional
+        What the outputs of the reads' chunk requests are allocated by
+        (:meth:`allocate`); ``None``: numpy, from ``pool`` where it applies.
     """
 
     policy: ReadPolicy = DEFAULT_POLICY
@@ -78,6 +99,21 @@ class ReadContext:
     shares: Mapping[int, Any] | None = None
     kept: Kept | None = None
     priority: int = 0
+    allocator: Allocator | None = None
+
+    def allocate(self, shape: tuple[int, ...], dtype: Any, pooled: bool = False) -> Any:
+        """An output of ``shape`` and ``dtype`` for a read's requests to point at.
+
+        The context's :class:`Allocator` when it has one; else, with
+        ``pooled`` (an output the consumer gives back) and a pool, a buffer
+        from the pool; else ``numpy.empty``.
+        """
+        dtype = np.dtype(dtype)
+        if self.allocator is not None:
+            return self.allocator(tuple(shape), dtype)
+        if pooled and self.pool is not None:
+            return self.pool.take(tuple(shape), dtype)
+        return np.empty(shape, dtype)
 
     def narrowed(self, **changes: Any) -> ReadContext:
         """This context with ``changes`` (``dataclasses.replace``), itself when there are none."""

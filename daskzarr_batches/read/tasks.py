@@ -67,7 +67,7 @@ from ..store.policy import (
     program_error,
     read_array,
 )
-from ..store.reader_hook import Planned, planned, reader_failed, reader_of
+from ..store.reader_hook import Planned, planned, reader_of, users_failure
 from ..store.readers import Access, reader_for, run_on_loop
 from ..store.requests import block_requests
 from ..store.rows import owned, put_rows
@@ -134,10 +134,11 @@ def read_block(
 
     With ``on_error="skip"`` (``ctx.policy``) a block that does not decode is
     ``None``, and the report lists it as skipped.  The block's chunks are
-    requests to the array's reader (``store.reader_hook``): the library's
-    runs the read below (:func:`_planned_block`).
+    requests to the array's reader (``store.reader_hook``), into an output
+    of ``ctx.allocate``: the library's runs the read below
+    (:func:`_planned_block`, whose array it returns instead).
     """
-    out = np.empty(tuple(s.stop - s.start for s in slices), np.dtype(array.dtype))
+    out = ctx.allocate(tuple(s.stop - s.start for s in slices), array.dtype)
     mine = None if isinstance(array, zarr.Array) else block
     requests = block_requests(array, slices, out, mine)
     ledger = Ledger()
@@ -145,18 +146,21 @@ def read_block(
         requests, lambda: _planned_block(array, name, block, slices, ctx), array,
         lambda coro: run_on_loop(coro, ctx.scope), counts=ledger.cache,
     )  # fmt: skip
-    reader = reader_of(array, ctx.policy)
+    reader = reader_of(array, ctx.policy)  # a factory's failure is raised, not read around
     try:
         with planned(plan):
             reader.read(requests)
     except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
-    except Exception as exc:  # the library's read names its own failures; a user reader's:
-        if not plan.ran and is_program_error(exc):
-            error = program_error(exc, f"chunk {block} of array {name}")
-            raise error from error.__cause__
-        reader_failed(exc, plan, array, f"chunk {block}")
-        raise
+    except Exception as exc:
+        if plan.ran or is_program_error(exc):
+            raise
+        failure = users_failure(plan, reader, name, exc)
+        if failure is exc:
+            raise
+        if failure is not None:  # a reader of the user's failed: not read around
+            raise failure from exc
+        return _planned_block(array, name, block, slices, ctx)  # the library's: named
     if plan.ran:
         return plan.result
     return out, _block_report(ledger, block)

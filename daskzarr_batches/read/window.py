@@ -31,7 +31,7 @@ from ..store.policy import (
     policy_view,
     program_error,
 )
-from ..store.reader_hook import LibraryReader, Planned, planned, reader_failed, reader_of
+from ..store.reader_hook import LibraryReader, Planned, planned, reader_of, users_failure
 from ..store.readers import Access, RowsWindow, poolable, reader_for, run_on_loop
 from ..store.requests import ChunkRequest, read_each, window_requests
 from ..store.rows import (
@@ -114,9 +114,11 @@ def read_window(
     ``pool``: where a Zarr array's window output is taken from (the
     consumer gives it back once its batches are cut, so the next window
     writes into pages already faulted in); not with ``decode_bytes``.
+    ``ctx.allocator``, when given, allocates the output instead (and
+    instead of ``decode_bytes``' mmap): the array the requests point at.
     """
     policy, scope, plan_order = ctx.policy, ctx.scope, ctx.plan_order
-    decode_bytes, pool = ctx.decode_bytes, ctx.pool
+    decode_bytes = ctx.decode_bytes
     ledger = Ledger()
 
     def keys() -> list[str]:  # the store keys of the window's chunk rows
@@ -131,10 +133,10 @@ def read_window(
     if into is not None:
         assert not plan_order and into.shape == shape, (into.shape, shape)
         out = into
-    elif pool is not None and decode_bytes is None and poolable(view):
-        out = pool.take(shape, dtype)
-    else:
-        out = np.empty(shape, dtype) if decode_bytes is None else mapped(shape, dtype)
+    elif decode_bytes is not None and ctx.allocator is None:
+        out = mapped(shape, dtype)  # the exact shuffle's: an mmap of its own
+    else:  # the context's allocator, else the pool's buffer or numpy's
+        out = ctx.allocate(shape, dtype, poolable(view))
 
     window = RowsWindow(
         runs, size, plan_order, limit_rows, streaming, decode_bytes is None, lambda: out, out
@@ -163,7 +165,7 @@ def read_window(
         requests, lambda: engine.read_rows(access, window), view,
         lambda coro: run_on_loop(coro, scope), counts=ledger.cache, narrow=narrow,
     )  # fmt: skip
-    reader = reader_of(array, policy)
+    reader = reader_of(array, policy)  # a factory's failure is raised, not read around
     try:
         with planned(plan):
             reader.read(requests)
@@ -176,7 +178,11 @@ def read_window(
         if is_program_error(exc):  # so that the error names the chunk that fails
             error = program_error(exc, f"a window of array {name}")
             raise error from error.__cause__
-        reader_failed(exc, plan, array, f"axis-0 chunks {[p.chunk for p in window.ordered()]}")
+        failure = users_failure(plan, reader, name, exc)
+        if failure is exc:
+            raise
+        if failure is not None:  # a reader of the user's failed: not read around
+            raise failure from exc
     place = Placer(window.output(), plan_order)
     skipped = read_again(view, name, runs, place, ledger, policy, scope)
     out = _without(place.out, skipped, size, plan_order)

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import ArgumentTypeError
-from .requests import ChunkReader, ChunkRequest, ReaderFactory, read_each
+from ..errors import ArgumentTypeError, ArgumentValueError, ChunkReadError, DaskZarrBatchesError
+from .requests import ChunkReader, ChunkRequest, ReaderFactory, chunks_of, read_each
 from .zarr_adapter import sync
 
 __all__ = [
@@ -41,8 +41,8 @@ __all__ = [
     "Planned",
     "ReaderHook",
     "planned",
-    "reader_failed",
     "reader_of",
+    "users_failure",
 ]
 
 
@@ -55,7 +55,9 @@ class Planned:
     ``sync``); ``narrow(some)``: the task's read of some of its requests
     only, planned the same way (a cache that holds the others); ``ran``:
     whether ``run`` was called (the task's own read), ``result``: what it
-    returned.
+    returned; ``library_failed``: whether the library's reader raised (its
+    planned read, or its read of other requests), so that a failure above
+    it is a user's reader's own (:func:`users_failure`).
     """
 
     requests: Sequence[ChunkRequest]
@@ -67,6 +69,7 @@ class Planned:
     narrow: Callable[[Sequence[ChunkRequest]], Callable[[], Any]] | None = None
     ran: bool = False
     result: Any = None
+    library_failed: bool = False
 
     def matches(self, requests: Sequence[ChunkRequest]) -> bool:
         """Whether ``requests`` are this plan's, the same objects in the same order."""
@@ -110,14 +113,19 @@ class LibraryReader:
     def read(self, requests: Sequence[ChunkRequest]) -> None:
         """See :meth:`~daskzarr_batches.readers.ChunkReader.read`."""
         plan = _PLANNED.get()
-        if plan is not None and not plan.ran and plan.matches(requests):
-            plan.ran = True
-            plan.result = plan.run()
-            return
-        if plan is not None:
-            read_each(plan.view, requests, plan.loop, plan.limit)
-        else:
-            read_each(self.array, requests)
+        try:
+            if plan is not None and not plan.ran and plan.matches(requests):
+                plan.ran = True
+                plan.result = plan.run()
+                return
+            if plan is not None:
+                read_each(plan.view, requests, plan.loop, plan.limit)
+            else:
+                read_each(self.array, requests)
+        except BaseException:
+            if plan is not None:
+                plan.library_failed = True
+            raise
 
     def __repr__(self) -> str:
         return f"LibraryReader({_describe(self.array)})"
@@ -170,7 +178,15 @@ class ReaderHook:
             if found is not None and (found[0] is array or key[1][0] != "object"):
                 _MADE.move_to_end(key)
                 return found[1]
-        made = self.factory(array, default)
+        try:
+            made = self.factory(array, default)
+        except DaskZarrBatchesError:
+            raise
+        except Exception as exc:
+            raise ArgumentValueError(
+                f"reader factory {self.factory!r} raised {type(exc).__name__}: {exc} "
+                f"for {_describe(array)}"
+            ) from exc
         if not callable(getattr(made, "read", None)):
             raise ArgumentTypeError(
                 f"reader factory {self.factory!r} returned {made!r} of type "
@@ -223,8 +239,11 @@ class CachedReader:
             self.inner.read(requests)
         elif misses and plan is not None and plan.narrow is not None and plan.matches(requests):
             fewer = dataclasses.replace(plan, requests=misses, run=plan.narrow(misses), narrow=None)
-            with planned(fewer):
-                self.inner.read(misses)
+            try:
+                with planned(fewer):
+                    self.inner.read(misses)
+            finally:
+                plan.library_failed = plan.library_failed or fewer.library_failed
         elif misses:
             self.inner.read(misses)
         if counts is not None:
@@ -257,23 +276,31 @@ class CachedReader:
         return f"CachedReader({self.inner!r})"
 
 
-def reader_failed(exc: BaseException, plan: Planned, array: Any, what: str) -> None:
-    """Raise ``exc`` named when a reader of the user's failed (not the library's planned read).
+def users_failure(
+    plan: Planned, reader: ChunkReader, name: str, exc: BaseException
+) -> BaseException | None:
+    """The error to raise for ``exc``, raised by ``reader`` of array ``name`` reading ``plan``.
 
-    The library's own read, when it fails, is read again by the task's
-    fallback (``read.failures``), which names the chunk; a reader of the
-    user's may read a format Zarr does not, so its failure is not read again
-    through Zarr: it is raised as a :class:`~daskzarr_batches.ChunkReadError`
-    naming ``what`` (the task's chunks) and the array, the error chained.
-    A failure of the program (``TypeError``, ...) is raised by the caller.
+    ``None`` when the library's own reader failed (its planned read, or its
+    read of requests a wrapper passed on), which the task reads again so that
+    the error names the chunk (or skips it); else a user's reader failed by
+    itself, and reading around it would hide that: a ``ChunkReadError``
+    naming the reader, the array and the chunks asked for (``exc`` itself
+    when it is one).
     """
-    from ..errors import ChunkReadError, ReadCancelledError
-
-    if plan.ran or isinstance(exc, ChunkReadError | ReadCancelledError):
-        return
-    raise ChunkReadError(
-        f"the reader of {_describe(array)} failed reading {what}: {type(exc).__name__}: {exc}"
-    ) from exc
+    inner = reader.inner if isinstance(reader, CachedReader) else reader
+    if plan.ran or plan.library_failed or isinstance(inner, LibraryReader):
+        return None
+    if isinstance(exc, ChunkReadError):
+        return exc
+    chunks = list(chunks_of(plan.requests))
+    shown = ", ".join(map(str, chunks[:8])) + (
+        f" and {len(chunks) - 8} more" if len(chunks) > 8 else ""
+    )
+    return ChunkReadError(
+        f"reader {inner!r} of array {name} failed reading chunks {shown}: "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 def reader_of(array: Any, policy: Any) -> ChunkReader:

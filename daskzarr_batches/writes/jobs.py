@@ -204,8 +204,9 @@ def map_to_zarr(
     if existing is not None:  # a resume: its dtype and sample shape, func not called
         dtype = existing.dtype if dtype is None else dtype
         sample_shape = existing.shape[1:] if sample_shape is None else sample_shape
+    readers = read.policy.readers  # one hook for the probe and the tasks: one factory call
     if dtype is None or sample_shape is None:
-        probe = _read_rows(inputs, min(rows, 2), read)
+        probe = _read_rows(inputs, min(rows, 2), read, readers)
         try:
             result = np.asarray(func(inputs.pack(probe)))
         except Exception as exc:
@@ -247,7 +248,7 @@ def map_to_zarr(
     ]
     in_flight = _in_flight(read, _MAP_DEPTH)
     _run(tasks, inputs, _WriteJob(func, inputs, (array,)), read, in_flight, stats, progress,
-         None, f"map_to_zarr({_qualname(func)})")  # fmt: skip
+         None, f"map_to_zarr({_qualname(func)})", readers)  # fmt: skip
     return array
 
 

@@ -13,6 +13,7 @@ from its own report, so a resume redoes exactly the units without one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import uuid
@@ -249,11 +250,19 @@ def _run(
     progress: bool,
     decode_bytes: int | None,
     what: str,
+    readers: Any = None,
 ) -> None:
-    """Submit the tasks, ``in_flight`` at once, and collect their reports."""
+    """Submit the tasks, ``in_flight`` at once, and collect their reports.
+
+    ``readers``: the job's reader hook (``ReadPolicy.readers``), when a read
+    before the tasks (``map_to_zarr``'s probe) already used it: one factory
+    call per array per job; ``None``: a fresh one.
+    """
     concurrency = read.io_concurrency or max(os.cpu_count() or 1, in_flight)
     runner = make_runner(read.client, in_flight=in_flight, read_workers=concurrency)
     policy = read.policy.limited(concurrency).tokened(stored_arrays(list(inputs.sources)))
+    if readers is not None:
+        policy = dataclasses.replace(policy, readers=readers)
     # a cache on a cluster: decoded chunks kept as cluster futures, windows cut from them
     kept = None if policy.cache is None else runner.keeper(policy.cache, read_kept_chunk, policy)
     offsets = [chunk_offsets(s.chunks[0]) for s in inputs.sources]
@@ -379,13 +388,20 @@ def _units(rows: int, step: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _read_rows(inputs: _Inputs, stop: int, read: ReadOptions) -> list[np.ndarray]:
-    """Samples ``0:stop`` of every input, read here (the probe; through the cache if any)."""
+def _read_rows(
+    inputs: _Inputs, stop: int, read: ReadOptions, readers: Any = None
+) -> list[np.ndarray]:
+    """Samples ``0:stop`` of every input, read here (the probe; through the cache if any).
+
+    ``readers``: the job's reader hook, shared with its tasks (:func:`_run`).
+    """
     if stop == 0:
         return [np.empty((0, *s.shape[1:]), dtype=s.dtype) for s in inputs.sources]
     samples = range(stop)
     pieces = tuple(tuple(pieces_for(samples, chunk_offsets(s.chunks[0]))) for s in inputs.sources)
     policy = read.policy.tokened(stored_arrays(list(inputs.sources)))
+    if readers is not None:
+        policy = dataclasses.replace(policy, readers=readers)
     ctx = ReadContext(policy, plan_order=True)
     dsk, key = window_graph(list(inputs.sources), Window(0, 0, samples, pieces), "probe", ctx)
     return [np.asarray(rows) for rows, _ in dask.get(dsk, key)]

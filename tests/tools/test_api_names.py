@@ -50,6 +50,7 @@ VOCABULARY = {
     "epoch": "an epoch number",
     "client": "a distributed.Client",
     "cache": "a ChunkCache",
+    "reader": "a factory(array, default) of the ChunkReader that decodes an array's chunks",
     "read": "a ReadOptions",
     "missing": "what an absent chunk reads as",
     "on_error": "what an undecodable chunk does",

@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"read"},
     {"streams"},
     {"loader", "mapreduce", "writes", "_torch_tensors", "_device_feed"},
-    {"torch", "jax", "cupy", "tools"},
+    {"torch", "jax", "cupy", "tools", "readers"},
 ]
 ON_THE_PUBLIC_API = {"tools"}  # may import the package root (``from .. import X``)
 PURE_PLANNING = {"__future__", "numpy", "collections", "dataclasses", "functools", "math",

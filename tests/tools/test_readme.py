@@ -278,6 +278,8 @@ def test_api_reference_documents_every_public_name_by_its_public_path() -> None:
         "daskzarr_batches.jax.JaxLoader",
         "daskzarr_batches.jax.process_share",
         "daskzarr_batches.cupy.CupyLoader",
+        *(f"daskzarr_batches.readers.{name}" for name in ("ChunkReader", "ChunkRequest")),
+        "daskzarr_batches.readers.LibraryReader",  # the reader hook's namespace (issue 36)
         "daskzarr_batches.streams.timing.Bottleneck",  # what bottleneck() returns
         "daskzarr_batches.streams.StreamSpec",  # what stream.spec is
     }
