@@ -49,7 +49,7 @@ from .rows import (
     owned,
     starts,
 )
-from .shards import read_sharded, sharding_codec
+from .shards import read_sharded, reads_by_shard
 from .zarr_adapter import async_array, codec_pipeline, is_zarr_pipeline, nd_buffer, sync
 
 __all__ = [
@@ -361,9 +361,9 @@ def _forget(key: int, _: Any) -> None:
 
 
 def _choose(array: zarr.Array, uncached: bool) -> ChunkReader:
-    native = uncached and codec_pipeline_of(array) == "zarrs"
-    if not native and sharding_codec(array) is not None:
+    if reads_by_shard(array, cached=not uncached):
         return ShardReader()
+    native = uncached and codec_pipeline_of(array) == "zarrs"
     base = ZarrsReader() if native else ZarrReader()
     layout = DirectLayout.of(array)
     return base if layout is None else DirectReader(layout, base)
