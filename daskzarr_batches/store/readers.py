@@ -335,9 +335,9 @@ class DaskReader(NumpyReader):
 def reader_for(array: Any, policy: ReadPolicy) -> ChunkReader:
     """The :class:`ChunkReader` that reads ``array`` under ``policy``, chosen once.
 
-    zarrs when it reads the array natively (no cache: a cache is consulted
-    by Zarr's pipeline only; zarrs reads shards itself), else the shard
-    reader for a sharded array, the direct decode for plain zstd chunks
+    The shard reader where it reads the array (``store.shards.reads_by_shard``,
+    the one shard decision), else zarrs when it reads the array natively (no
+    cache: a cache is consulted by Zarr's pipeline only), the direct decode for plain zstd chunks
     (falling back on Zarr's or zarrs' reader), Zarr's pipeline, numpy or dask.
     Chosen once per array object and whether the policy has a cache (kept
     while the array lives), so that a task's choice costs a lookup.
