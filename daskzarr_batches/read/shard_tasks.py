@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import MissingChunkError, ReadCancelledError, StoreGoneError
 from ..store.policy import Ledger, ReadReport, is_program_error, policy_view, program_error
-from ..store.reader_hook import Planned, planned, reader_of
+from ..store.reader_hook import Planned, planned, reader_failed, reader_of
 from ..store.readers import run_on_loop
 from ..store.requests import block_requests
 from ..store.shards import read_shard_blocks, reads_by_shard
@@ -48,11 +48,14 @@ def read_shard(
     reader (:func:`_planned_shard`: the whole shard fetched with one request,
     its inner chunks decoded concurrently, each into the array the caller
     owns), ``transform`` applied to each block here, its error returned
-    beside the block so the stream names that block.  If the shard read
-    fails, the blocks are read again one by one (:func:`_planned_block`), so
-    errors name the block and ``on_error="skip"`` skips single blocks; a
+    beside the block so the stream names that block; a cache holding some
+    of the blocks, the others read by the shard reader alone.  If the shard
+    read fails, its blocks are read again one by one (:func:`_planned_block`),
+    so errors name the block and ``on_error="skip"`` skips single blocks; a
     read whose retries were spent is not tried again
-    (:func:`~daskzarr_batches.read.failures.raise_failed_read`).  An array
+    (:func:`~daskzarr_batches.read.failures.raise_failed_read`).  A reader of
+    the user's that fails raises :class:`~daskzarr_batches.ChunkReadError`
+    naming the shard's chunks (``store.reader_hook.reader_failed``).  An array
     the shard reader does not read (:func:`~daskzarr_batches.store.shards.reads_by_shard`)
     is read block by block (:func:`read_block`).
     """
@@ -69,33 +72,53 @@ def read_shard(
     ]
     ledger = Ledger()
     view = policy_view(array, name, policy, ledger)
+    failed: list[int] = []  # blocks whose shard read failed: each read again on its own
+
+    def shard_run(numbers: Sequence[int]) -> Callable[[], bool]:
+        def run() -> bool:
+            done = _planned_shard(
+                view, name, [blocks[i] for i in numbers], [slices[i] for i in numbers],
+                [outs[i] for i in numbers], ctx, ledger,
+            )  # fmt: skip
+            if not done:
+                failed.extend(numbers)
+            return done
+
+        return run
+
+    number_of = {id(request): number for number, request in enumerate(requests)}
     plan = Planned(
-        requests, lambda: _planned_shard(view, name, blocks, slices, outs, ctx, ledger), view,
-        lambda coro: run_on_loop(coro, ctx.scope), counts=ledger.cache,
+        requests, shard_run(range(len(blocks))), view, lambda coro: run_on_loop(coro, ctx.scope),
+        counts=ledger.cache,
+        # a cache holding some of the shard's chunks: the others read by the shard reader
+        narrow=(lambda some: shard_run([number_of[id(r)] for r in some]))
+        if len(requests) == len(blocks) else None,
     )  # fmt: skip
+    reader = reader_of(array, policy)
     try:
         with planned(plan):
-            reader_of(array, policy).read(requests)
+            reader.read(requests)
     except (MissingChunkError, StoreGoneError, ReadCancelledError):
         raise
-    except Exception as exc:  # a reader of the user's failed: read by the library
-        if plan.ran or is_program_error(exc):
-            raise
-        plan.result = _planned_shard(view, name, blocks, slices, outs, ctx, ledger)
-    if plan.result is False:  # the shard read failed: each block read again, named
-        reads = [
-            _planned_block(array, name, b, w, ctx) for b, w in zip(blocks, slices, strict=True)
-        ]
-        return _shard_items(blocks, reads, transform)
+    except Exception as exc:  # the library's read names its own failures; a user reader's:
+        if not plan.ran and is_program_error(exc):
+            error = program_error(exc, f"a shard of array {name}")
+            raise error from error.__cause__
+        reader_failed(exc, plan, array, f"chunks {blocks[0]}..{blocks[-1]}")
+        raise
+    again = {i: _planned_block(array, name, blocks[i], slices[i], ctx) for i in sorted(set(failed))}
+    read = [i for i in range(len(blocks)) if i not in again]
     missing = tuple(dict.fromkeys(ledger.missing))
     reads = [
-        (
+        again[number]
+        if number in again
+        else (
             out,
             ReadReport(
-                cache=ledger.cache if number == 0 else None,
+                cache=ledger.cache if number == read[0] else None,
                 missing_keys=missing,
                 missing_chunks=(block[0],) if missing else (),
-                retries=ledger.retries if number == 0 else 0,  # counted once per shard
+                retries=ledger.retries if number == read[0] else 0,  # counted once per shard
             ),
         )
         for number, (block, out) in enumerate(zip(blocks, outs, strict=True))

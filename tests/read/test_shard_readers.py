@@ -162,8 +162,7 @@ class Filling:
     """A reader of its own: reads every request through Zarr itself, the library's asked nothing."""
 
     def __init__(self, array: Any, default: Any) -> None:
-        self.array, self.default = array, default
-        self.asked = 0
+        self.array = array
 
     def read(self, requests: list[ChunkRequest]) -> None:
         for request in requests:
@@ -171,7 +170,7 @@ class Filling:
 
 
 class Failing:
-    """A reader that fails every read: the library reads the chunks itself."""
+    """A reader that fails every read."""
 
     def __init__(self, array: Any, default: Any) -> None:
         pass
@@ -180,16 +179,23 @@ class Failing:
         raise OSError("this reader cannot read")
 
 
-@pytest.mark.parametrize("reader", [Filling, Failing])
-def test_a_shard_read_by_a_reader_of_its_own_or_by_the_library_when_it_fails(
-    reader: Any,
-) -> None:
-    x, _ = stored(True)
-    with dzb.chunk_stream(x, with_index=True, reader=reader) as stream:
+def test_a_shard_read_by_a_reader_of_its_own() -> None:
+    x, counts = stored(True)
+    with dzb.chunk_stream(x, with_index=True, reader=Filling) as stream:
         got = dict(stream)
     assert sorted(got) == GRID
     for (row, col), block in got.items():
         np.testing.assert_array_equal(block, DATA[row * 8 : row * 8 + 8, col * 3 : col * 3 + 3])
+    assert counts.counts  # read by Zarr, through the reader's own reads
+
+
+def test_a_failing_reader_of_a_shard_is_named() -> None:
+    x, _ = stored(True)
+    with (
+        pytest.raises(dzb.ChunkReadError, match=r"reader of .* failed reading chunks \(0, 0\)"),
+        dzb.chunk_stream(x, reader=Failing) as stream,
+    ):
+        list(stream)
 
 
 def test_a_cache_serves_epoch_two_of_a_sharded_chunk_stream_asking_nothing() -> None:
@@ -197,11 +203,28 @@ def test_a_cache_serves_epoch_two_of_a_sharded_chunk_stream_asking_nothing() -> 
     cache = dzb.ChunkCache("1MiB")
     for label in ("first", "second"):
         with dzb.chunk_stream(x, cache=cache, reader=counting(label)) as stream:
-            np.testing.assert_array_equal(np.sort(np.concatenate([b.ravel() for b in stream])),
-                                          DATA.ravel())  # fmt: skip
+            values = np.concatenate([b.ravel() for b in stream])
+        np.testing.assert_array_equal(np.sort(values), DATA.ravel())
     assert seen("first") == GRID
     assert seen("second") == []
     assert_one_request_per_object(counts, True)
+
+
+def test_a_shard_the_cache_holds_in_part_reads_only_the_rest_in_one_request() -> None:
+    x, counts = stored(True)
+    cache = dzb.ChunkCache("1MiB")
+    half = dzb.chunk_split(x, [0.5, 0.5], seed=0)[0]  # every inner chunk of half the rows
+    with dzb.batch_stream(half, 8, cache=cache, reader=counting("half")) as stream:
+        list(stream)
+    counts.counts.clear()
+    with dzb.chunk_stream(x, with_index=True, cache=cache, reader=counting("rest")) as stream:
+        got = dict(stream)
+    for (row, col), block in got.items():
+        np.testing.assert_array_equal(block, DATA[row * 8 : row * 8 + 8, col * 3 : col * 3 + 3])
+    assert seen("half") and seen("rest")
+    assert sorted(seen("half") + seen("rest")) == GRID  # each inner chunk decoded once
+    assert set(counts.counts.values()) == {1}  # each shard still fetched once, whole
+    assert stream.stats.cache_hits == len(seen("half"))
 
 
 # --------------------------------------------------------------------------
