@@ -43,8 +43,8 @@ from .zarr_adapter import (
 )
 
 __all__ = [
-    "DirectLayout",
     "DirectDecoder",
+    "DirectLayout",
     "concurrency_limit",
     "direct_reader",
     "frame_size",
