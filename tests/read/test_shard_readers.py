@@ -111,6 +111,21 @@ def test_chunk_stream_asks_each_inner_chunk_once(sharded: bool) -> None:
         np.testing.assert_array_equal(block, DATA[row * 8 : row * 8 + 8, col * 3 : col * 3 + 3])
 
 
+def test_a_sharded_array_zarrs_reads_is_read_by_zarrs_in_chunk_streams_too(tmp_path: Path) -> None:
+    pytest.importorskip("zarrs")
+    from daskzarr_batches.store.pipelines import codec_pipeline_of, with_codec_pipeline
+
+    x = with_codec_pipeline(on_disk(True, tmp_path / "x"), "zarrs")
+    if codec_pipeline_of(x) != "zarrs":
+        pytest.skip("zarrs does not read this array natively here")
+    with dzb.chunk_stream(x, with_index=True, reader=counting("zarrs")) as stream:
+        got = dict(stream)
+    assert seen("zarrs") == GRID
+    assert stream._units == [(block,) for block in GRID]  # a block per read, as windows read it
+    for (row, col), block in got.items():
+        np.testing.assert_array_equal(block, DATA[row * 8 : row * 8 + 8, col * 3 : col * 3 + 3])
+
+
 @pytest.mark.parametrize("job", ["map_chunks", "reduce_chunks", "feature_moments"])
 def test_per_chunk_jobs_ask_each_inner_chunk_once(sharded: bool, job: str) -> None:
     x, counts = stored(sharded)
