@@ -254,13 +254,14 @@ async def read_shard_blocks(
 
     ``array`` is the policy view of a sharded array (:func:`sharding_codec`).
     A missing shard reads as the fill value (the policy store records it).
+    Every block is read: the cache was looked up above this read (the
+    array's reader, ``store.reader_hook.CachedReader``, asks for its misses
+    only); the chunks decoded are kept in it.
     """
     shards = _Shards(array)
     key = shards.key(blocks[0])
     locals_ = [shards.local(block) for block in blocks]
-    held = await shards.held([(key, coords) for coords in locals_])
-    missing = [coords for coords in locals_ if (key, coords) not in held]
-    found = await shards.fetch(key, missing, whole=True) if missing else {}
+    found = await shards.fetch(key, locals_, whole=True)
     if outs is None:
         outs = [
             np.empty(tuple(s.stop - s.start for s in where), dtype=np.dtype(array.dtype))
@@ -268,9 +269,6 @@ async def read_shard_blocks(
         ]
 
     async def one(coords: Coords, out: np.ndarray) -> None:
-        if (key, coords) in held:
-            out[...] = held[(key, coords)]
-            return
         kept = tuple(slice(0, n) for n in out.shape)
         await shards.decode([(found.get(coords), kept, kept)], out)
         if coords in found:  # not an absent chunk's fill value; the caller owns ``out``
