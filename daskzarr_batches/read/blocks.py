@@ -20,8 +20,9 @@ from ..store.sparse import CsrSource
 from ..store.subsets import SubsetSource
 from .context import DEFAULT_CONTEXT, ReadContext
 from .kept import cut_kept_block, read_kept_part
+from .shard_tasks import read_shard
 from .sparse import read_csr_block
-from .tasks import Key, apply_transform, read_block, read_block_part, read_block_result, read_shard
+from .tasks import Key, apply_transform, read_block, read_block_part, read_block_result
 
 __all__ = ["block_graph", "shard_graph"]
 

@@ -17,7 +17,8 @@ from ..store.cache import CacheCounts
 from ..store.layout import block_key
 from ..store.policy import ReadPolicy, ReadReport
 from .context import ReadContext
-from .tasks import read_block, read_shard
+from .shard_tasks import read_shard
+from .tasks import read_block
 from .window import _taken, _without, in_subset, read_window
 
 __all__ = ["cut_kept_block", "cut_kept_chunks", "read_kept_chunk", "read_kept_part"]

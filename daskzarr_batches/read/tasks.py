@@ -29,7 +29,8 @@ chunk, built on the array's own culled graph, and a join per array::
 
 Each stored chunk is decoded by exactly one task per window, which keeps only
 the rows the window needs.  ``read.blocks.block_graph`` reads one stored block (all
-axes) for chunk streams, optionally followed by a transform task.
+axes) for chunk streams, optionally followed by a transform task; ``read.shard_tasks``
+reads the inner blocks of one shard.
 """
 
 from __future__ import annotations
@@ -71,7 +72,6 @@ from ..store.reader_hook import Planned, planned, reader_of, users_failure
 from ..store.readers import Access, reader_for, run_on_loop
 from ..store.requests import block_requests
 from ..store.rows import owned, put_rows
-from ..store.shards import read_shard_blocks, sharding_codec
 from .context import DEFAULT_CONTEXT, ReadContext
 from .failures import raise_failed_read, read_named
 
@@ -234,71 +234,6 @@ def apply_transform(transform: Callable[[np.ndarray], Any], read: tuple[Any, Rea
     if block is None:
         return None, report
     return transform(block), report
-
-
-#: One inner block of a shard read by :func:`read_shard`: its index, the block (or
-#: ``transform(block)``; ``None`` if skipped), its report, and the transform's error.
-ShardItem = tuple[tuple[int, ...], Any, ReadReport, BaseException | None]
-
-
-def read_shard(
-    array: Any,
-    name: str,
-    blocks: Sequence[tuple[int, ...]],
-    slices: Sequence[tuple[slice, ...]],
-    ctx: ReadContext = DEFAULT_CONTEXT,
-    transform: Callable[[np.ndarray], Any] | None = None,
-) -> list[ShardItem]:
-    """Read the stored blocks of one shard with one read; one item per block, in order.
-
-    The shard reader (:func:`~daskzarr_batches.store.shards.read_shard_blocks`)
-    fetches the whole shard with one request and decodes its inner chunks
-    concurrently, each into an array the caller owns (``transform`` applied
-    to it here, its error returned beside the block so the stream names that
-    block).  If the read fails, the blocks are read again one by one
-    (:func:`read_block`), so errors name the block and ``on_error="skip"``
-    skips single blocks; a read whose retries were spent is not tried again
-    (:func:`~daskzarr_batches.read.failures.raise_failed_read`).
-    """
-    policy, scope = ctx.policy, ctx.scope
-    ledger = Ledger()
-    view = policy_view(array, name, policy, ledger)
-    named = [
-        (f"chunk {block}", _block_piece(block, where))
-        for block, where in zip(blocks, slices, strict=True)
-    ]
-    outs: list[np.ndarray] | None = None
-    if sharding_codec(view) is not None:
-        try:
-            outs = run_on_loop(read_shard_blocks(view, blocks, slices), scope)
-        except (MissingChunkError, StoreGoneError, ReadCancelledError):
-            raise
-        except Exception as exc:  # read again block by block, so that the error names the block
-            if is_program_error(exc):
-                failure = program_error(exc, f"a shard of array {name}")
-                raise failure from failure.__cause__
-            raise_failed_read(view, name, named, ledger)
-    items: list[ShardItem] = []
-    missing = tuple(dict.fromkeys(ledger.missing))
-    for number, (block, where) in enumerate(zip(blocks, slices, strict=True)):
-        if outs is None:
-            item, report = read_block(array, name, block, where, ctx)
-        else:
-            item = outs[number]
-            report = ReadReport(
-                cache=ledger.cache if number == 0 else None,
-                missing_keys=missing,
-                missing_chunks=(block[0],) if missing else (),
-                retries=ledger.retries if number == 0 else 0,  # counted once per shard
-            )
-        error: BaseException | None = None
-        if item is not None and transform is not None:
-            try:
-                item, _ = apply_transform(transform, (item, report))
-            except Exception as exc:
-                item, error = None, exc
-        items.append((block, item, report, error))
-    return items
 
 
 def _block_piece(block: tuple[int, ...], where: tuple[slice, ...]) -> ChunkPiece:

@@ -43,8 +43,8 @@ from .zarr_adapter import (
 )
 
 __all__ = [
+    "DirectDecoder",
     "DirectLayout",
-    "DirectReader",
     "concurrency_limit",
     "direct_reader",
     "frame_size",
@@ -57,7 +57,7 @@ _ZSTD_MAGIC = 0xFD2FB528
 
 @dataclass(frozen=True)
 class DirectLayout:
-    """What :class:`DirectReader` needs of an array of :func:`plain_zstd` layout, read once.
+    """What :class:`DirectDecoder` needs of an array of :func:`plain_zstd` layout, read once.
 
     Everything but the store: a collection keeps one per member and gives
     each window's read a reader over its own policy store
@@ -95,13 +95,13 @@ class DirectLayout:
             metadata_key=metadata_key(array),
         )
 
-    def reader(self, store: Any) -> DirectReader:
+    def reader(self, store: Any) -> DirectDecoder:
         """A reader of the array's chunks through ``store`` (its own store, or a wrapper)."""
-        return DirectReader(self, zarr.storage.StorePath(store, self.path))
+        return DirectDecoder(self, zarr.storage.StorePath(store, self.path))
 
     def policy_reader(
         self, array: zarr.Array, name: str, policy: ReadPolicy, ledger: Ledger
-    ) -> DirectReader:
+    ) -> DirectDecoder:
         """A reader of ``array`` (of this layout) through a :class:`PolicyStore` of its own.
 
         What a read task uses instead of a Zarr view per read (``policy_view``):
@@ -113,7 +113,7 @@ class DirectLayout:
         return self.reader(store)
 
 
-class DirectReader:
+class DirectDecoder:
     """Reads whole axis-0 chunks of one array (a policy view) into output rows."""
 
     def __init__(self, layout: DirectLayout, store_path: Any) -> None:
@@ -322,8 +322,8 @@ def _read_file(path: str, files: _Scratch | None = None) -> tuple[np.ndarray, by
     return np.frombuffer(buffer, dtype=np.uint8, count=got), buffer
 
 
-def direct_reader(array: Any) -> DirectReader | None:
-    """A :class:`DirectReader` for ``array`` read by Zarr's own pipeline, or ``None``.
+def direct_reader(array: Any) -> DirectDecoder | None:
+    """A :class:`DirectDecoder` for ``array`` read by Zarr's own pipeline, or ``None``.
 
     Only an array of :func:`plain_zstd` layout read by zarr-python's
     ``BatchedCodecPipeline`` itself (not zarrs, not a caching pipeline).

@@ -49,7 +49,7 @@ from .rows import (
     owned,
     starts,
 )
-from .shards import read_sharded, sharding_codec
+from .shards import read_sharded, reads_by_shard
 from .zarr_adapter import async_array, codec_pipeline, is_zarr_pipeline, nd_buffer, sync
 
 __all__ = [
@@ -335,9 +335,9 @@ class DaskReader(NumpyReader):
 def reader_for(array: Any, policy: ReadPolicy) -> ChunkReader:
     """The :class:`ChunkReader` that reads ``array`` under ``policy``, chosen once.
 
-    zarrs when it reads the array natively (no cache: a cache is consulted
-    by Zarr's pipeline only; zarrs reads shards itself), else the shard
-    reader for a sharded array, the direct decode for plain zstd chunks
+    The shard reader where it reads the array (``store.shards.reads_by_shard``,
+    the one shard decision), else zarrs when it reads the array natively (no
+    cache: a cache is consulted by Zarr's pipeline only), the direct decode for plain zstd chunks
     (falling back on Zarr's or zarrs' reader), Zarr's pipeline, numpy or dask.
     Chosen once per array object and whether the policy has a cache (kept
     while the array lives), so that a task's choice costs a lookup.
@@ -361,9 +361,9 @@ def _forget(key: int, _: Any) -> None:
 
 
 def _choose(array: zarr.Array, uncached: bool) -> ChunkReader:
-    native = uncached and codec_pipeline_of(array) == "zarrs"
-    if not native and sharding_codec(array) is not None:
+    if reads_by_shard(array, cached=not uncached):
         return ShardReader()
+    native = uncached and codec_pipeline_of(array) == "zarrs"
     base = ZarrsReader() if native else ZarrReader()
     layout = DirectLayout.of(array)
     return base if layout is None else DirectReader(layout, base)

@@ -40,6 +40,7 @@ from ..plan.shards import reads_whole_shard
 from ..plan.windows import ChunkPiece
 from .cache import array_token, inner_chunk_name
 from .layout import chunk_grid, chunks_per_shard, object_key, shard_of
+from .pipelines import codec_pipeline_of, is_zarrs_pipeline
 from .zarr_adapter import (
     Buffer,
     BufferPrototype,
@@ -53,21 +54,51 @@ from .zarr_adapter import (
     shard_index_size,
 )
 
-__all__ = ["read_shard_blocks", "read_sharded", "sharding_codec"]
+__all__ = ["read_shard_blocks", "read_sharded", "reads_by_shard", "sharding_codec"]
 
 T = TypeVar("T")
 
 
+def reads_by_shard(array: Any, cached: bool) -> bool:
+    """Whether the shard reader reads ``array`` (with a cache: ``cached``): the one shard decision.
+
+    A sharded Zarr v3 array whose one array-to-bytes codec is the sharding
+    codec, read by Zarr's own pipeline (the policy view reads a zarrs
+    array through it too), with Zarr's pipeline inside its shards; but not
+    an array zarrs reads natively (no cache: zarrs reads its shards itself).
+    Batch windows (``store.readers``' choice of reader), chunk streams (a
+    shard's inner blocks as one read unit) and the kept parts of a cluster
+    cache (``read.tasks.read_shard``) all ask here.
+    """
+    if not isinstance(array, zarr.Array) or array.shards is None:
+        return False
+    pipeline = codec_pipeline(array)
+    if not (is_zarr_pipeline(pipeline) or is_zarrs_pipeline(pipeline)):
+        return False  # a pipeline of its own: left to read the array as usual
+    if not cached and codec_pipeline_of(array) == "zarrs":
+        return False
+    return _codec(array) is not None
+
+
 def sharding_codec(array: Any) -> Any | None:
-    """The sharding codec of a sharded Zarr v3 array read by Zarr's own pipeline, else ``None``."""
+    """The sharding codec of a sharded Zarr v3 array read by Zarr's own pipeline, else ``None``.
+
+    ``array`` is the policy view the shard reader reads through (whether
+    the shard reader reads an array at all: :func:`reads_by_shard`).
+    """
     if not isinstance(array, zarr.Array) or array.shards is None:
         return None
+    if not is_zarr_pipeline(codec_pipeline(array)):
+        return None
+    return _codec(array)
+
+
+def _codec(array: zarr.Array) -> Any | None:
+    """The array's one codec if a sharding codec with Zarr's pipeline inside, else ``None``."""
     from zarr.codecs import ShardingCodec
 
     codecs: tuple[Any, ...] = tuple(getattr(array.metadata, "codecs", ()))
     if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
-        return None
-    if not is_zarr_pipeline(codec_pipeline(array)):
         return None
     if not is_zarr_pipeline(codecs[0].codec_pipeline):
         return None
@@ -212,36 +243,39 @@ class _Shards:
 
 
 async def read_shard_blocks(
-    array: Any, blocks: Sequence[tuple[int, ...]], slices: Sequence[tuple[slice, ...]]
+    array: Any,
+    blocks: Sequence[tuple[int, ...]],
+    slices: Sequence[tuple[slice, ...]],
+    outs: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Chunks ``blocks`` (all in one shard; ``slices``: where each sits in the array), each
-    decoded into an array of its own; the shard is fetched whole, in one request.
+    decoded into an array of its own (``outs``, made by the caller, else here); the
+    shard is fetched whole, in one request.
 
     ``array`` is the policy view of a sharded array (:func:`sharding_codec`).
     A missing shard reads as the fill value (the policy store records it).
+    Every block is read: the cache was looked up above this read (the
+    array's reader, ``store.reader_hook.CachedReader``, asks for its misses
+    only); the chunks decoded are kept in it.
     """
     shards = _Shards(array)
     key = shards.key(blocks[0])
     locals_ = [shards.local(block) for block in blocks]
-    held = await shards.held([(key, coords) for coords in locals_])
-    missing = [coords for coords in locals_ if (key, coords) not in held]
-    found = await shards.fetch(key, missing, whole=True) if missing else {}
-    outs = [
-        np.empty(tuple(s.stop - s.start for s in where), dtype=np.dtype(array.dtype))
-        for where in slices
-    ]
+    found = await shards.fetch(key, locals_, whole=True)
+    if outs is None:
+        outs = [
+            np.empty(tuple(s.stop - s.start for s in where), dtype=np.dtype(array.dtype))
+            for where in slices
+        ]
 
     async def one(coords: Coords, out: np.ndarray) -> None:
-        if (key, coords) in held:
-            out[...] = held[(key, coords)]
-            return
         kept = tuple(slice(0, n) for n in out.shape)
         await shards.decode([(found.get(coords), kept, kept)], out)
         if coords in found:  # not an absent chunk's fill value; the caller owns ``out``
             await shards.keep(key, coords, out.copy() if shards.cache is not None else out)
 
     await _all([one(coords, out) for coords, out in zip(locals_, outs, strict=True)])
-    return outs
+    return list(outs)
 
 
 async def read_sharded(

@@ -25,8 +25,9 @@ from ..read.blocks import (
 )
 from ..read.context import ReadContext
 from ..read.kept import read_kept_chunk
-from ..read.tasks import ShardItem
+from ..read.shard_tasks import ShardItem
 from ..store.layout import blocks_by_shard
+from ..store.shards import reads_by_shard
 from ..store.sources import SliceSource, Source
 from .base import SkippedChunk, Stream, _aligned, stored_arrays, stored_sources
 from .spec import ChunkSpec
@@ -129,7 +130,13 @@ class ChunkStream(Stream[Any]):
         self.spec = spec
         self.source = source = spec.source
         read = spec.read
-        units = blocks_by_shard(source)
+        # a shard's inner blocks one read unit, where the shard reader reads the array
+        cached = read.policy.cache is not None
+        units = (
+            blocks_by_shard(source)
+            if reads_by_shard(getattr(source, "array", None), cached)
+            else None
+        )
         concurrency = read.io_concurrency
         if concurrency is None:
             concurrency = _default_io_concurrency(read.client, source, units)

@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 import daskzarr_batches as dzb
-from daskzarr_batches.store.direct import DirectReader, direct_reader, frame_size
+from daskzarr_batches.store.direct import DirectDecoder, direct_reader, frame_size
 
 
 @pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 65_791, 65_792, 70_000, 2**20 + 3])
@@ -43,13 +43,13 @@ def test_windows_read_directly_equal_zarr_edge_chunk_included(
 ) -> None:
     x = write(tmp_path / "x.zarr")
     reads = []
-    read = DirectReader.read
+    read = DirectDecoder.read
 
-    def counted(self: DirectReader, spans: Any, *args: Any) -> Any:
+    def counted(self: DirectDecoder, spans: Any, *args: Any) -> Any:
         reads.append(len(spans))
         return read(self, spans, *args)
 
-    monkeypatch.setattr(DirectReader, "read", counted)
+    monkeypatch.setattr(DirectDecoder, "read", counted)
     stream = (
         dzb.shuffled_batch_stream(x, 4, seed=3, shuffle_buffer_size=20)
         if shuffle
