@@ -245,9 +245,7 @@ class PatchGrid:
         return boxes
 
 
-def merge_boxes(
-    boxes: Sequence[Box], itemsize: int, limit: int
-) -> tuple[list[Box], list[int]]:
+def merge_boxes(boxes: Sequence[Box], itemsize: int, limit: int) -> tuple[list[Box], list[int]]:
     """Consecutive boxes whose union is a box, as that box: ``(merged, firsts)``.
 
     Two boxes merge when they agree on every axis but at most one and overlap or
