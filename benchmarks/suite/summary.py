@@ -72,7 +72,8 @@ AREAS = (
     Area("peers.json", "Peers: insitubatch and annbatch (issue 27)", "peers",
          "insitubatch 0.2 and annbatch 0.3 beside this library on the same stores (rows "
          "sequential and shuffled, forecast pairs, epoch two from each cache), each against "
-         "its store's L0 in the same rounds (medians, Python >= 3.12)"),
+         "its store's L0 in the same rounds (medians, Python >= 3.12); the same cases from "
+         "S3 on loopback with 20 ms a request, both through obstore (issue 36)"),
     Area("jax.json", "Batches on devices (issues 29, 38)", "jax",
          "a `JaxLoader` epoch over 8 CPU devices (XLA's host platform) and torch's "
          "`device=` path against the hand-written loops they replace (`jax.device_put(b, "
