@@ -100,8 +100,8 @@ CAUSES: tuple[tuple[str, str], ...] = (
      "both (a first run at load 2, half the steps: 1.09x, met); a cached epoch does only "
      "local work"),
     (r"^\[rows, S3 20 ms\] sequential",
-     "within this loaded run's noise (load 12-14): the run before it on the same code at "
-     "load 2 measured 1.57x L0 vs 1.18x (1.33x, met)"),
+     "within this loaded run's noise (load 12-14): a run of the same cases at load 2 (S3 "
+     "copies of a quarter of the rows, half the steps) measured 1.57x L0 vs 1.18x (met)"),
     (r"^\[pairs\].*ahead of insitubatch",
      "pairing: at load 2 an epoch of pairs took 0.154 s against 0.064 s for the inputs "
      "alone (insitubatch 0.149 / 0.087): each chunk is decoded into the window's box, cut "
