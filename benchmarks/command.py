@@ -94,8 +94,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "issue 27: insitubatch and annbatch beside this library on the same stores "
               "(rows sequential and shuffled, forecast pairs, epoch two from each cache), "
               "each against L0 in the same rounds; needs the peers extra (Python >= 3.12); "
-              "targets; writes --out/peers.md, peers.json",
-              ("rows", "steps", "rounds", "out", "data")),
+              "targets; issue 36: the same cases again from S3 on loopback with --latency "
+              "(20 ms) added per request (--store local, s3 or all); writes "
+              "--out/peers.md, peers.json",
+              ("rows", "steps", "rounds", "store", "latency", "out", "data")),
     Benchmark("peers-cells", "benchmarks.suite.peers_cells", "run",
               "issue 37: sparse single cells (annbatch's write_sharded CSR, 20,000 x 8,000, "
               "300 non-zeros a cell): sequential and shuffled 'auto' beside annbatch's "
@@ -205,6 +207,10 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument("--quick", action="store_true", help="suite: small dataset, 2 rounds")
     cases = parser.add_argument_group("what to measure")
     cases.add_argument("--latency", type=float, help="seconds a store waits before each get")
+    cases.add_argument(
+        "--store", choices=("local", "s3", "all"),
+        help="peers: the local stores, copies on S3 on loopback, or both (all, the default)",
+    )  # fmt: skip
     cases.add_argument("--sharded", action="store_true", help="8 chunks per shard")
     cases.add_argument("--per-shard", type=int, help="shards: chunks per shard (8)")
     cases.add_argument("--sweep", action="store_true", help="latency: per io_concurrency")

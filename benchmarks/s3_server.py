@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-__all__ = ["S3Server", "free_port", "loopback_only"]
+__all__ = ["S3Server", "free_port", "loopback_only", "serve"]
 
 REGION = "eu-west-1"  # not us-east-1: s3fs sends it as LocationConstraint, which us-east-1 refuses
 
@@ -40,8 +40,12 @@ FAIL_FAST = {"connect_timeout": 1, "read_timeout": 2, "retries": {"max_attempts"
 class S3Server:
     """moto's S3 on ``127.0.0.1``: ``start()``, ``storage_options()``, ``stop()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, latency: float = 0.0) -> None:
         from moto.server import ThreadedMotoServer
+
+        #: seconds every request waits before it is answered (on its own thread: requests
+        #: in flight at once wait at once), as an object store's round trip
+        self.latency = latency
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -87,6 +91,8 @@ class S3Server:
 
     def _faulty(self, app: Any) -> Any:
         def faulty(environ: dict[str, Any], start_response: Any) -> Any:
+            if self.latency:
+                time.sleep(self.latency)
             fault = self._take_fault(environ)
             if fault is None:
                 return app(environ, start_response)
@@ -149,6 +155,28 @@ class S3Server:
         for connection in connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
+
+
+def serve(latency: float) -> None:
+    """``python -m benchmarks.s3_server [--latency S]``: a server in a process of its own.
+
+    Prints one JSON line (``endpoint_url``, ``bucket``: a new bucket, ``storage_options``)
+    and serves until its standard input closes.  A benchmark runs the server apart so that
+    moto's Python answering requests does not compete for the GIL of the readers measured.
+    """
+    import json
+    import sys
+
+    server = S3Server().start()
+    try:
+        bucket = server.new_bucket("peers")
+        server.latency = latency  # from here on: creating the bucket waited for nothing
+        options = server.storage_options()
+        print(json.dumps({"endpoint_url": server.endpoint_url, "bucket": bucket,
+                          "storage_options": options}), flush=True)  # fmt: skip
+        sys.stdin.read()
+    finally:
+        server.stop()
 
 
 @dataclass
@@ -219,3 +247,11 @@ def loopback_only() -> Iterator[list[str]]:
         socket.socket.connect = connect  # type: ignore[method-assign]
         socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
         socket.getaddrinfo = getaddrinfo
+
+
+if __name__ == "__main__":
+    import argparse
+
+    command = argparse.ArgumentParser(prog="python -m benchmarks.s3_server")
+    command.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
+    serve(command.parse_args().latency)

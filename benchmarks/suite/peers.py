@@ -53,7 +53,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from importlib.util import find_spec
 from pathlib import Path
@@ -86,19 +86,28 @@ ROWS_STORE, FIELD_STORE = "rows", "pairs"
 THIS, INSITU, ANN = "daskzarr_batches", "insitubatch", "annbatch"
 PEERS = (INSITU, ANN)
 L0 = "L0: zarr, every chunk once, 1 thread"
-#: the shapes, in report order: (store, shape)
-SHAPES = (
-    (ROWS_STORE, "sequential"),
-    (ROWS_STORE, "shuffled"),
-    (ROWS_STORE, "shuffled, epoch two from the cache"),
-    (FIELD_STORE, "sequential"),
-    (FIELD_STORE, "shuffled"),
-    (FIELD_STORE, "shuffled, epoch two from the cache"),
-)
+#: the shapes of each store, in report order
+SHAPE_NAMES = ("sequential", "shuffled", "shuffled, epoch two from the cache")
 #: no target: the inputs of the pairs alone (one field per sample, no ``t + 1``), so that
 #: the table shows what pairing costs each reader on top of reading the same chunks
 INPUTS_ALONE = "inputs alone, sequential (diagnostic)"
+
+
+def shapes(tag: str = "") -> tuple[tuple[str, str], ...]:
+    """``(store, shape)`` of the stores named with ``tag`` (``""``: local), report order."""
+    return tuple((store + tag, shape) for store in (ROWS_STORE, FIELD_STORE)
+                 for shape in SHAPE_NAMES)  # fmt: skip
+
+
+#: the local stores' shapes, and the diagnostic
+SHAPES = shapes()
 DIAGNOSTICS = ((FIELD_STORE, INPUTS_ALONE),)
+
+
+def tags_of(results: dict[str, Any]) -> list[str]:
+    """The settings a run measured: ``""`` (local) and the S3 one's tag (older runs: local)."""
+    return list(results.get("tags", [""]))
+
 
 #: the peers' warnings about each other, not about this benchmark (as in
 #: tests/integration/test_peers.py):
@@ -208,11 +217,13 @@ class Insitu:
     variables: dict[str, tuple[str, int]]  # label -> (array, offset)
     batch: int
     block_chunks: int | None = None
+    #: obstore's ``from_url`` keywords (an S3 endpoint's)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         import insitubatch
 
-        self.store = insitubatch.obstore_store(self.url)
+        self.store = insitubatch.obstore_store(self.url, **self.options)
         arrays = {name for name, _ in self.variables.values()}
         opened = insitubatch.open_geometries(self.store, variables=sorted(arrays))
         self.geometries = {
@@ -295,20 +306,50 @@ def annbatch_epoch(path: Path, shuffle: bool, nbytes: int) -> Epoch:
 # Measuring
 
 
-def cases(rows_path: Path, field_path: Path) -> tuple[dict[str, Epoch], list[Any], dict[str, int]]:
-    """Every case's epoch, the warm insitubatch datasets (to close) and each store's bytes."""
+@dataclass
+class Where:
+    """The two stores as one setting's readers open them: local directories or S3."""
+
+    #: ``""`` locally, ``", S3 20 ms"`` on S3: the stores are named ``rows`` + tag, ...
+    tag: str
+    x: zarr.Array  # L0's, zarr-python on the store
+    z: zarr.Array
+    xd: Any  # this library's (``open_array``)
+    zd: Any
+    rows_url: str  # insitubatch's
+    field_url: str
+    insitu_options: dict[str, Any]
+    rows_path: Path | None = None  # annbatch's (local files only)
+
+    @property
+    def rows(self) -> str:
+        return ROWS_STORE + self.tag
+
+    @property
+    def field(self) -> str:
+        return FIELD_STORE + self.tag
+
+
+def local(rows_path: Path, field_path: Path) -> Where:
+    """The local stores; this library as its documentation opens an array (``open_array``,
+    zarrs when installed)."""
     x = zarr.open_group(rows_path, mode="r")["X"]
     z = zarr.open_group(field_path, mode="r")["field"]
     assert isinstance(x, zarr.Array) and isinstance(z, zarr.Array)
-    nbytes = {ROWS_STORE: int(x.nbytes), FIELD_STORE: int(z.nbytes)}
-    # this library as its documentation opens an array: open_array, zarrs when installed
-    xd, zd = dzb.open_array(x), dzb.open_array(z)
-    xb, zb = nbytes[ROWS_STORE], nbytes[FIELD_STORE]
-    rows_insitu = Insitu(rows_path.as_uri(), {"X": ("X", 0)}, BATCH)
-    pairs_insitu = Insitu(
-        field_path.as_uri(), {"x": ("field", 0), "y": ("field", 1)}, PAIR_BATCH, BLOCK
-    )
-    inputs_insitu = Insitu(field_path.as_uri(), {"x": ("field", 0)}, PAIR_BATCH, BLOCK)
+    return Where("", x, z, dzb.open_array(x), dzb.open_array(z), rows_path.as_uri(),
+                 field_path.as_uri(), {}, rows_path)  # fmt: skip
+
+
+def cases(where: Where) -> tuple[dict[str, Epoch], list[Any], dict[str, int]]:
+    """Every case's epoch, the warm insitubatch datasets (to close) and each store's bytes."""
+    x, z, xd, zd = where.x, where.z, where.xd, where.zd
+    rows_store, field_store = where.rows, where.field
+    nbytes = {rows_store: int(x.nbytes), field_store: int(z.nbytes)}
+    xb, zb = nbytes[rows_store], nbytes[field_store]
+    url, more = where.field_url, where.insitu_options
+    rows_insitu = Insitu(where.rows_url, {"X": ("X", 0)}, BATCH, options=more)
+    pairs_insitu = Insitu(url, {"x": ("field", 0), "y": ("field", 1)}, PAIR_BATCH, BLOCK, more)
+    inputs_insitu = Insitu(url, {"x": ("field", 0)}, PAIR_BATCH, BLOCK, more)
     budget = 2 * max(xb, zb) + (1 << 26)
     rows_warm, rows_warm_epoch = rows_insitu.warm(budget, xb)
     pairs_warm, pairs_warm_epoch = pairs_insitu.warm(budget, zb)
@@ -327,30 +368,32 @@ def cases(rows_path: Path, field_path: Path) -> tuple[dict[str, Epoch], list[Any
 
     this_epoch(lambda: rows_shuffled(cache=rows_cache), xb)()  # the caches filled once
     this_epoch(lambda: pairs_shuffled(cache=pairs_cache), zb)()
-    seq, shuf, two = (shape for _, shape in SHAPES[:3])
+    seq, shuf, two = SHAPE_NAMES
+    rows, field = rows_store, field_store
     epochs: dict[str, Epoch] = {
-        l0_name(ROWS_STORE): lambda: l0_shards(x),
-        case_name(ROWS_STORE, seq, THIS): this_epoch(lambda: dzb.batch_stream(xd, BATCH), xb),
-        case_name(ROWS_STORE, seq, INSITU): rows_insitu.epoch(False, xb),
-        case_name(ROWS_STORE, seq, ANN): annbatch_epoch(rows_path, False, xb),
-        case_name(ROWS_STORE, shuf, THIS): this_epoch(rows_shuffled, xb),
-        case_name(ROWS_STORE, shuf, INSITU): rows_insitu.epoch(True, xb),
-        case_name(ROWS_STORE, shuf, ANN): annbatch_epoch(rows_path, True, xb),
-        case_name(ROWS_STORE, two, THIS): this_epoch(
+        l0_name(rows): lambda: l0_shards(x),
+        case_name(rows, seq, THIS): this_epoch(lambda: dzb.batch_stream(xd, BATCH), xb),
+        case_name(rows, seq, INSITU): rows_insitu.epoch(False, xb),
+        case_name(rows, shuf, THIS): this_epoch(rows_shuffled, xb),
+        case_name(rows, shuf, INSITU): rows_insitu.epoch(True, xb),
+        case_name(rows, two, THIS): this_epoch(
             lambda: rows_shuffled(cache=rows_cache, epoch=next(epoch_two[0])), xb),
-        case_name(ROWS_STORE, two, INSITU): rows_warm_epoch,
-        l0_name(FIELD_STORE): lambda: (l0_chunks(z)[0], z.shape[0], {}),
-        case_name(FIELD_STORE, seq, THIS): this_epoch(pairs, zb),
-        case_name(FIELD_STORE, seq, INSITU): pairs_insitu.epoch(False, zb),
-        case_name(FIELD_STORE, shuf, THIS): this_epoch(pairs_shuffled, zb),
-        case_name(FIELD_STORE, shuf, INSITU): pairs_insitu.epoch(True, zb),
-        case_name(FIELD_STORE, two, THIS): this_epoch(
+        case_name(rows, two, INSITU): rows_warm_epoch,
+        l0_name(field): lambda: (l0_chunks(z)[0], z.shape[0], {}),
+        case_name(field, seq, THIS): this_epoch(pairs, zb),
+        case_name(field, seq, INSITU): pairs_insitu.epoch(False, zb),
+        case_name(field, shuf, THIS): this_epoch(pairs_shuffled, zb),
+        case_name(field, shuf, INSITU): pairs_insitu.epoch(True, zb),
+        case_name(field, two, THIS): this_epoch(
             lambda: pairs_shuffled(cache=pairs_cache, epoch=next(epoch_two[1])), zb),
-        case_name(FIELD_STORE, two, INSITU): pairs_warm_epoch,
-        case_name(FIELD_STORE, INPUTS_ALONE, THIS): this_epoch(
+        case_name(field, two, INSITU): pairs_warm_epoch,
+        case_name(field, INPUTS_ALONE, THIS): this_epoch(
             lambda: dzb.batch_stream(zd, PAIR_BATCH), zb),
-        case_name(FIELD_STORE, INPUTS_ALONE, INSITU): inputs_insitu.epoch(False, zb),
+        case_name(field, INPUTS_ALONE, INSITU): inputs_insitu.epoch(False, zb),
     }  # fmt: skip
+    if where.rows_path is not None:  # annbatch reads local files
+        epochs[case_name(rows, seq, ANN)] = annbatch_epoch(where.rows_path, False, xb)
+        epochs[case_name(rows, shuf, ANN)] = annbatch_epoch(where.rows_path, True, xb)
     return epochs, [rows_warm, pairs_warm], nbytes
 
 
@@ -358,17 +401,48 @@ def l0_name(store: str) -> str:
     return f"[{store}] {L0}"
 
 
-def measure(data_dir: Path, rows: int, steps: int, repeats: int) -> dict[str, Any]:
-    """Seconds of every case in ``repeats`` interleaved rounds, and its samples."""
+def measure(
+    data_dir: Path, rows: int, steps: int, repeats: int, stores: tuple[str, ...] = ("local",),
+    latency: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Seconds of every case in ``repeats`` interleaved rounds, and its samples.
+
+    ``stores``: ``"local"`` (the directories), ``"s3"`` (copies on moto's S3 on loopback,
+    ``latency`` s added to each request, :mod:`.peers_s3`), each setting its own rounds.
+    """
+    from . import peers_s3  # its server and uploads; it imports nothing of this module
+
+    delay = peers_s3.LATENCY if latency is None else latency
+    results: dict[str, Any] = {
+        "rows": rows, "cols": COLS, "chunk_rows": CHUNK_ROWS, "shard_rows": SHARD_ROWS,
+        "steps": steps, "grid": list(GRID), "bytes": {}, "repeats": repeats, "tags": [],
+        "seconds": {}, "samples": {}, "read": {},
+    }  # fmt: skip
     with warnings.catch_warnings():
         for message in PEER_WARNINGS:
             warnings.filterwarnings("ignore", message)
-        return _measure(data_dir, rows, steps, repeats)
+        if "local" in stores:
+            where = local(make_rows(data_dir, rows), make_field(data_dir, steps))
+            merge(results, where.tag, _measure(where, repeats))
+        if "s3" in stores:
+            s3_rows, s3_steps = peers_s3.sizes(rows, steps)
+            paths = make_rows(data_dir, s3_rows), make_field(data_dir, s3_steps)
+            with peers_s3.served(delay) as server:
+                where = Where(peers_s3.tag(delay), *peers_s3.on_s3(*paths, server))
+                merge(results, where.tag, _measure(where, repeats))
+            results["s3"] = {"rows": s3_rows, "steps": s3_steps, "latency": delay}
+    return results
 
 
-def _measure(data_dir: Path, rows: int, steps: int, repeats: int) -> dict[str, Any]:
-    rows_path, field_path = make_rows(data_dir, rows), make_field(data_dir, steps)
-    epochs, warm, nbytes = cases(rows_path, field_path)
+def merge(results: dict[str, Any], tag: str, measured: dict[str, Any]) -> None:
+    """One setting's rounds into the run's results."""
+    results["tags"].append(tag)
+    for key in ("bytes", "seconds", "samples", "read"):
+        results[key].update(measured[key])
+
+
+def _measure(where: Where, repeats: int) -> dict[str, Any]:
+    epochs, warm, nbytes = cases(where)
     names = list(epochs)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     samples: dict[str, int] = {}
@@ -383,18 +457,14 @@ def _measure(data_dir: Path, rows: int, steps: int, repeats: int) -> dict[str, A
     finally:
         for ds in warm:
             ds.close()
-    for store in (ROWS_STORE, FIELD_STORE):  # every reader yields every sample (pair) once
+    for store in (where.rows, where.field):  # every reader yields every sample (pair) once
         counts = {
             samples[case_name(store, shape, who)]
-            for where, shape in SHAPES if where == store
+            for shape in SHAPE_NAMES
             for who in (THIS, *PEERS) if case_name(store, shape, who) in samples
         }  # fmt: skip
         assert len(counts) == 1, (store, counts)
-    return {
-        "rows": rows, "cols": COLS, "chunk_rows": CHUNK_ROWS, "shard_rows": SHARD_ROWS,
-        "steps": steps, "grid": list(GRID), "bytes": nbytes, "repeats": repeats,
-        "seconds": seconds, "samples": samples, "read": read,
-    }  # fmt: skip
+    return {"bytes": nbytes, "seconds": seconds, "samples": samples, "read": read}
 
 
 def ratios(results: dict[str, Any]) -> dict[str, float]:
@@ -409,7 +479,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, str]]:
     """Ahead of each peer in every shape both support: a higher ratio to L0."""
     ratio = ratios(results)
     checks = []
-    for store, shape in SHAPES:
+    for store, shape in (pair for tag in tags_of(results) for pair in shapes(tag)):
         ours = ratio[case_name(store, shape, THIS)]
         for peer in PEERS:
             theirs = ratio.get(case_name(store, shape, peer))
@@ -433,30 +503,34 @@ def report(results: dict[str, Any], checks: list[dict[str, str]], command: str, 
     """``peers.md``: the setting, one row per case (ratio to its L0) and the targets."""
     ratio = ratios(results)
     median = {name: statistics.median(s) for name, s in results["seconds"].items()}
-    nbytes = results["bytes"]
+    rows_mb = results["rows"] * results["cols"] * 4 / 1e6
+    field_mb = results["steps"] * results["grid"][0] * results["grid"][1] * 4 / 1e6
     lines = [
         "# Peers: insitubatch and annbatch beside this library (issue 27)",
         "",
         f"`{command}` on {now}, Python {platform.python_version()}, {os.cpu_count()} CPUs "
         f"(shared), {versions()}; load average (1 min) {load[0]:.1f} at the start, "
         f"{load[1]:.1f} at the end.  **rows**: annbatch's `write_sharded` store, `X` "
-        f"{results['rows']:,} x {results['cols']} float32 ({nbytes[ROWS_STORE] / 1e6:.0f} MB), "
+        f"{results['rows']:,} x {results['cols']} float32 ({rows_mb:.0f} MB), "
         f"{results['chunk_rows']}-row chunks in {results['shard_rows']:,}-row shards, blosc "
         f"lz4; batches of {BATCH}; shuffled: this library's buffer and annbatch's preload "
         f"hold {SHUFFLE_ROWS:,} rows, insitubatch its default 16 shards.  **pairs**: a "
         f"({results['steps']}, {results['grid'][0]}, {results['grid'][1]}) float32 field "
-        f"({nbytes[FIELD_STORE] / 1e6:.0f} MB), one step per chunk, zstd; (x at t, y at t+1) "
+        f"({field_mb:.0f} MB), one step per chunk, zstd; (x at t, y at t+1) "
         f"in batches of {PAIR_BATCH}, shuffled over {BLOCK} steps.  Each case's median "
         f"epoch over {results['repeats']} interleaved rounds, divided into its store's L0 "
         "median of the same rounds (> 1: faster than L0); L0 decodes with zarr-python's "
         "pipeline, annbatch and this library (`open_array`) with zarrs', as their "
         "documentation asks; epoch two: this library's `ChunkCache`, "
         "insitubatch's pool, each holding the array (annbatch keeps no chunks).",
+        *s3_setting(results),
         "",
         "| store | shape | L0 s | this library | insitubatch | annbatch |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for store, shape in SHAPES + DIAGNOSTICS:
+    rows = [(store, shape) for tag in tags_of(results)
+            for store, shape in (*shapes(tag), (FIELD_STORE + tag, INPUTS_ALONE))]  # fmt: skip
+    for store, shape in rows:
         cells = []
         for who in (THIS, *PEERS):
             name = case_name(store, shape, who)
@@ -486,6 +560,23 @@ def report(results: dict[str, Any], checks: list[dict[str, str]], command: str, 
     return "\n".join(lines) + "\n"
 
 
+def s3_setting(results: dict[str, Any]) -> list[str]:
+    """The S3 stores' sentence of the report, if they were measured."""
+    s3 = results.get("s3")
+    if s3 is None:
+        return []
+    return [
+        "",
+        f"**S3** (the stores named `, S3 {s3['latency'] * 1000:.0f} ms`): copies of "
+        f"{s3['rows']:,} rows and {s3['steps']} steps uploaded to moto's S3 server on "
+        f"loopback (its own process) answering each request after {s3['latency'] * 1000:.0f} "
+        "ms, in rounds of their own; every reader through obstore: L0 zarr-python over "
+        '`zarr.storage.ObjectStore`, this library `open_array(url, backend="obstore")` '
+        "(zarr's pipeline: zarrs does not read obstore stores), insitubatch its "
+        "`obstore_store(url)`; annbatch reads local files only.",
+    ]
+
+
 def run(options: Any) -> None:
     """``--only peers``: measure, evaluate, write ``peers.md`` and ``peers.json``."""
     data_dir, out = Path(options.data), Path(options.out)
@@ -494,8 +585,10 @@ def run(options: Any) -> None:
     repeats = options.rounds or ROUNDS
     rows = options.rows or ROWS
     steps = options.steps or STEPS
+    store = options.store or "all"
+    stores = ("local", "s3") if store == "all" else (store,)
     load = os.getloadavg()
-    results = measure(data_dir, rows, steps, repeats)
+    results = measure(data_dir, rows, steps, repeats, stores, options.latency)
     load_after = os.getloadavg()
     checks = evaluate(results)
     command = (
@@ -503,6 +596,8 @@ def run(options: Any) -> None:
         + (f" --rounds {repeats}" if repeats != ROUNDS else "")
         + (f" --rows {rows}" if rows != ROWS else "")
         + (f" --steps {steps}" if steps != STEPS else "")
+        + (f" --store {store}" if store != "all" else "")
+        + (f" --latency {options.latency}" if options.latency is not None else "")
     )
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = report(results, checks, command, now, (load[0], load_after[0]))

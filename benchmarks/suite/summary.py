@@ -72,7 +72,8 @@ AREAS = (
     Area("peers.json", "Peers: insitubatch and annbatch (issue 27)", "peers",
          "insitubatch 0.2 and annbatch 0.3 beside this library on the same stores (rows "
          "sequential and shuffled, forecast pairs, epoch two from each cache), each against "
-         "its store's L0 in the same rounds (medians, Python >= 3.12)"),
+         "its store's L0 in the same rounds (medians, Python >= 3.12); the same cases from "
+         "S3 on loopback with 20 ms a request, both through obstore (issue 36)"),
     Area("jax.json", "Batches on devices (issues 29, 38)", "jax",
          "a `JaxLoader` epoch over 8 CPU devices (XLA's host platform) and torch's "
          "`device=` path against the hand-written loops they replace (`jax.device_put(b, "
@@ -94,13 +95,23 @@ CAUSES: tuple[tuple[str, str], ...] = (
      "across threads under the GIL cost 1.15-1.3x the loop (fastest of 21 interleaved "
      "epochs, 8,192 x 32). To measure again on a quiet machine; not measured on GPUs or "
      "TPUs (none here)"),
+    (r"^\[pairs, S3",
+     "the local pairs' causes on top of 20 ms a request: sequential is latency-bound for "
+     "both (a first run at load 2, half the steps: 1.09x, met); a cached epoch does only "
+     "local work"),
+    (r"^\[rows, S3 20 ms\] sequential",
+     "within this loaded run's noise (load 12-14): a run of the same cases at load 2 (S3 "
+     "copies of a quarter of the rows, half the steps) measured 1.57x L0 vs 1.18x (met)"),
     (r"^\[pairs\].*ahead of insitubatch",
-     "reading the pairs' inputs alone costs both the same (1.78x vs 1.76x L0); pairing costs "
-     "this library 1.39x that (windows cut into x and y arrays, then each batch copied out "
-     "again, against insitubatch's one gather from its pool: read/patches.py cuts, then "
-     "plan/batching.py's Batcher copies, not yet one copy per pair), and cache hits go "
-     "through zarr's selection per inner chunk; shuffled pairs decode each chunk once since "
-     "the windows hand on the chunks they share (1.77 chunks per chunk before)"),
+     "pairing: at load 2 an epoch of pairs took 0.154 s against 0.064 s for the inputs "
+     "alone (insitubatch 0.149 / 0.087): each chunk is decoded into the window's box, cut "
+     "into x and y arrays (read/patches.py `_cut`), then every batch copied out again "
+     "(plan/batching.py `_slice_rows`, ~50 of ~250 ms CPU an epoch), where insitubatch "
+     "gathers once from its pool; a cached epoch (114 ms CPU) serves hits through zarr's "
+     "selection per inner chunk and hands each window across threads, which a loaded "
+     "machine turns into waiting (0.09 s at load 2, 0.70 s at load 14). Fixed on the way: "
+     "a box per step `[t, t + 2)`, each chunk decoded into a temporary and copied into two "
+     "boxes (one box per window now)"),
     (r"^torch DataLoader, 0 workers",
      "the DataLoader's own per-batch machinery (fetcher, pin/collate hooks) on 64 KiB batches; "
      "the Loader under it meets its target"),
@@ -110,15 +121,20 @@ CAUSES: tuple[tuple[str, str], ...] = (
      "cores the local path spends only on decoding (the consumer waits 84-87% of a buffered "
      "epoch for the workers' reads). Workers on other machines would lift it"),
     (r"^sharded sequential >= 1.0x unsharded",
-     "the unsharded path got faster (issue 20's direct decode), the sharded one did not: an "
-     "A/B of the sharded stream against 6a379d2 in one process reads at the same speed"),
+     "issue 36 measured it (CPU per epoch side by side, 400,000 x 64, 8 chunks a shard): the "
+     "sharded stream cost 1.30x the CPU of unsharded, zarr's inner pipeline decoding each "
+     "inner chunk into a buffer of its own, then copying it into place, where the unsharded "
+     "path decodes straight into the window (issue 20). Bytes + zstd inner chunks now decode "
+     "that way too (1.03x the CPU; 1.12x the speed in that A/B at load 12); this run predates "
+     "it"),
     (r"^sharded, 20 ms",
      "zarr's own `x[:]` of this store has a wide spread (0.18-0.60 s over the rounds); at 20 "
      "ms a request each window costs about one round trip and the windows in flight do not "
      "hide them all. Met in other runs of the same code"),
     (r"slowest epoch <= 1.3x",
-     "one slow round on a VM shared with other jobs (the CPU the rest of the machine used "
-     "rose meanwhile); the medians meet their targets"),
+     "the machine, not the stream: issue 36 ran 8 sequential epochs (400,000 x 64) at load "
+     "12, wall slowest / fastest 2.30 (zarrs) and 1.47 (zarr) while each epoch's process CPU "
+     "spread 1.09 and 1.11; the medians meet their targets"),
     (r"^sequential \(zarrs\): cpu-s/GB",
      "on the line, where a shared VM moves it from run to run; the cpu area's own run of the "
      "same code meets it"),
@@ -144,7 +160,11 @@ CAUSES: tuple[tuple[str, str], ...] = (
     (r"patches, (sequential|exact shuffle)",
      "every stored chunk is decoded once (read amplification 1.00); the time goes to cutting "
      "overlapping patches (1.6x the stored bytes) and, for the exact shuffle, gathering them "
-     "by a permutation of the whole window, on 2 cores busy with other jobs"),
+     "by a permutation of the whole window, on 2 cores busy with other jobs. Issue 36's "
+     "profile (sequential, 8x180x360 chunks, zarr's pipeline, CPU): 1.52x L0's CPU an epoch; "
+     "above L0's decode: the cut (82 ms), the batch copies (61 + 22 ms join), zarr copying "
+     "each decoded chunk into its box (41 ms), a copy of every chunk handed to the next "
+     "window (44 ms: an 8-step chunk spans two windows) and zarr's event loop (~100 ms)"),
     (r"^collection of 50 stores: buffered",
      "150 stored chunks against 123: each 20,000-row member ends in a short chunk stored "
      "padded and decoded whole, and a buffered window spans members"),

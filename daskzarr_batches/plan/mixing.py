@@ -44,7 +44,7 @@ class _Mixing:
 
     __slots__ = (
         "batches", "bits", "bounds", "carry", "exact", "k", "reference", "score", "size",
-        "stretch", "stretches",
+        "step", "stretch", "stretches",
     )  # fmt: skip
 
     def __init__(
@@ -56,6 +56,10 @@ class _Mixing:
     ) -> None:
         self.bounds = bounds
         self.k = max(len(bounds) - 1, 1)
+        # the strata's common size when every one but the last has it (else 0)
+        sizes = np.diff(bounds[:-1])
+        equal = len(sizes) > 0 and int(sizes[0]) > 0 and bool(np.all(sizes == sizes[0]))
+        self.step = int(sizes[0]) if equal else 0
         self.size = batch_size
         # the exact shuffle's strata shares: the strata's sizes, or the epoch's draws of each
         self.reference = bounds if reference is None else reference
@@ -69,6 +73,8 @@ class _Mixing:
         self.carry: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] = (empty, empty)
 
     def stratum(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        if self.step:  # equal strata (one array's chunks): a division, not a binary search
+            return np.clip((ids - self.bounds[0]) // self.step, 0, self.k - 1)
         return np.clip(np.searchsorted(self.bounds, ids, side="right") - 1, 0, self.k - 1)
 
     def add(self, ids: npt.NDArray[np.int64], before: int) -> None:
@@ -101,8 +107,7 @@ class _Mixing:
             batch = np.concatenate([np.zeros(len(carried), dtype=np.int64), batch])
             stratum = np.concatenate([carried, stratum])
             count = np.concatenate([carried_counts, count])
-        key, where = np.unique(batch * self.k + stratum, return_inverse=True)
-        cells = np.bincount(where.ravel(), weights=count).astype(np.int64)
+        key, cells = self._cells(batch * self.k + stratum, count, int(batch[-1]) + 1 if n else 1)
         rows = key // self.k
         totals = np.bincount(rows, weights=cells)
         p = cells / totals[rows]
@@ -121,6 +126,24 @@ class _Mixing:
         else:
             empty = np.zeros(0, dtype=np.int64)
             self.carry = (empty, empty)
+
+    def _cells(
+        self, key: npt.NDArray[np.int64], count: npt.NDArray[np.int64], batches: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The distinct ``(batch, stratum)`` keys, sorted, and their summed counts.
+
+        ``batches`` is one past the largest batch (the batches ascend in delivery
+        order): when those batches' cells are few beside the entries, one dense
+        ``bincount`` replaces ``np.unique``'s sort (issue 36: the sort was most of a
+        buffered epoch's counting).
+        """
+        span = batches * self.k
+        if span <= 4 * len(key) + 4096:
+            dense = np.bincount(key, weights=count, minlength=span)
+            where = np.flatnonzero(dense)
+            return where.astype(np.int64), dense[where].astype(np.int64)
+        key, where = np.unique(key, return_inverse=True)
+        return key, np.bincount(where.ravel(), weights=count).astype(np.int64)
 
     def _stretch(self, batches: npt.NDArray[np.int64], scores: npt.NDArray[np.float64]) -> None:
         """Add batches' scores to their stretches."""

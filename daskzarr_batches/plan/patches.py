@@ -39,6 +39,7 @@ __all__ = [
     "box_chunks",
     "chunk_bytes",
     "chunks_of",
+    "merge_boxes",
     "patch_origins",
 ]
 
@@ -242,6 +243,45 @@ class PatchGrid:
             boxes.append(tuple(slice(int(a), int(b)) for a, b in zip(first, last, strict=True)))
             at += count
         return boxes
+
+
+def merge_boxes(boxes: Sequence[Box], itemsize: int, limit: int) -> tuple[list[Box], list[int]]:
+    """Consecutive boxes whose union is a box, as that box: ``(merged, firsts)``.
+
+    Two boxes merge when they agree on every axis but at most one and overlap or
+    touch along it, so the merged box is exactly their union (nothing more is read
+    or held); a merged box stays within ``limit`` bytes (a single box may not).
+    Merged box ``k`` holds boxes ``firsts[k]`` to ``firsts[k + 1] - 1`` (``firsts``
+    ends with ``len(boxes)``).  Forecast pairs give one box per time step, ``[t, t +
+    2)``, each chunk shared by two of them; merged, a window's chunks each belong to
+    one box and decode straight into it (issue 36).
+    """
+    merged: list[Box] = []
+    firsts: list[int] = []
+    for number, box in enumerate(boxes):
+        if merged:
+            union = _union(merged[-1], box)
+            if union is not None and itemsize * math.prod(s.stop - s.start for s in union) <= limit:
+                merged[-1] = union
+                continue
+        merged.append(box)
+        firsts.append(number)
+    return merged, [*firsts, len(boxes)]
+
+
+def _union(a: Box, b: Box) -> Box | None:
+    """``a`` and ``b`` as one box if their union is one, else None."""
+    differ = [axis for axis, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+    if len(differ) > 1:
+        return None
+    if not differ:
+        return a
+    (axis,) = differ
+    x, y = a[axis], b[axis]
+    if y.start > x.stop or x.start > y.stop:
+        return None
+    joined = slice(min(x.start, y.start), max(x.stop, y.stop))
+    return tuple(joined if i == axis else s for i, s in enumerate(a))
 
 
 def chunks_of(box: tuple[slice, ...], bounds: Sequence[IndexArray]) -> list[range]:

@@ -27,7 +27,7 @@ import zarr
 
 from ..errors import ReadCancelledError
 from ..plan.budget import DECODE_GROUP_BYTES
-from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes
+from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes, merge_boxes
 from ..plan.windows import ChunkPiece, chunk_offsets
 from ..store.cache import CacheCounts
 from ..store.layout import block_key
@@ -166,9 +166,12 @@ def read_patches(
     name, chunks, grid, cuts = stored.name, stored.chunks, stored.grid, stored.cuts
     pool = ctx.pool
     ids, groups, where = patch_ids(pieces, size, ctx.plan_order)
-    boxes = grid.boxes(ids, groups, cuts) if len(ids) else []
-    bounds = [chunk_offsets(sizes) for sizes in chunks]
     dtype = np.dtype(array.dtype)
+    # one box per unit, those whose union is a box merged (box k: units firsts[k]:firsts[k+1])
+    boxes, firsts = merge_boxes(
+        grid.boxes(ids, groups, cuts) if len(ids) else [], dtype.itemsize, DECODE_GROUP_BYTES
+    )
+    bounds = [chunk_offsets(sizes) for sizes in chunks]
     if kept is not None and any(report.skipped for _, report in kept):
         kept, ctx = None, ctx.uncached()
     outs = [
@@ -205,7 +208,7 @@ def read_patches(
 
             filled = list(dask.compute(*[array[box] for box in part], scheduler="sync"))
         for number, data in zip(range(lo, hi), filled, strict=True):
-            a, b = starts[number], starts[number + 1]
+            a, b = starts[firsts[number]], starts[firsts[number + 1]]
             start = np.array([s.start for s in boxes[number]], dtype=np.int64)
             for cut, out in zip(cuts, outs, strict=True):
                 rel = origins[a:b] + np.asarray(cut.shift) - start

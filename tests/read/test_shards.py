@@ -308,3 +308,38 @@ def test_a_corrupt_chunk_inside_a_shard_is_named_or_skipped() -> None:
         out = np.concatenate(drain(stream))
     kept = np.delete(data, np.s_[50:60], axis=0)
     assert sorted(out[:, 0].tolist()) == sorted(kept[:, 0].tolist())
+
+
+@pytest.mark.parametrize("compressors", ["zstd", "blosc", "zstd big-endian"])
+def test_whole_inner_chunks_of_plain_zstd_decode_straight_into_the_window(
+    compressors: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36: zarr's inner pipeline decoded each inner chunk into a chunk of its own and
+    copied it into place (sharded sequential at 0.77x the CPU speed of the same data
+    unsharded); bytes + zstd inner chunks now decode with numcodecs into the window, the
+    partial last chunk and other codecs through the pipeline, with the same values."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+    from zarr.core.codec_pipeline import BatchedCodecPipeline
+
+    dtype = ">f4" if "big" in compressors else "<f4"
+    data = np.random.default_rng(0).standard_normal((100, 6)).astype(dtype)
+    codec = BloscCodec() if compressors == "blosc" else ZstdCodec()
+    x = zarr.create_array(
+        zarr.storage.MemoryStore(), shape=data.shape, chunks=(8, 6), shards=(32, 6),
+        dtype=dtype, compressors=codec,
+    )  # fmt: skip
+    x[:] = data
+    calls: list[int] = []
+    read = BatchedCodecPipeline.read
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(args[0]))
+        return await read(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchedCodecPipeline, "read", counted)
+    got = np.concatenate(list(dzb.batch_stream(x, 10)))
+    np.testing.assert_array_equal(got, data)
+    if compressors == "zstd":
+        assert sum(calls) == 1  # the partial last inner chunk (rows 96-99) alone
+    else:
+        assert sum(calls) >= 13  # every inner chunk through the pipeline

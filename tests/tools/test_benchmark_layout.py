@@ -136,7 +136,7 @@ def test_every_benchmark_module_is_in_the_command() -> None:
         "benchmarks.suite.measure", "benchmarks.suite.patch_cases",
         "benchmarks.suite.quality", "benchmarks.suite.report", "benchmarks.suite.stores_cases",
         "benchmarks.suite.targets", "benchmarks.suite.big_samples", "benchmarks.suite.collection",
-        "benchmarks.suite.mixture", "benchmarks.suite.cpu",
+        "benchmarks.suite.mixture", "benchmarks.suite.cpu", "benchmarks.suite.peers_s3",
         "benchmarks.suite.writes",
     }  # fmt: skip
     assert set(MODULES) == run_by_command | helpers

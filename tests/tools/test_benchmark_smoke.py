@@ -176,6 +176,28 @@ def test_the_peer_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
 
 @pytest.mark.peers
 @pytest.mark.timeout(240)
+def test_the_peer_cases_run_from_s3_with_latency_at_a_tiny_size(tmp_path: Path) -> None:
+    """Issue 36: the same cases from moto's S3 on loopback (its own process), 20 ms a request,
+    every reader through obstore; the server waits before each answer, so L0 of the field
+    (one request per step, one thread) takes at least a round trip per step."""
+    from benchmarks.suite import peers, peers_s3
+
+    results = peers.measure(tmp_path, rows=2 * peers.SHARD_ROWS, steps=4, repeats=1,
+                            stores=("s3",))  # fmt: skip
+    tag = peers_s3.tag(peers_s3.LATENCY)
+    assert results["tags"] == [tag] and results["s3"]["latency"] == peers_s3.LATENCY
+    rows, field = peers.ROWS_STORE + tag, peers.FIELD_STORE + tag
+    assert results["samples"][peers.case_name(rows, "shuffled", peers.INSITU)] == peers.SHARD_ROWS
+    assert results["samples"][peers.case_name(field, "sequential", peers.THIS)] == 3
+    assert results["seconds"][peers.l0_name(field)][0] >= 4 * peers_s3.LATENCY
+    checks = peers.evaluate(results)
+    assert len(checks) == 6 and all(tag in c["what"] for c in checks)  # no annbatch on S3
+    text = peers.report(results, checks, "c", "now", (0.0, 0.0))
+    assert f"| {field} | shuffled |" in text and "**S3**" in text
+
+
+@pytest.mark.peers
+@pytest.mark.timeout(240)
 def test_the_single_cell_peer_cases_run_at_a_tiny_size(tmp_path: Path) -> None:
     """Issue 37's sparse cells beside annbatch: 600 cells, one round; every reader every cell."""
     from benchmarks.suite import peers_cells
