@@ -82,36 +82,70 @@ class ChunkShare:
 
     async def decode(self, key: Any, read: Any) -> np.ndarray:
         """The chunk ``key``: decoded by ``read()`` if first, else awaited from its first claim."""
-        last = self._claimed(key)
-        found = self.entries.get(key)
-        if found is not None:
-            self.entries.move_to_end(key)
+        future, mine, last = self.claim(key)
+        if not mine:
             try:
-                data = await asyncio.shield(found)
-            except _Abandoned:
-                pass  # its first claim failed: decode it here
-            else:
-                if last:
-                    self._release(key, found)
-                return data
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self.entries[key] = future
+                return await self.wait(key, future, last)
+            except _Abandoned:  # its first claim failed: decode it here
+                future, mine, last = self.claim(key, last)
+        if not mine:  # another claim took it over meanwhile
+            return await self.wait(key, future, last)
         try:
             data = await read()
         except BaseException:
-            if self.entries.get(key) is future:
-                del self.entries[key]
-            future.set_exception(_Abandoned())
-            future.exception()  # retrieved: no "never retrieved" message
+            self.abandon(key, future)
             raise
+        self.publish(key, future, data, last)
+        return data
+
+    def claim(
+        self, key: Any, last: bool | None = None
+    ) -> tuple[asyncio.Future[np.ndarray], bool, bool]:
+        """Claim chunk ``key`` (on the loop): its future, whether this claim decodes it, and
+        whether it was the chunk's last claim.
+
+        The first claim gets a new future (``mine``), which it must
+        :meth:`publish` or :meth:`abandon`; a later one gets the first's, to
+        :meth:`wait` for.  ``last`` given: the claim was counted already (a
+        waiter whose first claim failed claims again).
+        """
+        if last is None:
+            last = self._claimed(key)
+        found = self.entries.get(key)
+        if found is not None and not (found.done() and found.exception() is not None):
+            self.entries.move_to_end(key)
+            return found, False, last
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.entries[key] = future
+        return future, True, last
+
+    async def wait(self, key: Any, future: asyncio.Future[np.ndarray], last: bool) -> np.ndarray:
+        """The chunk another claim decodes (raises ``_Abandoned`` if that claim failed)."""
+        data = await asyncio.shield(future)
+        if last:
+            self._release(key, future)
+        return data
+
+    def publish(
+        self, key: Any, future: asyncio.Future[np.ndarray], data: np.ndarray, last: bool
+    ) -> None:
+        """Hand on chunk ``key``, decoded by the claim that got ``future`` first (on the loop)."""
         future.set_result(data)
         if last:  # no window claims it again
-            del self.entries[key]
-            return data
+            if self.entries.get(key) is future:
+                del self.entries[key]
+            return
         if self.entries.get(key) is future:
             self.held += data.nbytes
             self._evict()
-        return data
+
+    def abandon(self, key: Any, future: asyncio.Future[np.ndarray]) -> None:
+        """The first claim of ``key`` did not decode it: its waiters decode it themselves."""
+        if self.entries.get(key) is future:
+            del self.entries[key]
+        if not future.done():
+            future.set_exception(_Abandoned())
+            future.exception()  # retrieved: no "never retrieved" message
 
     def _evict(self) -> None:
         while self.held > self.capacity and len(self.entries) > 1:

@@ -1,0 +1,197 @@
+"""Patch streams read through the reader hook: a counting reader sees every decode.
+
+Each stored chunk a patch stream decodes is one request to the array's reader
+(``read/patch_boxes.py``): a wrapper passed as ``reader=`` that counts and
+delegates sees each chunk once where the read amplification is 1 (inputs and
+their forecast targets sharing a chunk: once; the chunk a sequential window
+hands the next one: once), and nothing on an epoch served from a
+``ChunkCache``.  A reader that reads the requests itself gives the same
+batches.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+import daskzarr_batches as dzb
+
+#: what every Counting reader of this module saw (module level: a cluster's
+#: in-process workers unpickle their own reader, the test reads this list)
+SEEN: list[tuple[int, ...]] = []
+MADE: list[str] = []
+
+
+class Counting:
+    """Counts the chunks asked of it and lets the library's reader read them."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def read(self, requests: Any) -> None:
+        SEEN.extend(r.chunk for r in requests)
+        self.inner.read(requests)
+
+
+class OwnRead:
+    """Reads every request itself, through Zarr (the library's planned read never runs)."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def read(self, requests: Any) -> None:
+        for r in requests:
+            SEEN.append(r.chunk)
+            r.out[r.where] = self.array[r.wanted()]
+
+
+def counting(array: Any, default: Any) -> Counting:
+    MADE.append(str(array.store_path))
+    return Counting(default)
+
+
+def own_read(array: Any, default: Any) -> OwnRead:
+    return OwnRead(array)
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    SEEN.clear()
+    MADE.clear()
+
+
+def field(path: Path, shape: Any, chunks: Any, shards: Any = None) -> zarr.Array:
+    data = np.arange(int(np.prod(shape)), dtype="f4").reshape(shape)
+    array = zarr.create_array(
+        str(path), shape=shape, chunks=chunks, shards=shards, dtype="f4", zarr_format=3
+    )
+    array[...] = data
+    return zarr.open_array(str(path), mode="r")
+
+
+def every_chunk(array: zarr.Array) -> list[tuple[int, ...]]:
+    """Every stored chunk of ``array`` (a sharded array's inner chunks)."""
+    grid = [range(-(-n // c)) for n, c in zip(array.shape, array.chunks, strict=True)]
+    return sorted(itertools.product(*grid))
+
+
+def batches(stream: Any) -> list[Any]:
+    with stream:
+        return list(stream)
+
+
+def assert_same(got: list[Any], expected: list[Any]) -> None:
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        parts = a if isinstance(a, tuple) else (a,)
+        for x, y in zip(parts, b if isinstance(b, tuple) else (b,), strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+def once_each(array: zarr.Array) -> None:
+    """The counting reader saw every stored chunk of ``array`` once."""
+    counts = collections.Counter(SEEN)
+    assert sorted(counts) == every_chunk(array)
+    assert set(counts.values()) == {1}, counts
+
+
+#: a sequential window of about three time steps (so that windows hand chunks on)
+SMALL = 3 * 8 * 6 * 4
+
+KINDS = {
+    # patches tiling the chunks, sequential and shuffled through a buffer
+    "sequential": lambda a, **kw: dzb.patch_stream(a, {0: 1, 1: 4}, 8, window_bytes=SMALL, **kw),
+    "shuffled": lambda a, **kw: dzb.patch_stream(
+        a, {0: 1, 1: 4}, 8, shuffle=True, seed=3, shuffle_buffer_size=16, **kw
+    ),
+    # forecast pairs x = t, y = t + 1: the chunk of t + 1 is the next window's input
+    "pairs": lambda a, **kw: dzb.patch_stream(
+        a, {0: 1}, 3, target_offset={0: 1}, window_bytes=SMALL, **kw
+    ),
+    "pairs-shuffled": lambda a, **kw: dzb.patch_stream(
+        a, {0: 1}, 3, target_offset={0: 1}, shuffle=True, seed=1, shuffle_buffer_size=6, **kw
+    ),
+    # an input of two steps and its one-step target inside the same chunk pair
+    "targets": lambda a, **kw: dzb.patch_stream(
+        a, {0: 2, 1: 8}, 2, target_offset={0: 1}, target_dims={0: 1}, window_bytes=SMALL, **kw
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_counting_reader_sees_each_chunk_once(tmp_path: Path, kind: str) -> None:
+    """Every chunk of the epoch is asked of the reader once, and the batches are the same."""
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    expected = batches(KINDS[kind](array))
+    stream = KINDS[kind](array, reader=counting)
+    got = batches(stream)
+    assert_same(got, expected)
+    # the epoch decodes only the chunks its patches reach, each once, in several windows
+    plan = stream.summary()
+    assert plan.read_amplification == pytest.approx(1.0) and len(plan.windows) > 1
+    once_each(array)
+    assert [str(array.store_path)] == MADE  # the factory: once per array per stream
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_reader_that_reads_the_requests_itself_gives_the_same_batches(
+    tmp_path: Path, kind: str
+) -> None:
+    """The planned read never runs: the boxes, halos and chunks handed on come from ``out``."""
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    expected = batches(KINDS[kind](array))
+    assert_same(batches(KINDS[kind](array, reader=own_read)), expected)
+    once_each(array)
+
+
+def test_overlapping_patches_read_each_chunk_once_per_window(tmp_path: Path) -> None:
+    """A halo chunk shared by two boxes of a window is one request (then copied)."""
+    array = field(tmp_path / "f.zarr", (4, 12, 6), (2, 4, 6))
+    make = lambda **kw: dzb.patch_stream(array, {0: 2, 1: 6}, 64, input_overlap={1: 2}, **kw)  # noqa: E731
+    expected = batches(make())
+    assert_same(batches(make(reader=counting)), expected)
+    once_each(array)
+    SEEN.clear()
+    assert_same(batches(make(reader=own_read)), expected)
+    once_each(array)
+
+
+def test_a_sharded_array_asks_for_its_inner_chunks(tmp_path: Path) -> None:
+    array = field(tmp_path / "s.zarr", (12, 8, 6), (1, 4, 6), shards=(4, 8, 6))
+    for kind in ("sequential", "pairs", "targets"):
+        SEEN.clear()
+        expected = batches(KINDS[kind](array))
+        assert_same(batches(KINDS[kind](array, reader=counting)), expected)
+        once_each(array)
+
+
+def test_an_epoch_from_the_cache_asks_the_reader_nothing(tmp_path: Path) -> None:
+    """Epoch one: each chunk once, kept; epoch two, from the cache: no request at all."""
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    for kind in ("sequential", "pairs", "pairs-shuffled"):
+        SEEN.clear()
+        cache = dzb.ChunkCache("16MiB")
+        expected = batches(KINDS[kind](array))
+        assert_same(batches(KINDS[kind](array, reader=counting, cache=cache)), expected)
+        once_each(array)
+        SEEN.clear()
+        second = KINDS[kind](array, reader=counting, cache=cache)
+        assert_same(batches(second), expected)
+        assert SEEN == []
+        assert second.stats.cache_misses == 0 and second.stats.cache_hits > 0
+
+
+@pytest.mark.cluster
+def test_a_counting_reader_on_a_cluster_sees_each_chunk_once(client: Any, tmp_path: Path) -> None:
+    """On a cluster each window's task asks its worker's reader (in-process workers here)."""
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    expected = batches(KINDS["sequential"](array))
+    stream = KINDS["sequential"](array, reader=counting, client=client)
+    assert_same(batches(stream), expected)
+    once_each(array)
