@@ -99,9 +99,12 @@ def read_boxes(
     share: ChunkShare | None = None,
     coverage: Box = (),
     edges: frozenset[Block] = frozenset(),
+    filled: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], set[Block], set[Block]]:
     """Fill each box from the chunks it overlaps, each chunk one request to the reader.
 
+    ``filled``: the boxes' arrays (a window's patches in its outputs), else
+    made here (from ``ctx.pool``).
     Also returns the chunks that did not decode (``on_error="skip"``) and
     the chunks this task read (not those another window handed on through
     ``share``).  ``edges``: the chunks the windows next to this one may need
@@ -112,10 +115,11 @@ def read_boxes(
     spans, users = box_chunks(boxes, bounds)
     dtype = np.dtype(array.dtype)
     pool = ctx.pool
-    filled = [
-        np.empty(shape, dtype=dtype) if pool is None else pool.take(shape, dtype)
-        for shape in (tuple(s.stop - s.start for s in box) for box in boxes)
-    ]
+    if filled is None:
+        filled = [
+            np.empty(shape, dtype=dtype) if pool is None else pool.take(shape, dtype)
+            for shape in (tuple(s.stop - s.start for s in box) for box in boxes)
+        ]
     job = _Boxes(spans, users, boxes, filled, bounds, coverage or _whole(bounds))
 
     def keys() -> list[str]:

@@ -182,7 +182,15 @@ def read_patches(
     elif share is not None and boxes:  # the chunks the windows before and after may need
         edges = _edges(boxes, bounds, cuts, origins)
     coverage = _coverage(grid, cuts)
-    for lo, hi in _box_groups(boxes, dtype.itemsize):
+    direct = kept is None and isinstance(array, zarr.Array) and _direct(cuts, bounds)
+    if direct:  # the chunks decoded straight into the patches: no boxes to cut from
+        regions, views = _patch_targets(cuts, outs, origins, where)
+        _, lost, mine = read_boxes(
+            array, name, regions, bounds, ledger, ctx, share, coverage, edges, views
+        )
+        bad |= lost
+        done |= mine
+    for lo, hi in [] if direct else _box_groups(boxes, dtype.itemsize):
         part = boxes[lo:hi]
         if kept is not None:
             filled = [_kept_box(box, kept, kept_places, dtype) for box in part]
@@ -198,12 +206,7 @@ def read_patches(
             import dask
 
             filled = list(dask.compute(*[array[box] for box in part], scheduler="sync"))
-        for number, data in zip(range(lo, hi), filled, strict=True):
-            a, b = starts[number], starts[number + 1]
-            start = np.array([s.start for s in boxes[number]], dtype=np.int64)
-            for cut, out in zip(cuts, outs, strict=True):
-                rel = origins[a:b] + np.asarray(cut.shift) - start
-                _cut(out, where[a:b], data, rel, cut)
+        _cut_boxes(outs, cuts, boxes, filled, range(lo, hi), origins, where, starts)
         if pool is not None:
             for data in filled:  # cut: the boxes serve the next window
                 pool.give(data)
@@ -279,6 +282,51 @@ def _kept_ledger(
             counts.hits += 1
             counts.bytes_hit += data.nbytes
         ledger.missing.extend(key for key in report.missing_keys if key in own)
+
+
+def _cut_boxes(
+    outs: Sequence[np.ndarray],
+    cuts: Sequence[Cut],
+    boxes: Sequence[Box],
+    filled: Sequence[np.ndarray],
+    numbers: range,
+    origins: np.ndarray,
+    where: np.ndarray,
+    starts: Sequence[int],
+) -> None:
+    """Cut the patches of boxes ``numbers`` (filled: ``filled``) into each cut's output."""
+    for number, data in zip(numbers, filled, strict=True):
+        a, b = starts[number], starts[number + 1]
+        start = np.array([s.start for s in boxes[number]], dtype=np.int64)
+        for cut, out in zip(cuts, outs, strict=True):
+            rel = origins[a:b] + np.asarray(cut.shift) - start
+            _cut(out, where[a:b], data, rel, cut)
+
+
+def _direct(cuts: Sequence[Cut], bounds: Sequence[np.ndarray]) -> bool:
+    """Whether every cut's patches are at least a stored chunk along every axis.
+
+    Then a window's chunks are decoded straight into its outputs (each into a
+    patch that holds all of the chunk the window needs, copied from there
+    into the other patches that need it: a forecast target, an overlap), not
+    into boxes the patches are then cut from; the patches are few enough
+    (about a chunk each) that a request and a copy per patch cost little.
+    """
+    largest = [int(np.max(np.diff(e))) if len(e) > 1 else 0 for e in bounds]
+    return all(size >= chunk for cut in cuts for size, chunk in zip(cut.size, largest, strict=True))
+
+
+def _patch_targets(
+    cuts: Sequence[Cut], outs: Sequence[np.ndarray], origins: np.ndarray, where: np.ndarray
+) -> tuple[list[Box], list[np.ndarray]]:
+    """Each patch of each cut as a box to fill: its region of the array, its output row."""
+    regions, views = [], []
+    for cut, out in zip(cuts, outs, strict=True):
+        firsts = (origins + np.asarray(cut.shift)).tolist()
+        for first, row in zip(firsts, where.tolist(), strict=True):
+            regions.append(tuple(slice(o, o + k) for o, k in zip(first, cut.size, strict=True)))
+            views.append(out[row])
+    return regions, views
 
 
 def _coverage(grid: PatchGrid, cuts: Sequence[Cut]) -> Box:

@@ -110,6 +110,10 @@ KINDS = {
     "shuffled": lambda a, **kw: dzb.patch_stream(
         a, {0: 1, 1: 4}, 8, shuffle=True, seed=3, shuffle_buffer_size=16, **kw
     ),
+    # patches smaller than a chunk, overlapping: cut from boxes of whole chunks
+    "small": lambda a, **kw: dzb.patch_stream(
+        a, {0: 1, 1: 2, 2: 3}, 8, input_overlap={1: 1}, window_bytes=SMALL, **kw
+    ),
     # forecast pairs x = t, y = t + 1: the chunk of t + 1 is the next window's input
     "pairs": lambda a, **kw: dzb.patch_stream(
         a, {0: 1}, 3, target_offset={0: 1}, window_bytes=SMALL, **kw
@@ -195,3 +199,21 @@ def test_a_counting_reader_on_a_cluster_sees_each_chunk_once(client: Any, tmp_pa
     stream = KINDS["sequential"](array, reader=counting, client=client)
     assert_same(batches(stream), expected)
     once_each(array)
+
+
+def test_forecast_pairs_are_decoded_straight_into_their_patches(tmp_path: Path) -> None:
+    """Patches a chunk or larger: each chunk decoded into a patch of the window's output (then
+    copied into the target that shares it), not into a box the patches are cut from."""
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    places: list[tuple[int, ...]] = []
+
+    class Places(Counting):
+        def read(self, requests: Any) -> None:
+            places.extend(r.out.shape for r in requests)
+            super().read(requests)
+
+    expected = batches(KINDS["pairs"](array))
+    got = batches(KINDS["pairs"](array, reader=lambda a, default: Places(default)))
+    assert_same(got, expected)
+    once_each(array)
+    assert set(places) == {(1, 8, 6)}  # a patch (x or y), never a box of two steps
