@@ -90,7 +90,7 @@ class _Boxes:
 
 
 def read_boxes(
-    array: zarr.Array,
+    array: Any,
     name: str,
     boxes: Sequence[Box],
     bounds: Sequence[np.ndarray],
@@ -103,6 +103,7 @@ def read_boxes(
 ) -> tuple[list[np.ndarray], set[Block], set[Block]]:
     """Fill each box from the chunks it overlaps, each chunk one request to the reader.
 
+    ``array``: a Zarr array (its stored chunks) or a dask array (its blocks).
     ``filled``: the boxes' arrays (a window's patches in its outputs), else
     made here (from ``ctx.pool``).
     Also returns the chunks that did not decode (``on_error="skip"``) and
@@ -125,7 +126,10 @@ def read_boxes(
     def keys() -> list[str]:
         return [key for block in spans for key in block_key(array, block)]
 
-    fast, view = read_views(array, name, ctx.policy, ledger, keys, ctx.scope)
+    stored = isinstance(array, zarr.Array)
+    fast, view = (
+        read_views(array, name, ctx.policy, ledger, keys, ctx.scope) if stored else (array, array)
+    )
     claims = _claim(share, spans, edges) if share is not None else {}
     bad: set[Block] = set()
     decoded: set[Block] = set()
@@ -144,6 +148,8 @@ def read_boxes(
         raise
     except Exception as exc:  # read again chunk by chunk, so that the error names the chunk
         _abandon(share, claims)
+        if not stored:  # a dask array's error is its graph's own
+            raise
         if is_program_error(exc):
             error = program_error(exc, f"a window of patches of array {name}")
             raise error from error.__cause__
@@ -213,7 +219,7 @@ def _take_handed(share: ChunkShare, handed: dict[Block, _Claim], job: _Boxes) ->
 
 
 def _read_chunks(
-    array: zarr.Array,
+    array: Any,
     fast: Any,
     view: Any,
     job: _Boxes,
@@ -269,7 +275,15 @@ def _read_chunks(
 
 def _decode_into(fast: Any, requests: Sequence[ChunkRequest], limit: int, scope: Any) -> None:
     """The planned read: each request's part decoded on Zarr's loop straight into its place
-    (Zarr's selection with an ``out`` buffer: no copy), at most ``limit`` at once."""
+    (Zarr's selection with an ``out`` buffer: no copy), at most ``limit`` at once; a dask
+    array's parts computed together (each block of its graph once), on this thread."""
+    if not isinstance(fast, zarr.Array) and hasattr(fast, "dask"):
+        import dask
+
+        parts = dask.compute(*[fast[r.wanted()] for r in requests], scheduler="sync")
+        for request, part in zip(requests, parts, strict=True):
+            request.out[request.where] = part
+        return
     inner = async_array(fast)
     if inner is None:
         read_each(fast, requests, lambda coro: run_on_loop(coro, scope), limit)

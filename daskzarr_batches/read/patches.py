@@ -177,12 +177,14 @@ def read_patches(
     starts = np.concatenate([[0], np.cumsum(groups, dtype=np.int64)]).tolist()
     done: set[Block] = set()  # the stored chunks this task decoded
     edges: frozenset[Block] = frozenset()
+    if not isinstance(array, zarr.Array):  # a dask array's windows each compute their blocks
+        share = None
     if share is not None and boxes and share.uses is not None:  # other windows claim these
         edges = frozenset(b for b in box_chunks(boxes, bounds)[0] if share.shared(b))
     elif share is not None and boxes:  # the chunks the windows before and after may need
         edges = _edges(boxes, bounds, cuts, origins)
     coverage = _coverage(grid, cuts)
-    direct = kept is None and isinstance(array, zarr.Array) and _direct(cuts, bounds)
+    direct = kept is None and not isinstance(array, np.ndarray) and _direct(cuts, bounds)
     if direct:  # the chunks decoded straight into the patches: no boxes to cut from
         regions, views = _patch_targets(cuts, outs, origins, where)
         _, lost, mine = read_boxes(
@@ -196,16 +198,12 @@ def read_patches(
             filled = [_kept_box(box, kept, kept_places, dtype) for box in part]
         elif isinstance(array, np.ndarray):
             filled = [array[box] for box in part]
-        elif isinstance(array, zarr.Array):
+        else:  # a Zarr array's chunks, a dask array's blocks: requests to its reader
             filled, lost, mine = read_boxes(
                 array, name, part, bounds, ledger, ctx, share, coverage, edges
             )
             bad |= lost
             done |= mine
-        else:  # a dask array: the boxes in one compute, each shared block once
-            import dask
-
-            filled = list(dask.compute(*[array[box] for box in part], scheduler="sync"))
         _cut_boxes(outs, cuts, boxes, filled, range(lo, hi), origins, where, starts)
         if pool is not None:
             for data in filled:  # cut: the boxes serve the next window
@@ -215,10 +213,8 @@ def read_patches(
     if kept is not None:
         _kept_ledger(ledger, kept, kept_made, array, boxes, bounds)
         decoded = chunk_bytes(box_chunks(boxes, bounds)[0], bounds, dtype.itemsize)
-    elif isinstance(array, zarr.Array):
-        decoded = chunk_bytes(sorted(done), bounds, dtype.itemsize)
     elif not isinstance(array, np.ndarray):
-        decoded = chunk_bytes(box_chunks(boxes, bounds)[0], bounds, dtype.itemsize)
+        decoded = chunk_bytes(sorted(done), bounds, dtype.itemsize)
     skipped: tuple[tuple[Block, int, int], ...] = ()
     if bad:
         drop = _touching(origins, cuts, bad, bounds)

@@ -217,3 +217,26 @@ def test_forecast_pairs_are_decoded_straight_into_their_patches(tmp_path: Path) 
     assert_same(got, expected)
     once_each(array)
     assert set(places) == {(1, 8, 6)}  # a patch (x or y), never a box of two steps
+
+
+@pytest.mark.parametrize("kind", ["small", "pairs", "targets"])
+def test_a_dask_arrays_blocks_are_requests_too(tmp_path: Path, kind: str) -> None:
+    """A dask array's blocks are asked of its reader (computed together by the library's)."""
+    import dask.array as da
+
+    data = np.arange(12 * 8 * 6, dtype="f4").reshape(12, 8, 6)
+    array = da.from_array(data, chunks=(1, 4, 6)) + 1
+    seen: list[tuple[int, ...]] = []
+
+    class Blocks:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def read(self, requests: Any) -> None:
+            seen.extend(r.chunk for r in requests)
+            self.inner.read(requests)
+
+    expected = batches(KINDS[kind](array))
+    assert_same(batches(KINDS[kind](array, reader=lambda a, d: Blocks(d))), expected)
+    # each block once per window that needs it (no window hands a block on)
+    assert set(seen) == set(itertools.product(range(12), range(2), range(1)))
