@@ -41,7 +41,7 @@ from .chunk_share import ChunkShare, _Abandoned
 from .context import ReadContext
 from .tasks import read_block, read_views, run_on_loop
 
-__all__ = ["read_boxes"]
+__all__ = ["in_memory_boxes", "read_boxes"]
 
 Block = tuple[int, ...]
 
@@ -231,21 +231,7 @@ def _read_chunks(
 ) -> None:
     """Ask the reader for ``blocks`` (one request each), then copy each into its other boxes
     and hand on those claimed first (``claims``)."""
-    requests, owners, regions = [], [], []
-    for block in blocks:
-        region = job.needed(block) if block in claims else job.spans[block]
-        extent = job.extent(block)
-        owner = next(
-            (n for n in job.users[block] if _overlap(region, job.boxes[n]) == region), None
-        )
-        if owner is None:  # no box holds all of it: an array of its own
-            out = np.empty(tuple(s.stop - s.start for s in region), job.filled[0].dtype)
-            where = tuple(slice(None) for _ in region)
-        else:
-            out, where = job.filled[owner], _local(region, job.boxes[owner])
-        requests.append(ChunkRequest(block, extent, _local(region, extent), out, where))
-        owners.append(owner)
-        regions.append(region)
+    requests, owners, regions = _requests(job, blocks, claims)
     if not requests:
         return
     largest = max(int(np.prod([s.stop - s.start for s in r])) for r in regions)
@@ -271,6 +257,48 @@ def _read_chunks(
                 share.publish(block, claim.future, data, claim.last)
 
         sync(publish_all())
+
+
+def _requests(
+    job: _Boxes, blocks: Sequence[Block], claims: dict[Block, _Claim]
+) -> tuple[list[ChunkRequest], list[int | None], list[Box]]:
+    """One request per chunk of ``blocks``: its part (its span, or what is handed on when
+    claimed) into a box holding all of it (that box: the owner), else an array of its own."""
+    requests, owners, regions = [], [], []
+    for block in blocks:
+        region = job.needed(block) if block in claims else job.spans[block]
+        extent = job.extent(block)
+        owner = next(
+            (n for n in job.users[block] if _overlap(region, job.boxes[n]) == region), None
+        )
+        if owner is None:  # no box holds all of it: an array of its own
+            out = np.empty(tuple(s.stop - s.start for s in region), job.filled[0].dtype)
+            where = tuple(slice(None) for _ in region)
+        else:
+            out, where = job.filled[owner], _local(region, job.boxes[owner])
+        requests.append(ChunkRequest(block, extent, _local(region, extent), out, where))
+        owners.append(owner)
+        regions.append(region)
+    return requests, owners, regions
+
+
+def in_memory_boxes(
+    array: np.ndarray, boxes: Sequence[Box], bounds: Sequence[np.ndarray], ctx: ReadContext
+) -> list[np.ndarray]:
+    """A numpy array's boxes: its declared chunks asked of its reader, whose planned read
+    gives the boxes as views (nothing copied); a reader of the user's fills them instead."""
+    spans, users = box_chunks(boxes, bounds)
+    filled = [np.empty(tuple(s.stop - s.start for s in box), array.dtype) for box in boxes]
+    job = _Boxes(spans, users, boxes, filled, bounds, _whole(bounds))
+    requests, owners, regions = _requests(job, list(spans), {})
+    plan = Planned(requests, lambda: [array[box] for box in boxes], array)
+    with planned(plan):
+        reader_of(array, ctx.policy).read(requests)
+    if plan.ran:
+        return list(plan.result)
+    for request, owner, region in zip(requests, owners, regions, strict=True):
+        job.spread(request.chunk, request.out[request.where], region, owner)
+    return filled
 
 
 def _decode_into(fast: Any, requests: Sequence[ChunkRequest], limit: int, scope: Any) -> None:

@@ -35,7 +35,7 @@ from ..store.policy import (
 )
 from .chunk_share import ChunkShare, _Abandoned, _edges, _no_share  # noqa: F401
 from .context import DEFAULT_CONTEXT, ReadContext
-from .patch_boxes import read_boxes
+from .patch_boxes import in_memory_boxes, read_boxes
 from .patch_skips import _missing_blocks, _runs, _touching
 
 __all__ = [
@@ -196,8 +196,8 @@ def read_patches(
         part = boxes[lo:hi]
         if kept is not None:
             filled = [_kept_box(box, kept, kept_places, dtype) for box in part]
-        elif isinstance(array, np.ndarray):
-            filled = [array[box] for box in part]
+        elif isinstance(array, np.ndarray):  # views, unless the user's reader reads it
+            filled = in_memory_boxes(array, part, bounds, ctx)
         else:  # a Zarr array's chunks, a dask array's blocks: requests to its reader
             filled, lost, mine = read_boxes(
                 array, name, part, bounds, ledger, ctx, share, coverage, edges

@@ -240,3 +240,23 @@ def test_a_dask_arrays_blocks_are_requests_too(tmp_path: Path, kind: str) -> Non
     assert_same(batches(KINDS[kind](array, reader=lambda a, d: Blocks(d))), expected)
     # each block once per window that needs it (no window hands a block on)
     assert set(seen) == set(itertools.product(range(12), range(2), range(1)))
+
+
+@pytest.mark.parametrize("kind", ["small", "pairs", "targets"])
+def test_a_numpy_arrays_chunks_are_requests_its_boxes_views(kind: str) -> None:
+    """An array in memory: its declared chunks asked of its reader (the library's gives the
+    boxes as views of it); a reader that fills the requests itself gives the same batches."""
+    data = np.arange(12 * 8 * 6, dtype="f4").reshape(12, 8, 6)
+    seen: list[tuple[int, ...]] = []
+
+    class Fills:
+        def read(self, requests: Any) -> None:
+            for r in requests:
+                seen.append(r.chunk)
+                r.out[r.where] = data[r.wanted()]
+
+    expected = batches(KINDS[kind](data))
+    assert_same(batches(KINDS[kind](data, reader=lambda a, d: Counting(d))), expected)
+    assert set(SEEN) == {(0, 0, 0)}  # declared as one chunk: its part in each window
+    assert_same(batches(KINDS[kind](data, reader=lambda a, d: Fills())), expected)
+    assert sorted(seen) == sorted(SEEN)
