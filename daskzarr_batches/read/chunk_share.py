@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.patches import Box, Cut, box_chunks
+from ..plan.patches import Box, Cut, PatchGrid, box_chunks
 
 Block = tuple[int, ...]
 
@@ -166,20 +166,46 @@ def _no_share() -> None:
 
 
 def _edges(
-    boxes: Sequence[Box], bounds: Sequence[np.ndarray], cuts: Sequence[Cut], origins: np.ndarray
+    boxes: Sequence[Box],
+    bounds: Sequence[np.ndarray],
+    cuts: Sequence[Cut],
+    origins: np.ndarray,
+    grid: PatchGrid | None = None,
+    ids: np.ndarray | None = None,
 ) -> frozenset[Block]:
     """The chunks of a sequential window that the windows before and after it may need.
 
-    Along the first patched dim (the slowest of the C order) the window owns
-    the rows of chunks its patches' origins fall in.  The windows next to it
-    may need its first and last owned rows (their targets or patches reach
-    into them) and it needs rows it does not own (its own halo, which the
-    window after owns): those chunks are shared; the others only this window
-    needs (their boxes go back to the pool).
+    Along the first patched dim (the slowest of the C order) the windows
+    before this one hold patches whose origins are at most that of the patch
+    just before its first (``ids``: consecutive, ``grid``: their origins),
+    and the windows after it patches whose origins are at least that of the
+    patch just after its last: a chunk of this window that no cut of those
+    reaches is needed by no other window (a patch of one step, sequential:
+    none is).  Without ``grid``: along that dim the window owns the rows of
+    chunks its patches' origins fall in, the windows next to it may need its
+    first and last owned rows and it needs rows it does not own (its own
+    halo, which the window after owns): those chunks are shared.  The others
+    only this window needs (their boxes go back to the pool).
     """
     lead = cuts[0].axes[0] if cuts[0].axes else 0
+    spans, _ = box_chunks(boxes, bounds)
+    consecutive = ids is not None and len(ids) and int(ids[-1]) - int(ids[0]) + 1 == len(ids)
+    if grid is not None and ids is not None and consecutive:
+        edges = bounds[lead]
+        reach = low = None
+        if int(ids[0]) > 0:  # the furthest any earlier window's patches reach
+            before = int(cuts[0].place(grid.origin_of(ids[:1] - 1))[0, lead])
+            reach = max(before + c.shift[lead] + c.size[lead] for c in cuts)
+        if int(ids[-1]) + 1 < grid.n_patches:  # the nearest any later window's patches start
+            after = int(cuts[0].place(grid.origin_of(ids[-1:] + 1))[0, lead])
+            low = min(after + c.shift[lead] for c in cuts)
+        return frozenset(
+            b
+            for b in spans
+            if (reach is not None and int(edges[b[lead]]) < reach)
+            or (low is not None and int(edges[b[lead] + 1]) > low)
+        )
     rows = np.searchsorted(bounds[lead], origins[:, lead], side="right") - 1
     owned = set(rows.tolist())
     ends = {min(owned), max(owned)} if owned else set()
-    spans, _ = box_chunks(boxes, bounds)
     return frozenset(b for b in spans if b[lead] not in owned or b[lead] in ends)

@@ -182,7 +182,7 @@ def read_patches(
     if share is not None and boxes and share.uses is not None:  # other windows claim these
         edges = frozenset(b for b in box_chunks(boxes, bounds)[0] if share.shared(b))
     elif share is not None and boxes:  # the chunks the windows before and after may need
-        edges = _edges(boxes, bounds, cuts, origins)
+        edges = _edges(boxes, bounds, cuts, origins, grid, ids)
     coverage = _coverage(grid, cuts)
     direct = kept is None and not isinstance(array, np.ndarray) and _direct(cuts, bounds)
     if direct:  # the chunks decoded straight into the patches: no boxes to cut from

@@ -260,3 +260,29 @@ def test_a_numpy_arrays_chunks_are_requests_its_boxes_views(kind: str) -> None:
     assert set(SEEN) == {(0, 0, 0)}  # declared as one chunk: its part in each window
     assert_same(batches(KINDS[kind](data, reader=lambda a, d: Fills())), expected)
     assert sorted(seen) == sorted(SEEN)
+
+
+def test_a_sequential_window_hands_on_only_the_chunks_other_windows_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Patches of one step claim no chunk in the share (no other window reaches theirs, so
+    nothing is copied to hand on); forecast pairs claim the chunks at each window's ends."""
+    from daskzarr_batches.read.chunk_share import ChunkShare
+
+    claimed: list[Any] = []
+    claim = ChunkShare.claim
+
+    def counted(self: ChunkShare, key: Any, last: Any = None) -> Any:
+        claimed.append(key)
+        return claim(self, key, last)
+
+    monkeypatch.setattr(ChunkShare, "claim", counted)
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    batches(KINDS["sequential"](array))
+    assert claimed == []
+    stream = KINDS["pairs"](array, reader=counting)
+    batches(stream)
+    once_each(array)
+    windows = len(stream.summary().windows)
+    # each window boundary: its chunk (two across the trailing axis) claimed on both sides
+    assert len(claimed) == 2 * 2 * (windows - 1)
