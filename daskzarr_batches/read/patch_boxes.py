@@ -139,17 +139,14 @@ def read_boxes(
         decoded.update(mine)
         handed = {block: claim for block, claim in claims.items() if not claim.mine}
         if handed and share is not None:
-            lost = _take_handed(share, handed, job)
+            lost = _take_handed(share, handed, job, ctx.scope)
             if lost:  # their first claims failed: read here
                 _read_chunks(array, fast, view, job, lost, {}, ledger, ctx, None)
                 decoded.update(lost)
-    except ReadCancelledError:
-        _abandon(share, claims)
-        raise
-    except Exception as exc:  # read again chunk by chunk, so that the error names the chunk
-        _abandon(share, claims)
-        if not stored:  # a dask array's error is its graph's own
-            raise
+    except BaseException as exc:  # read again chunk by chunk, so that the error names the chunk
+        _abandon(share, claims)  # the windows waiting for them read them themselves
+        if isinstance(exc, ReadCancelledError) or not isinstance(exc, Exception) or not stored:
+            raise  # (a dask array's error is its graph's own)
         if is_program_error(exc):
             error = program_error(exc, f"a window of patches of array {name}")
             raise error from error.__cause__
@@ -197,8 +194,13 @@ def _abandon(share: ChunkShare | None, claims: dict[Block, _Claim]) -> None:
     sync(abandon_all())
 
 
-def _take_handed(share: ChunkShare, handed: dict[Block, _Claim], job: _Boxes) -> list[Block]:
-    """Copy the chunks other windows hand on into the boxes; those whose read failed."""
+def _take_handed(
+    share: ChunkShare, handed: dict[Block, _Claim], job: _Boxes, scope: Any
+) -> list[Block]:
+    """Copy the chunks other windows hand on into the boxes; those whose read failed.
+
+    The wait runs in the stream's cancellation ``scope``: a window whose read
+    hangs does not hold up a stream being closed."""
 
     async def take_all() -> dict[Block, np.ndarray | None]:
         found: dict[Block, np.ndarray | None] = {}
@@ -210,7 +212,7 @@ def _take_handed(share: ChunkShare, handed: dict[Block, _Claim], job: _Boxes) ->
         return found
 
     lost = []
-    for block, data in sync(take_all()).items():
+    for block, data in run_on_loop(take_all(), scope).items():
         if data is None:
             lost.append(block)
         else:

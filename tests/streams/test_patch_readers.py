@@ -286,3 +286,25 @@ def test_a_sequential_window_hands_on_only_the_chunks_other_windows_reach(
     windows = len(stream.summary().windows)
     # each window boundary: its chunk (two across the trailing axis) claimed on both sides
     assert len(claimed) == 2 * 2 * (windows - 1)
+
+
+def test_a_chunk_handed_on_that_does_not_decode_is_skipped_by_both_windows(
+    tmp_path: Path,
+) -> None:
+    """Forecast pairs over windows of three steps: the chunk at a window's end (claimed by
+    it, awaited by the next) is junk.  Neither window waits for ever: the error names it,
+    and with ``on_error="skip"`` the pairs touching it leave the epoch, the others stay."""
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    (tmp_path / "f.zarr" / "c" / "3" / "0" / "0").write_bytes(b"junk")
+    make = KINDS["pairs"]
+    with pytest.raises(dzb.errors.CorruptChunkError, match=r"chunk \(3, 0, 0\)"):
+        batches(make(array, reader=counting))
+    with pytest.warns(dzb.errors.SkippedChunksWarning, match=r"chunk \(3, 0, 0\)"):
+        got = batches(make(array, reader=counting, on_error="skip", return_origins=True))
+    data = np.arange(12 * 8 * 6, dtype="f4").reshape(12, 8, 6)
+    steps = [int(t) for _, _, where in got for t in where[:, 0]]
+    assert steps == [t for t in range(11) if t not in (2, 3)]
+    for x, y, where in got:
+        for a, b, (t, _, _) in zip(x, y, where.tolist(), strict=True):
+            np.testing.assert_array_equal(a, data[t : t + 1])
+            np.testing.assert_array_equal(b, data[t + 1 : t + 2])
