@@ -308,3 +308,22 @@ def test_a_chunk_handed_on_that_does_not_decode_is_skipped_by_both_windows(
         for a, b, (t, _, _) in zip(x, y, where.tolist(), strict=True):
             np.testing.assert_array_equal(a, data[t : t + 1])
             np.testing.assert_array_equal(b, data[t + 1 : t + 2])
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_with_a_cache_epoch_two_asks_nothing(client: Any, tmp_path: Path) -> None:
+    """The cache keeps the blocks on the cluster (read through the reader once); the second
+    epoch cuts its patches from them, asking no reader anything."""
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    cache = dzb.ChunkCache("16MiB")
+    expected = batches(KINDS["pairs"](array))
+    assert_same(
+        batches(KINDS["pairs"](array, reader=counting, client=client, cache=cache)), expected
+    )
+    once_each(array)
+    SEEN.clear()
+    second = KINDS["pairs"](array, reader=counting, client=client, cache=cache)
+    assert_same(batches(second), expected)
+    cache.clear()  # its futures leave the cluster
+    assert SEEN == []
+    assert second.stats.cache_misses == 0 and second.stats.cache_hits > 0
