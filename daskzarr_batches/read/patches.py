@@ -25,7 +25,7 @@ import numpy as np
 import zarr
 
 from ..plan.budget import DECODE_GROUP_BYTES
-from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes
+from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes, chunks_of
 from ..plan.windows import ChunkPiece, chunk_offsets
 from ..store.cache import CacheCounts
 from ..store.layout import block_key
@@ -184,7 +184,11 @@ def read_patches(
     elif share is not None and boxes:  # the chunks the windows before and after may need
         edges = _edges(boxes, bounds, cuts, origins, grid, ids)
     coverage = _coverage(grid, cuts)
-    direct = kept is None and not isinstance(array, np.ndarray) and _direct(cuts, bounds)
+    direct = (
+        kept is None
+        and not isinstance(array, np.ndarray)
+        and _direct(cuts, bounds, len(ids), boxes, dtype.itemsize)
+    )
     if direct:  # the chunks decoded straight into the patches: no boxes to cut from
         regions, views = _patch_targets(cuts, outs, origins, where)
         _, lost, mine = read_boxes(
@@ -299,17 +303,38 @@ def _cut_boxes(
             _cut(out, where[a:b], data, rel, cut)
 
 
-def _direct(cuts: Sequence[Cut], bounds: Sequence[np.ndarray]) -> bool:
-    """Whether every cut's patches are at least a stored chunk along every axis.
+#: the smallest stored chunk (bytes) decoded straight into patches (``_direct``): below it the
+#: copy saved costs less than the request and copy per patch (measured: 8 x 8 float32 chunks,
+#: 16 x 16 patches, 8% slower in place than cut from boxes)
+DIRECT_CHUNK_BYTES = 1 << 16
+
+
+def _direct(
+    cuts: Sequence[Cut],
+    bounds: Sequence[np.ndarray],
+    patches: int,
+    boxes: Sequence[Box],
+    itemsize: int,
+) -> bool:
+    """Whether every cut's patches are at least a stored chunk along every axis, and few.
 
     Then a window's chunks are decoded straight into its outputs (each into a
     patch that holds all of the chunk the window needs, copied from there
     into the other patches that need it: a forecast target, an overlap), not
-    into boxes the patches are then cut from; the patches are few enough
-    (about a chunk each) that a request and a copy per patch cost little.
+    into boxes the patches are then cut from.  Chunks of at least
+    :data:`DIRECT_CHUNK_BYTES` only.  Few: at most about two
+    patches per chunk of the boxes (patches that overlap much are cut from
+    boxes by one gather, not a request and copies per patch).
     """
     largest = [int(np.max(np.diff(e))) if len(e) > 1 else 0 for e in bounds]
-    return all(size >= chunk for cut in cuts for size, chunk in zip(cut.size, largest, strict=True))
+    if math.prod(largest) * itemsize < DIRECT_CHUNK_BYTES:
+        return False
+    if not all(
+        size >= chunk for cut in cuts for size, chunk in zip(cut.size, largest, strict=True)
+    ):
+        return False
+    touched = sum(math.prod(len(r) for r in chunks_of(box, bounds)) for box in boxes)
+    return patches * len(cuts) <= 2 * touched + 8
 
 
 def _patch_targets(

@@ -61,9 +61,11 @@ def own_read(array: Any, default: Any) -> OwnRead:
 
 
 @pytest.fixture(autouse=True)
-def _fresh() -> None:
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     SEEN.clear()
     MADE.clear()
+    # this module's chunks are tiny: patches a chunk or larger still decoded in place
+    monkeypatch.setattr("daskzarr_batches.read.patches.DIRECT_CHUNK_BYTES", 0)
 
 
 def field(path: Path, shape: Any, chunks: Any, shards: Any = None) -> zarr.Array:
@@ -201,7 +203,9 @@ def test_a_counting_reader_on_a_cluster_sees_each_chunk_once(client: Any, tmp_pa
     once_each(array)
 
 
-def test_forecast_pairs_are_decoded_straight_into_their_patches(tmp_path: Path) -> None:
+def test_forecast_pairs_are_decoded_straight_into_their_patches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Patches a chunk or larger: each chunk decoded into a patch of the window's output (then
     copied into the target that shares it), not into a box the patches are cut from."""
     array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
@@ -217,6 +221,10 @@ def test_forecast_pairs_are_decoded_straight_into_their_patches(tmp_path: Path) 
     assert_same(got, expected)
     once_each(array)
     assert set(places) == {(1, 8, 6)}  # a patch (x or y), never a box of two steps
+    monkeypatch.setattr("daskzarr_batches.read.patches.DIRECT_CHUNK_BYTES", 1 << 16)
+    places.clear()
+    assert_same(batches(KINDS["pairs"](array, reader=lambda a, default: Places(default))), expected)
+    assert set(places) == {(2, 8, 6)}  # chunks this small: boxes, the patches cut from them
 
 
 @pytest.mark.parametrize("kind", ["small", "pairs", "targets"])
