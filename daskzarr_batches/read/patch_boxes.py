@@ -49,7 +49,7 @@ Block = tuple[int, ...]
 @dataclasses.dataclass(eq=False)
 class _Claim:
     """A chunk claimed in a :class:`ChunkShare`: its future, whether this window decodes
-    it (``mine``), whether it was its last claim, and (once read) what was handed on."""
+    it (``mine``: it publishes or abandons the future) and whether it was its last claim."""
 
     future: asyncio.Future[np.ndarray]
     mine: bool
