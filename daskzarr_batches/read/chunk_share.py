@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.patches import Box, Cut, box_chunks
+from ..plan.patches import Box, Cut, PatchGrid, box_chunks
 
 Block = tuple[int, ...]
 
@@ -82,36 +82,70 @@ class ChunkShare:
 
     async def decode(self, key: Any, read: Any) -> np.ndarray:
         """The chunk ``key``: decoded by ``read()`` if first, else awaited from its first claim."""
-        last = self._claimed(key)
-        found = self.entries.get(key)
-        if found is not None:
-            self.entries.move_to_end(key)
+        future, mine, last = self.claim(key)
+        if not mine:
             try:
-                data = await asyncio.shield(found)
-            except _Abandoned:
-                pass  # its first claim failed: decode it here
-            else:
-                if last:
-                    self._release(key, found)
-                return data
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self.entries[key] = future
+                return await self.wait(key, future, last)
+            except _Abandoned:  # its first claim failed: decode it here
+                future, mine, last = self.claim(key, last)
+        if not mine:  # another claim took it over meanwhile
+            return await self.wait(key, future, last)
         try:
             data = await read()
         except BaseException:
-            if self.entries.get(key) is future:
-                del self.entries[key]
-            future.set_exception(_Abandoned())
-            future.exception()  # retrieved: no "never retrieved" message
+            self.abandon(key, future)
             raise
+        self.publish(key, future, data, last)
+        return data
+
+    def claim(
+        self, key: Any, last: bool | None = None
+    ) -> tuple[asyncio.Future[np.ndarray], bool, bool]:
+        """Claim chunk ``key`` (on the loop): its future, whether this claim decodes it, and
+        whether it was the chunk's last claim.
+
+        The first claim gets a new future (``mine``), which it must
+        :meth:`publish` or :meth:`abandon`; a later one gets the first's, to
+        :meth:`wait` for.  ``last`` given: the claim was counted already (a
+        waiter whose first claim failed claims again).
+        """
+        if last is None:
+            last = self._claimed(key)
+        found = self.entries.get(key)
+        if found is not None and not (found.done() and found.exception() is not None):
+            self.entries.move_to_end(key)
+            return found, False, last
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.entries[key] = future
+        return future, True, last
+
+    async def wait(self, key: Any, future: asyncio.Future[np.ndarray], last: bool) -> np.ndarray:
+        """The chunk another claim decodes (raises ``_Abandoned`` if that claim failed)."""
+        data = await asyncio.shield(future)
+        if last:
+            self._release(key, future)
+        return data
+
+    def publish(
+        self, key: Any, future: asyncio.Future[np.ndarray], data: np.ndarray, last: bool
+    ) -> None:
+        """Hand on chunk ``key``, decoded by the claim that got ``future`` first (on the loop)."""
         future.set_result(data)
         if last:  # no window claims it again
-            del self.entries[key]
-            return data
+            if self.entries.get(key) is future:
+                del self.entries[key]
+            return
         if self.entries.get(key) is future:
             self.held += data.nbytes
             self._evict()
-        return data
+
+    def abandon(self, key: Any, future: asyncio.Future[np.ndarray]) -> None:
+        """The first claim of ``key`` did not decode it: its waiters decode it themselves."""
+        if self.entries.get(key) is future:
+            del self.entries[key]
+        if not future.done():
+            future.set_exception(_Abandoned())
+            future.exception()  # retrieved: no "never retrieved" message
 
     def _evict(self) -> None:
         while self.held > self.capacity and len(self.entries) > 1:
@@ -132,20 +166,46 @@ def _no_share() -> None:
 
 
 def _edges(
-    boxes: Sequence[Box], bounds: Sequence[np.ndarray], cuts: Sequence[Cut], origins: np.ndarray
+    boxes: Sequence[Box],
+    bounds: Sequence[np.ndarray],
+    cuts: Sequence[Cut],
+    origins: np.ndarray,
+    grid: PatchGrid | None = None,
+    ids: np.ndarray | None = None,
 ) -> frozenset[Block]:
     """The chunks of a sequential window that the windows before and after it may need.
 
-    Along the first patched dim (the slowest of the C order) the window owns
-    the rows of chunks its patches' origins fall in.  The windows next to it
-    may need its first and last owned rows (their targets or patches reach
-    into them) and it needs rows it does not own (its own halo, which the
-    window after owns): those chunks are shared; the others only this window
-    needs (their boxes go back to the pool).
+    Along the first patched dim (the slowest of the C order) the windows
+    before this one hold patches whose origins are at most that of the patch
+    just before its first (``ids``: consecutive, ``grid``: their origins),
+    and the windows after it patches whose origins are at least that of the
+    patch just after its last: a chunk of this window that no cut of those
+    reaches is needed by no other window (a patch of one step, sequential:
+    none is).  Without ``grid``: along that dim the window owns the rows of
+    chunks its patches' origins fall in, the windows next to it may need its
+    first and last owned rows and it needs rows it does not own (its own
+    halo, which the window after owns): those chunks are shared.  The others
+    only this window needs (their boxes go back to the pool).
     """
     lead = cuts[0].axes[0] if cuts[0].axes else 0
+    spans, _ = box_chunks(boxes, bounds)
+    consecutive = ids is not None and len(ids) and int(ids[-1]) - int(ids[0]) + 1 == len(ids)
+    if grid is not None and ids is not None and consecutive:
+        edges = bounds[lead]
+        reach = low = None
+        if int(ids[0]) > 0:  # the furthest any earlier window's patches reach
+            before = int(cuts[0].place(grid.origin_of(ids[:1] - 1))[0, lead])
+            reach = max(before + c.shift[lead] + c.size[lead] for c in cuts)
+        if int(ids[-1]) + 1 < grid.n_patches:  # the nearest any later window's patches start
+            after = int(cuts[0].place(grid.origin_of(ids[-1:] + 1))[0, lead])
+            low = min(after + c.shift[lead] for c in cuts)
+        return frozenset(
+            b
+            for b in spans
+            if (reach is not None and int(edges[b[lead]]) < reach)
+            or (low is not None and int(edges[b[lead] + 1]) > low)
+        )
     rows = np.searchsorted(bounds[lead], origins[:, lead], side="right") - 1
     owned = set(rows.tolist())
     ends = {min(owned), max(owned)} if owned else set()
-    spans, _ = box_chunks(boxes, bounds)
     return frozenset(b for b in spans if b[lead] not in owned or b[lead] in ends)
