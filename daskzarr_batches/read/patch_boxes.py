@@ -97,8 +97,7 @@ def read_boxes(
     ledger: Ledger,
     ctx: ReadContext,
     share: ChunkShare | None = None,
-    coverage: Box = (),
-    edges: frozenset[Block] = frozenset(),
+    around: tuple[Box, frozenset[Block]] = ((), frozenset()),
     filled: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], set[Block], set[Block]]:
     """Fill each box from the chunks it overlaps, each chunk one request to the reader.
@@ -108,11 +107,13 @@ def read_boxes(
     made here (from ``ctx.pool``).
     Also returns the chunks that did not decode (``on_error="skip"``) and
     the chunks this task read (not those another window handed on through
-    ``share``).  ``edges``: the chunks the windows next to this one may need
-    (claimed in ``share``, with any chunk another window claimed).  If the
+    ``share``).  ``around``: the region the stream's patches cover, and the
+    chunks the windows next to this one may need (``edges``: claimed in
+    ``share``, with any chunk another window claimed).  If the
     read fails, every chunk is read again on its own
     (:func:`~.tasks.read_block`), so that the error names it.
     """
+    coverage, edges = around
     spans, users = box_chunks(boxes, bounds)
     dtype = np.dtype(array.dtype)
     pool = ctx.pool

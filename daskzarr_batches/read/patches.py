@@ -25,7 +25,7 @@ import numpy as np
 import zarr
 
 from ..plan.budget import DECODE_GROUP_BYTES
-from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes, chunks_of
+from ..plan.patches import Box, Cut, PatchGrid, box_chunks, chunk_bytes, chunks_of, merge_boxes
 from ..plan.windows import ChunkPiece, chunk_offsets
 from ..store.cache import CacheCounts
 from ..store.layout import block_key
@@ -192,23 +192,26 @@ def read_patches(
     if direct:  # the chunks decoded straight into the patches: no boxes to cut from
         regions, views = _patch_targets(cuts, outs, origins, where)
         _, lost, mine = read_boxes(
-            array, name, regions, bounds, ledger, ctx, share, coverage, edges, views
+            array, name, regions, bounds, ledger, ctx, share, (coverage, edges), views
         )
         bad |= lost
         done |= mine
-    for lo, hi in [] if direct else _box_groups(boxes, dtype.itemsize):
-        part = boxes[lo:hi]
+    # consecutive boxes whose union is a box read as one (forecast pairs: a chunk in one box)
+    merged, firsts = merge_boxes(boxes, dtype.itemsize, DECODE_GROUP_BYTES)
+    merged_starts = [starts[first] for first in firsts]
+    for lo, hi in [] if direct else _box_groups(merged, dtype.itemsize):
+        part = merged[lo:hi]
         if kept is not None:
             filled = [_kept_box(box, kept, kept_places, dtype) for box in part]
         elif isinstance(array, np.ndarray):  # views, unless the user's reader reads it
             filled = in_memory_boxes(array, part, bounds, ctx)
         else:  # a Zarr array's chunks, a dask array's blocks: requests to its reader
             filled, lost, mine = read_boxes(
-                array, name, part, bounds, ledger, ctx, share, coverage, edges
+                array, name, part, bounds, ledger, ctx, share, (coverage, edges)
             )
             bad |= lost
             done |= mine
-        _cut_boxes(outs, cuts, boxes, filled, range(lo, hi), origins, where, starts)
+        _cut_boxes(outs, cuts, merged, filled, range(lo, hi), origins, where, merged_starts)
         if pool is not None:
             for data in filled:  # cut: the boxes serve the next window
                 pool.give(data)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import MissingChunkError, ReadCancelledError, StoreGoneError
 from ..store.policy import Ledger, ReadReport, is_program_error, policy_view, program_error
-from ..store.reader_hook import Planned, planned, reader_failed, reader_of
+from ..store.reader_hook import Planned, planned, reader_of, users_failure
 from ..store.readers import run_on_loop
 from ..store.requests import block_requests
 from ..store.shards import read_shard_blocks, reads_by_shard
@@ -55,7 +55,7 @@ def read_shard(
     read whose retries were spent is not tried again
     (:func:`~daskzarr_batches.read.failures.raise_failed_read`).  A reader of
     the user's that fails raises :class:`~daskzarr_batches.ChunkReadError`
-    naming the shard's chunks (``store.reader_hook.reader_failed``).  An array
+    naming the shard's chunks (``store.reader_hook.users_failure``).  An array
     the shard reader does not read (:func:`~daskzarr_batches.store.shards.reads_by_shard`)
     is read block by block (:func:`read_block`).
     """
@@ -104,7 +104,9 @@ def read_shard(
         if not plan.ran and is_program_error(exc):
             error = program_error(exc, f"a shard of array {name}")
             raise error from error.__cause__
-        reader_failed(exc, plan, array, f"chunks {blocks[0]}..{blocks[-1]}")
+        failure = users_failure(plan, reader, name, exc)
+        if failure is not None and failure is not exc:  # a reader of the user's failed
+            raise failure from exc
         raise
     again = {i: _planned_block(array, name, blocks[i], slices[i], ctx) for i in sorted(set(failed))}
     read = [i for i in range(len(blocks)) if i not in again]

@@ -1,9 +1,9 @@
 """Chunk readers: one way of reading an array's chunks each, chosen once per array.
 
 A read task (``read.window``, ``read.tasks``) asks :func:`reader_for` which
-:class:`ChunkReader` reads an array under a read policy, then has it read: a
-window's pieces into their output (:meth:`ChunkReader.read_rows`) or one
-stored block (:meth:`ChunkReader.read_block`).  A reader raises what failed;
+:class:`ReadEngine` reads an array under a read policy, then has it read: a
+window's pieces into their output (:meth:`ReadEngine.read_rows`) or one
+stored block (:meth:`ReadEngine.read_block`).  A reader raises what failed;
 the task's one fallback (``read.failures``) reads the pieces again one by one
 and names the chunk.  ``None`` from a reader: not its read, the fallback
 reads it (numpy arrays run by run, a block through the policy view).
@@ -54,7 +54,7 @@ from .zarr_adapter import async_array, codec_pipeline, is_zarr_pipeline, nd_buff
 
 __all__ = [
     "Access",
-    "ChunkReader",
+    "ReadEngine",
     "DaskReader",
     "DirectReader",
     "NumpyReader",
@@ -141,7 +141,7 @@ class RowsWindow:
         return [piece for run in self.runs for piece in run]
 
 
-class ChunkReader(Protocol):
+class ReadEngine(Protocol):
     """One way of reading an array's chunks (see the module's table)."""
 
     #: ``"zarr"``, ``"zarrs"``, ``"direct"``, ``"shards"``, ``"numpy"`` or ``"dask"``
@@ -163,7 +163,7 @@ class ZarrReader:
     native = False
 
     def read_rows(self, access: Access, window: RowsWindow) -> np.ndarray | None:
-        """See :meth:`ChunkReader.read_rows`."""
+        """See :meth:`ReadEngine.read_rows`."""
         view, scope = access.view, access.scope
         fast = access.fast()
         if one_slice(window.runs, window.size, window.plan_order):
@@ -196,7 +196,7 @@ class ZarrReader:
         return owned(rows)
 
     def read_block(self, access: Access, slices: tuple[slice, ...]) -> np.ndarray | None:
-        """See :meth:`ChunkReader.read_block`: zarrs' native read first, else ``None``."""
+        """See :meth:`ReadEngine.read_block`: zarrs' native read first, else ``None``."""
         fast = access.fast()
         if fast is access.view:
             return None
@@ -229,7 +229,7 @@ class DirectReader:
         self.native = other.native
 
     def read_rows(self, access: Access, window: RowsWindow) -> np.ndarray | None:
-        """See :meth:`ChunkReader.read_rows`."""
+        """See :meth:`ReadEngine.read_rows`."""
         sequential = one_slice(window.runs, window.size, window.plan_order)
         if window.plan_order or (sequential and self.native):
             return self.other.read_rows(access, window)
@@ -282,7 +282,7 @@ class ShardReader(ZarrReader):
     kind = "shards"
 
     def read_rows(self, access: Access, window: RowsWindow) -> np.ndarray | None:
-        """See :meth:`ChunkReader.read_rows`."""
+        """See :meth:`ReadEngine.read_rows`."""
         view, out = access.view, window.output()
         ordered = window.ordered()
         shard_rows = max(object_shape(view)[0], 1)
@@ -303,7 +303,7 @@ class NumpyReader:
     native = False
 
     def read_rows(self, access: Access, window: RowsWindow) -> np.ndarray | None:
-        """See :meth:`ChunkReader.read_rows`."""
+        """See :meth:`ReadEngine.read_rows`."""
         runs, scope = window.runs, access.scope
         if window.out is None and one_slice(runs, window.size, window.plan_order):
             whole = (slice(runs[0][0].start, runs[0][-1].stop),)
@@ -318,7 +318,7 @@ class NumpyReader:
         return np.asarray(rows)
 
     def read_block(self, access: Access, slices: tuple[slice, ...]) -> np.ndarray | None:
-        """See :meth:`ChunkReader.read_block`: read by the fallback (``None``)."""
+        """See :meth:`ReadEngine.read_block`: read by the fallback (``None``)."""
         return None
 
 
@@ -332,8 +332,8 @@ class DaskReader(NumpyReader):
         return np.asarray(rows if compute is None else compute(scheduler="sync"))
 
 
-def reader_for(array: Any, policy: ReadPolicy) -> ChunkReader:
-    """The :class:`ChunkReader` that reads ``array`` under ``policy``, chosen once.
+def reader_for(array: Any, policy: ReadPolicy) -> ReadEngine:
+    """The :class:`ReadEngine` that reads ``array`` under ``policy``, chosen once.
 
     The shard reader where it reads the array (``store.shards.reads_by_shard``,
     the one shard decision), else zarrs when it reads the array natively (no
@@ -360,7 +360,7 @@ def _forget(key: int, _: Any) -> None:
     _CHOSEN.pop(key, None)
 
 
-def _choose(array: zarr.Array, uncached: bool) -> ChunkReader:
+def _choose(array: zarr.Array, uncached: bool) -> ReadEngine:
     if reads_by_shard(array, cached=not uncached):
         return ShardReader()
     native = uncached and codec_pipeline_of(array) == "zarrs"
@@ -370,7 +370,7 @@ def _choose(array: zarr.Array, uncached: bool) -> ChunkReader:
 
 
 #: :func:`reader_for`'s choice per Zarr array object (``id``): while it lives, by cache or not
-_CHOSEN: dict[int, tuple[weakref.ref[Any], dict[bool, ChunkReader]]] = {}
+_CHOSEN: dict[int, tuple[weakref.ref[Any], dict[bool, ReadEngine]]] = {}
 _NUMPY, _DASK = NumpyReader(), DaskReader()
 
 

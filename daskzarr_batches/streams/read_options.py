@@ -75,7 +75,7 @@ class ReadOptions:
         it when read from the store.
     reader : callable, optional
         ``reader(array, default)``, returning the
-        :class:`~daskzarr_batches.readers.ChunkReader` that decodes ``array``'s
+        [`ChunkReader`][daskzarr_batches.readers.ChunkReader] that decodes ``array``'s
         chunks (``default``: the reader this library chose; yours may wrap
         it, or read a format of its own).  Called once per array per stream
         in each process that reads (a cluster worker is its own process);

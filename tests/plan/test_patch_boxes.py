@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from daskzarr_batches import patch_stream
 from daskzarr_batches.plan.patches import merge_boxes
-from daskzarr_batches.read import patches as read_patches
+from daskzarr_batches.read import patch_boxes as read_patches
 from tests.strategies import property_settings
 
 SETTINGS = property_settings(30)

@@ -207,7 +207,9 @@ def test_a_shard_read_by_a_reader_of_its_own() -> None:
 def test_a_failing_reader_of_a_shard_is_named() -> None:
     x, _ = stored(True)
     with (
-        pytest.raises(dzb.ChunkReadError, match=r"reader of .* failed reading chunks \(0, 0\)"),
+        pytest.raises(
+            dzb.ChunkReadError, match=r"reader .* of array .* failed reading chunks \(0, 0\)"
+        ),
         dzb.chunk_stream(x, reader=Failing) as stream,
     ):
         list(stream)
