@@ -5,9 +5,12 @@ sequential and buffered shuffle of 8 chunks, batch 256) beside the
 transfer-only ceiling (64 MiB arrays made on workers, fetched by the client,
 no Zarr read), in interleaved rounds, and prints per case the median of:
 
-- epoch seconds and the ratio to the round's transfer ceiling;
+- epoch seconds and the ratio to the round's transfer ceiling (fetched as the
+  streams fetch: straight from the workers on a LocalCluster; and through the
+  scheduler, the ceiling before issue 40);
 - worker side (``client.get_task_stream``): read tasks, their mean time per
-  window, total read time, the share of windows run on the busiest worker;
+  window, total read time, the share of windows run on the busiest worker, the
+  workers' busy fraction (read time / (epoch x workers));
 - client side: ``stats.wait_seconds`` (blocked on results: transfer, or reads
   not done yet), time spent cutting batches (slices, or ``np.take`` by the plan
   order) and copying unaligned windows, both timed by wrapping the library's
@@ -66,6 +69,7 @@ def profile(client: Any, make: Callable[[], dzb.BatchStream]) -> dict[str, float
         "read ms/window": 1000 * statistics.mean(read_seconds),
         "read s": sum(read_seconds),
         "busiest worker": max(per_worker.values()) / len(reads),
+        "workers busy": sum(read_seconds) / (seconds * len(client.nthreads())),
         "wait s": stream.stats.wait_seconds,
         "cut s": spent.get("cut", 0.0),
         "align s": spent.get("align", 0.0),
@@ -99,9 +103,13 @@ def run(options: argparse.Namespace) -> None:
             started = time.perf_counter()
             transfer_only(client, data.feature_bytes)
             ceiling = time.perf_counter() - started
+            started = time.perf_counter()
+            transfer_only(client, data.feature_bytes, direct=False)
+            relayed = time.perf_counter() - started
             for name, make in cases.items():
                 result = profile(client, make)
                 result["x transfer"] = ceiling / result["epoch s"]
+                result["x transfer via scheduler"] = relayed / result["epoch s"]
                 results[name].append(result)
     print(f"{data.feature_bytes / 2**20:.0f} MiB, medians of {args.rounds} rounds")
     keys = list(next(iter(results.values()))[0])
