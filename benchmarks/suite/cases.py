@@ -302,7 +302,7 @@ def transfer_only(client: Any, total: int, direct: bool | None = None) -> Measur
     LocalCluster); ``direct=False``: through the scheduler, as
     ``future.result()`` does (the ceiling before issue 40).
     """
-    from daskzarr_batches.execute.runners import direct_fetch
+    from ..internals import direct_fetch
 
     direct = direct_fetch(client) if direct is None else direct
     piece = 64 * MiB
