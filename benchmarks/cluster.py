@@ -186,7 +186,11 @@ def job_pairs(x: zarr.Array, out: Path, client: Any) -> dict[str, tuple[Any, Any
         ),
         "write": (
             lambda: dzb.map_to_zarr(normalise, x, fresh(), client=client),
-            lambda: a.map_blocks(normalise).to_zarr(str(fresh()), compute=True),
+            # on the cluster: to_zarr(compute=True) would run on dask's default scheduler,
+            # local threads, as the client is not the default (before: it did)
+            lambda: dask.compute(
+                a.map_blocks(normalise).to_zarr(str(fresh()), compute=False), scheduler=client
+            ),
         ),
     }
 

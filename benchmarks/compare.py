@@ -137,11 +137,13 @@ def compare(baseline: ModuleType, data: Dataset, rounds: int, client: Any = None
     old, new = cases(baseline, data, client), cases(current, data, client)
     l0_seconds: list[float] = []
     ceiling: list[float] = []  # transfer only (on a cluster): its ceiling, in the same rounds
+    relayed: list[float] = []  # the same through the scheduler (the ceiling before issue 40)
     seconds: dict[tuple[str, str], list[float]] = {}
     for round_number in range(rounds):
         l0_seconds.append(timed(l0))
         if client is not None:
             ceiling.append(timed(lambda: transfer_only(client, data.feature_bytes)))
+            relayed.append(timed(lambda: transfer_only(client, data.feature_bytes, False)))
         for name in old:
             pair = [("old", old[name]), ("new", new[name])]
             for who, function in pair[:: -1 if round_number % 2 else 1]:
@@ -161,24 +163,40 @@ def compare(baseline: ModuleType, data: Dataset, rounds: int, client: Any = None
             f"| {best_l0 / statistics.median(o):.3f}x | {best_l0 / statistics.median(n):.3f}x "
             f"| {statistics.median(o) / statistics.median(n):.2f} |"
         )
-    if ceiling:
-        best, median = min(ceiling), statistics.median(ceiling)
-        lines += [
-            "",
-            f"transfer only (64 MiB results worker -> client, no read): "
-            f"{data.feature_bytes / best / 1e6:.0f} MB/s best, "
-            f"{data.feature_bytes / median / 1e6:.0f} MB/s median; ratios to it:",
-            "",
-            "| case | old best | new best | old median | new median |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for name in old:
-            o, n = seconds[(name, "old")], seconds[(name, "new")]
-            lines.append(
-                f"| {name} | {best / min(o):.3f}x | {best / min(n):.3f}x "
-                f"| {median / statistics.median(o):.3f}x | {median / statistics.median(n):.3f}x |"
-            )
+    for times, how in ((ceiling, "as the streams fetch"), (relayed, "through the scheduler")):
+        if times:
+            lines += ceiling_table(times, how, seconds, list(old), data.feature_bytes)
     return "\n".join(lines)
+
+
+def ceiling_table(
+    times: list[float],
+    how: str,
+    seconds: dict[tuple[str, str], list[float]],
+    names: list[str],
+    nbytes: int,
+) -> list[str]:
+    """Lines of the table of each case's ratio to a transfer-only ceiling (``times``)."""
+    best, median = min(times), statistics.median(times)
+    lines = [
+        "",
+        f"transfer only (64 MiB results worker -> client, {how}, no read): "
+        f"{nbytes / best / 1e6:.0f} MB/s best, {nbytes / median / 1e6:.0f} MB/s median; "
+        "ratios to it (per round: to the ceiling of the same round, the median of the rounds):",
+        "",
+        "| case | old best | new best | old median | new median | old per round | new per round |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        o, n = seconds[(name, "old")], seconds[(name, "new")]
+        old_round = statistics.median(c / t for c, t in zip(times, o, strict=True))
+        new_round = statistics.median(c / t for c, t in zip(times, n, strict=True))
+        lines.append(
+            f"| {name} | {best / min(o):.3f}x | {best / min(n):.3f}x "
+            f"| {median / statistics.median(o):.3f}x | {median / statistics.median(n):.3f}x "
+            f"| {old_round:.3f}x | {new_round:.3f}x |"
+        )
+    return lines
 
 
 def first_batch(dzb: ModuleType, data: Dataset) -> dict[str, Callable[[], Any]]:

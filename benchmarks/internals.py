@@ -18,12 +18,24 @@ import zarr
 __all__ = [
     "buffer_estimate",
     "codec_pipeline_of",
+    "direct_fetch",
     "exact_window_rows",
     "order_quality",
     "peak_in_flight",
     "time_batch_cutting",
     "zarr_behind",
 ]
+
+
+def direct_fetch(client: Any) -> bool:
+    """Whether streams on ``client`` fetch windows from the workers, not via the scheduler.
+
+    ``suite.cases.transfer_only``: the ceiling fetched as the streams fetch.
+    Public replacement: none (``execute.runners.direct_fetch``).
+    """
+    from daskzarr_batches.execute.runners import direct_fetch as chosen
+
+    return bool(chosen(client))
 
 
 def exact_window_rows(budget: int, row_bytes: int) -> int:

@@ -5,9 +5,15 @@ sequential and buffered shuffle of 8 chunks, batch 256) beside the
 transfer-only ceiling (64 MiB arrays made on workers, fetched by the client,
 no Zarr read), in interleaved rounds, and prints per case the median of:
 
-- epoch seconds and the ratio to the round's transfer ceiling;
+- epoch seconds and the ratio to the round's transfer ceiling (fetched as the
+  streams fetch: straight from the workers on a LocalCluster; and through the
+  scheduler, the ceiling before issue 40);
 - worker side (``client.get_task_stream``): read tasks, their mean time per
-  window, total read time, the share of windows run on the busiest worker;
+  window, total read time, the share of windows run on the busiest worker, the
+  workers' busy fraction (read time / (epoch x workers));
+- the workers' CPU over the epoch, and as a multiple of theirs in the transfer
+  ceiling; the epoch against the same windows only read on the workers (zarr's
+  ``x[a:b]``, nothing sent back: ``x reads only``), what the epoch cannot beat;
 - client side: ``stats.wait_seconds`` (blocked on results: transfer, or reads
   not done yet), time spent cutting batches (slices, or ``np.take`` by the plan
   order) and copying unaligned windows, both timed by wrapping the library's
@@ -42,15 +48,40 @@ def compute_seconds(task: dict[str, Any]) -> float:
     return sum(s["stop"] - s["start"] for s in task["startstops"] if s["action"] == "compute")
 
 
+def workers_cpu(client: Any) -> float:
+    """The summed CPU seconds of the workers' processes so far."""
+    return float(sum(client.run(time.process_time).values()))
+
+
+def nbytes_of(x: Any, start: int, stop: int) -> int:
+    """A read task of :func:`reads_only`: rows ``start:stop`` of ``x`` read, nothing sent."""
+    return int(x[start:stop].nbytes)
+
+
+def reads_only(client: Any, x: Any, rows: int) -> float:
+    """Seconds the workers take to read every sequential window of ``x`` (zarr's
+    ``x[a:b]``, windows of ``DEFAULT_WINDOW_BYTES``), sending nothing back: what a
+    stream's epoch costs the workers before any transfer."""
+    step = max(dzb.plan.DEFAULT_WINDOW_BYTES // (x.dtype.itemsize * x.shape[1]), 1)
+    started = time.perf_counter()
+    client.gather(
+        [client.submit(nbytes_of, x, a, min(a + step, rows), pure=False)
+         for a in range(0, rows, step)]
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
 def profile(client: Any, make: Callable[[], dzb.BatchStream]) -> dict[str, float]:
     spent: dict[str, float] = {}
     with time_batch_cutting(spent), distributed.get_task_stream(client) as tasks:
+        cpu = workers_cpu(client)
         started = time.perf_counter()
         stream = make()
         with stream:
             for _ in stream:
                 pass
         seconds = time.perf_counter() - started
+        cpu = workers_cpu(client) - cpu
     reads = [
         (item["worker"], compute_seconds(item))
         for item in tasks.data
@@ -66,10 +97,12 @@ def profile(client: Any, make: Callable[[], dzb.BatchStream]) -> dict[str, float
         "read ms/window": 1000 * statistics.mean(read_seconds),
         "read s": sum(read_seconds),
         "busiest worker": max(per_worker.values()) / len(reads),
+        "workers busy": sum(read_seconds) / (seconds * len(client.nthreads())),
         "wait s": stream.stats.wait_seconds,
         "cut s": spent.get("cut", 0.0),
         "align s": spent.get("align", 0.0),
         "peak in flight": peak_in_flight(stream),
+        "workers cpu s": cpu,
     }
 
 
@@ -99,9 +132,21 @@ def run(options: argparse.Namespace) -> None:
             started = time.perf_counter()
             transfer_only(client, data.feature_bytes)
             ceiling = time.perf_counter() - started
+            started = time.perf_counter()
+            transfer_only(client, data.feature_bytes, direct=False)
+            relayed = time.perf_counter() - started
+            cpu = workers_cpu(client)
+            started = time.perf_counter()
+            transfer_only(client, data.feature_bytes)
+            ceiling_cpu = workers_cpu(client) - cpu
+            ceiling = min(ceiling, time.perf_counter() - started)
+            reads = reads_only(client, x, data.rows)
             for name, make in cases.items():
                 result = profile(client, make)
                 result["x transfer"] = ceiling / result["epoch s"]
+                result["x transfer via scheduler"] = relayed / result["epoch s"]
+                result["x reads only"] = reads / result["epoch s"]
+                result["workers cpu / ceiling's"] = result["workers cpu s"] / ceiling_cpu
                 results[name].append(result)
     print(f"{data.feature_bytes / 2**20:.0f} MiB, medians of {args.rounds} rounds")
     keys = list(next(iter(results.values()))[0])

@@ -294,8 +294,17 @@ def torch_batches(w: Workload, workers: int) -> Measured:
 # Cluster
 
 
-def transfer_only(client: Any, total: int) -> Measured:
-    """Ceiling of the cluster path: fetch arrays made on workers, no Zarr read."""
+def transfer_only(client: Any, total: int, direct: bool | None = None) -> Measured:
+    """Ceiling of the cluster path: fetch arrays made on workers, no Zarr read.
+
+    Fetched as the streams fetch their windows (``direct=None``: straight from
+    the workers where ``execute.runners.direct_fetch`` says so, as on a
+    LocalCluster); ``direct=False``: through the scheduler, as
+    ``future.result()`` does (the ceiling before issue 40).
+    """
+    from ..internals import direct_fetch
+
+    direct = direct_fetch(client) if direct is None else direct
     piece = 64 * MiB
     futures = [
         client.submit(np.ones, piece // 4, dtype="f4", pure=False)
@@ -303,7 +312,7 @@ def transfer_only(client: Any, total: int) -> Measured:
     ]
     nbytes = 0
     for future in futures:
-        nbytes += future.result().nbytes
+        nbytes += client.gather(future, direct=direct).nbytes
         future.release()
     return nbytes, 0, 1.0
 

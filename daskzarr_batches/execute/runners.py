@@ -43,7 +43,9 @@ __all__ = [
     "Keeper",
     "Runner",
     "ThreadRunner",
+    "direct_fetch",
     "make_runner",
+    "packed_keys",
     "resolve_client",
     "untokenized",
 ]
@@ -190,6 +192,8 @@ class ClientRunner:
         # one thread per graph in flight brings its result here as soon as it is ready
         self._fetchers = DaemonExecutor(max(in_flight, 1), "dzb-fetch")
         self.peak_in_flight = 0
+        #: whether results are fetched from the workers themselves (:func:`direct_fetch`)
+        self.direct = direct_fetch(client)
 
     def place(self, sources: Sequence[Source], timeout: float | None) -> list[Source]:
         """``sources`` ready to embed in graphs sent to the cluster.
@@ -231,11 +235,7 @@ class ClientRunner:
         return source
 
     def submit(self, dsk: Graph, key: Any, priority: int) -> Fetched:
-        future = self.client.get(untokenized(dsk), key, sync=False, priority=priority)
-        fetched = Fetched(future, self._fetchers.submit(_fetch, future))
-        self._live[id(fetched)] = fetched
-        self.peak_in_flight = max(self.peak_in_flight, len(self._live))
-        return fetched
+        return self.submit_many([(dsk, key)], priority)[0]
 
     def submit_many(self, graphs: Sequence[tuple[Graph, Any]], priority: int) -> list[Fetched]:
         """Every ``(dsk, key)`` of ``graphs`` in one graph, one round trip to the scheduler.
@@ -244,17 +244,30 @@ class ClientRunner:
         trip, a graph's packing and ordering each: with few units in flight the
         workers idled between them (issue 40: 18% busy).  The graphs' keys must
         be distinct; shared keys (a dask source's culled graph) are merged.
+
+        A ``key`` whose task only packs other keys in a tuple (a window's
+        outputs, :func:`packed_keys`) is not sent: its parts are computed and
+        fetched, each straight from the worker that made it, and packed here.
+        As a task it waited for a worker thread behind the next window's
+        read, then copied the outputs made on other workers to its own before
+        the whole window travelled again (issue 40).
         """
-        if len(graphs) == 1:
-            return [self.submit(*graphs[0], priority)]
         merged: Graph = {}
-        for dsk, _ in graphs:
+        wanted: list[tuple[list[Any], bool]] = []  # per graph: keys computed, packed here
+        for dsk, key in graphs:
             merged.update(dsk)
-        keys = [key for _, key in graphs]
-        futures = self.client.get(untokenized(merged), keys, sync=False, priority=priority)
+            parts = packed_keys(dsk, key)
+            if parts is None:
+                wanted.append(([key], False))
+            else:
+                del merged[key]
+                wanted.append((parts, True))
+        flat = [key for keys, _ in wanted for key in keys]
+        futures = iter(self.client.get(untokenized(merged), flat, sync=False, priority=priority))
         made = []
-        for future in futures:
-            fetched = Fetched(future, self._fetchers.submit(_fetch, future))
+        for keys, packed in wanted:
+            mine = tuple(next(futures) for _ in keys)
+            fetched = Fetched(mine, self._fetchers.submit(_fetch, mine, packed, self.direct))
             self._live[id(fetched)] = fetched
             made.append(fetched)
         self.peak_in_flight = max(self.peak_in_flight, len(self._live))
@@ -414,29 +427,80 @@ class _Slotted:
             return self.function(value)
 
 
-def _fetch(future: Any) -> Any:
-    """The result of ``future``, brought to this process; the cluster then forgets it."""
+def packed_keys(dsk: Graph, key: Any) -> list[Any] | None:
+    """The keys ``key``'s task packs in a tuple, if that is all it does (else ``None``).
+
+    A window graph's result task, ``(tuple, [output keys])``; the key must be
+    the graph's result (no task of ``dsk`` depends on it).
+    """
+    task = dsk.get(key)
+    if type(task) is not tuple or len(task) != 2 or task[0] is not tuple:
+        return None
+    parts = task[1]
+    if not isinstance(parts, list) or not parts or not all(part in dsk for part in parts):
+        return None
+    return list(parts)
+
+
+def _fetch(futures: tuple[Any, ...], packed: bool, direct: bool) -> Any:
+    """The results of ``futures``, brought to this process; the cluster then forgets them.
+
+    One future's result, or with ``packed`` the tuple of all of theirs.
+    ``direct``: fetched from the workers holding them (:func:`direct_fetch`),
+    else through the scheduler, as ``future.result()`` does.
+    """
     try:
-        return future.result()
+        values = futures[0].client.gather(list(futures), direct=direct)
+        return tuple(values) if packed else values[0]
     finally:
-        future.release()  # idempotent: releasing the Fetched later is harmless
+        for future in futures:
+            future.release()  # idempotent: releasing the Fetched later is harmless
+
+
+def direct_fetch(client: Any) -> bool:
+    """Whether results are fetched from the workers directly, not through the scheduler.
+
+    ``future.result()`` of a client outside the cluster asks the scheduler to
+    gather the result and pass it on: every window crosses two connections
+    and the scheduler's event loop, where the workers could send it straight
+    to this process (issue 40: a 20 MiB array fetched directly from a worker
+    of a LocalCluster in 0.6x the time).  Workers on other hosts may not be
+    reachable from the client (a gateway, a NAT), which is why ``distributed``
+    does not do it by default.  So: the client's own ``direct_to_workers``
+    when it was given (``Client(..., direct_to_workers=True)`` or the
+    ``distributed.client.direct-to-workers`` setting), else directly exactly
+    when the workers are this host's (a ``LocalCluster``, a scheduler on
+    loopback or in this process).
+    """
+    chosen = getattr(client, "direct_to_workers", None)
+    if chosen is not None:
+        return bool(chosen)
+    try:
+        from distributed import LocalCluster
+    except ImportError:  # pragma: no cover - a client implies distributed
+        return False
+    if isinstance(getattr(client, "cluster", None), LocalCluster):
+        return True
+    address = str(getattr(getattr(client, "scheduler", None), "address", "") or "")
+    return address.startswith(("inproc://", "tcp://127.", "tcp://localhost:", "tcp://[::1]"))
 
 
 class Fetched:
-    """A cluster future whose result is fetched to this process as soon as it is ready.
+    """A graph's cluster futures, whose result is fetched to this process as soon as ready.
 
-    ``future`` is the ``distributed.Future``; ``local`` a
-    ``concurrent.futures.Future`` that a fetch thread fills with its result
-    (or error), so the transfer of a window overlaps the consumption of the
-    one before it instead of starting when the consumer asks for it.  The
-    fetch releases the cluster's future once the result is here, so the
-    worker frees its copy at once.
+    ``futures`` are the ``distributed.Future`` objects (one, or a window's
+    outputs, :func:`packed_keys`); ``local`` a ``concurrent.futures.Future``
+    that a fetch thread fills with the result (or error), so the transfer of
+    a window overlaps the consumption of the one before it instead of
+    starting when the consumer asks for it.  The fetch releases the
+    cluster's futures once the result is here, so the workers free their
+    copies at once.
     """
 
-    __slots__ = ("future", "local")
+    __slots__ = ("futures", "local")
 
-    def __init__(self, future: Any, local: concurrent.futures.Future[Any]) -> None:
-        self.future = future
+    def __init__(self, futures: tuple[Any, ...], local: concurrent.futures.Future[Any]) -> None:
+        self.futures = futures
         self.local = local
 
     def result(self, timeout: float | None = None) -> Any:
@@ -448,9 +512,10 @@ class Fetched:
         return self.local.done()
 
     def release(self) -> None:
-        """Release the cluster's future (its key and result) and drop the fetched result."""
+        """Release the cluster's futures (keys and results) and drop the fetched result."""
         self.local.cancel()  # not started yet: never fetch it
-        self.future.release()
+        for future in self.futures:
+            future.release()
 
 
 def resolve_client(client: Any) -> Any | None:

@@ -13,8 +13,10 @@ import math
 import numbers
 import os
 import threading
+from typing import Any
 
 from ..errors import ArgumentTypeError, ArgumentValueError
+from ..plan.defaults import DEFAULT_IO_BYTES, DEFAULT_PREFETCH
 from ..plan.windows import ShuffleMode
 from ..store.open import open_array
 from ..store.sparse import anndata_node
@@ -25,6 +27,7 @@ __all__ = [
     "as_array",
     "buffer_samples",
     "byte_size",
+    "default_prefetch",
     "flag",
     "given_value",
     "io_concurrency",
@@ -159,6 +162,40 @@ def buffer_samples(value: object, row_bytes: int) -> int:
             f"such as '256MiB' (str), got {value!r} of type {type(value).__name__}"
         )
     return positive_int("shuffle_buffer_size", value)
+
+
+#: windows a sequential or buffered stream on a cluster keeps in flight per worker thread
+#: by default: one being read, one waiting for the thread (issue 40)
+CLUSTER_WINDOWS = 2
+
+
+def default_prefetch(spec: Any, buffer: object) -> int:
+    """``prefetch`` of a sequential or buffered stream when none is given.
+
+    Locally ``DEFAULT_PREFETCH``.  On a cluster (``spec.client``) at least
+    that, and enough that ``CLUSTER_WINDOWS`` windows per worker thread are
+    in flight beside the one being consumed, as long as those windows hold
+    at most ``DEFAULT_IO_BYTES``: with three windows in flight on two
+    threads, each worker idled between finishing a window and the consumer
+    asking for the next one (issue 40).  A window is ``spec.window_bytes``
+    (sequential), the shuffle buffer ``buffer``, or for ``"auto"`` the
+    largest buffer its memory budget allows.
+    """
+    client = spec.client
+    if client is None:
+        return DEFAULT_PREFETCH
+    try:
+        threads = sum(client.nthreads().values())
+    except Exception:  # a closed client: its first window says so (WindowError)
+        return DEFAULT_PREFETCH
+    if spec.shuffle == "none":
+        window = spec.window_bytes
+    elif isinstance(buffer, int | str) and buffer != AUTO:
+        window = buffer_samples(buffer, spec.row_bytes) * spec.row_bytes
+    else:
+        window = spec.memory_budget // (DEFAULT_PREFETCH + 1)
+    fits = DEFAULT_IO_BYTES // max(window, 1)
+    return max(DEFAULT_PREFETCH, min(CLUSTER_WINDOWS * threads, fits))
 
 
 def flag(name: str, value: object) -> bool:

@@ -67,6 +67,7 @@ from .checks import (
     as_array,
     buffer_samples,
     byte_size,
+    default_prefetch,
     flag,
     io_concurrency,
     merged_io_concurrency,
@@ -152,10 +153,9 @@ class StreamSpec:
     window_bytes : int, default ``DEFAULT_WINDOW_BYTES``
         Target decoded bytes of one sequential window.
     prefetch : int, optional
-        Windows computed ahead of the one being consumed.  ``None``: 0 for
-        the exact shuffle (each prefetched window would split
-        ``memory_budget`` and multiply the reads), ``DEFAULT_PREFETCH``
-        otherwise.
+        Windows computed ahead of the one being consumed.  ``None``: 0 for the
+        exact shuffle (each prefetched window would split ``memory_budget``), else
+        ``DEFAULT_PREFETCH``, on a cluster two per worker thread (``default_prefetch``).
     drop_remainder : bool, default False
         Whether the short last batch is dropped (its samples are not read).
     client : distributed.Client, optional
@@ -289,8 +289,8 @@ class StreamSpec:
         if self.shuffle != "none" and seed is None:
             seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         put("seed", seed)
-        if self.prefetch is None:
-            put("prefetch", 0 if self.shuffle == "exact" else DEFAULT_PREFETCH)
+        if self.prefetch is None:  # on a cluster, sized to its threads
+            put("prefetch", 0 if self.shuffle == "exact" else default_prefetch(self, buffer))
         else:
             put("prefetch", non_negative_int("prefetch", self.prefetch))
         if self.sampler is not None:

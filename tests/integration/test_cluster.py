@@ -175,12 +175,12 @@ def test_shuffled_batches_identical_to_local(
 def test_consumed_windows_leave_the_cluster(client: Any, dataset: Any, prefetch: int) -> None:
     array, _ = dataset
 
-    def windows_held(dask_scheduler: Any) -> list[int]:
-        return [
+    def windows_held(dask_scheduler: Any) -> set[int]:  # a window's outputs, or its tuple
+        return {
             int(key[1])
             for key in dask_scheduler.tasks
-            if isinstance(key, tuple) and str(key[0]).startswith("dzb-window-")
-        ]
+            if isinstance(key, tuple) and str(key[0]).startswith(("dzb-window-", "dzb-array-"))
+        }
 
     stream = dzb.batch_stream(array, 64, window_bytes=64 * 24, prefetch=prefetch, client=client)
     for index, _ in enumerate(stream):  # one window per batch
