@@ -54,10 +54,10 @@ from .zarr_adapter import async_array, codec_pipeline, is_zarr_pipeline, nd_buff
 
 __all__ = [
     "Access",
-    "ReadEngine",
     "DaskReader",
     "DirectReader",
     "NumpyReader",
+    "ReadEngine",
     "RowsWindow",
     "ShardReader",
     "ZarrReader",
