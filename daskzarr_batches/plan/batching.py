@@ -146,8 +146,12 @@ def _join_csr(parts: Sequence[Any]) -> Any:
 class Batcher:
     """Cuts window outputs, in epoch order, into batches of ``batch_size`` rows.
 
-    Every batch is a copy the caller owns, with the dtype of the window
-    outputs.  Rows left at the end of a window are carried into the next
+    Every batch is an array the caller owns, with the dtype of the window
+    outputs: a copy, or with ``views=True`` a batch that lies wholly in one
+    window (rows in plan order, ``order=None``) is a view of the window's
+    output, which must then be a fresh array nobody else holds or reuses
+    (never a pooled buffer); a batch straddling two windows is always
+    joined.  Rows left at the end of a window are carried into the next
     window's first batch; :meth:`finish` returns the short last batch.
 
     Parameters
@@ -158,10 +162,17 @@ class Batcher:
         Whether :meth:`finish` drops a short last batch.  The plan already
         leaves out the samples of a short last batch (it never reads them);
         the batcher sees one only when chunks were skipped.
+    views : bool, default False
+        Whether a batch lying wholly in one window is a view of the window's
+        numpy output rather than a copy (the outputs handed to :meth:`feed`
+        are then the caller's: fresh, not pooled, written by nobody after).
     """
 
-    def __init__(self, batch_size: int, *, drop_remainder: bool = False) -> None:
+    def __init__(
+        self, batch_size: int, *, drop_remainder: bool = False, views: bool = False
+    ) -> None:
         self.batch_size = batch_size
+        self.views = views
         self.drop_remainder = drop_remainder
         self._carry: list[Batch] = []
         self._carried = 0
@@ -181,6 +192,7 @@ class Batcher:
         """
         size = row_count(outputs[0]) if order is None else len(order)
         position = 0
+        views = self.views and order is None and _distinct(outputs)
         if self._carry:
             position = min(self.batch_size - self._carried, size)
             self._carry.append(_rows(outputs, order, 0, position))
@@ -189,7 +201,10 @@ class Batcher:
                 yield self._join()
         while size - position >= self.batch_size:
             end = position + self.batch_size
-            yield _rows(outputs, order, position, end)
+            if views:  # the window's own rows: no second copy
+                yield tuple(part[position:end] for part in outputs)
+            else:
+                yield _rows(outputs, order, position, end)
             position = end
         if position < size:
             self._carry.append(_rows(outputs, order, position, size))
@@ -206,6 +221,17 @@ class Batcher:
         parts = list(zip(*self._carry, strict=True))
         self._carry, self._carried = [], 0
         return tuple(join_rows(p) for p in parts)
+
+
+def _distinct(outputs: Batch) -> bool:
+    """Whether the outputs are numpy arrays of which no two share a buffer (views of them
+    are batches independent of each other)."""
+    bases = []
+    for part in outputs:
+        if not isinstance(part, np.ndarray):
+            return False
+        bases.append(id(part if part.base is None else part.base))
+    return len(set(bases)) == len(bases)
 
 
 def _rows(outputs: Batch, order: npt.NDArray[np.int64] | None, start: int, stop: int) -> Batch:

@@ -155,6 +155,18 @@ class BatchStream(Stream[Any]):
         # issue 20); not the exact shuffle, whose memory_budget counts the windows alive
         # and whose next window is read before the last one is cut
         self._pool = shared_pool() if not runner.plan_order and spec.shuffle != "exact" else None
+        # a local patch stream's windows are read in plan order into fresh outputs (no
+        # pool), so a batch lying in one window is handed out as a view of it, not copied
+        # again (forecast pairs: each patch a stored chunk, the copy was a third of an
+        # epoch from the cache); not the exact shuffle, whose budget counts windows alive
+        self._views = (
+            not runner.plan_order
+            and spec.shuffle != "exact"
+            and any(source.patched is not None for source in spec.sources)
+        )
+        if self._views:
+            self._pool = None
+        self._plan_order = runner.plan_order or self._views
 
     @property
     def seed(self) -> int | None:
@@ -180,7 +192,7 @@ class BatchStream(Stream[Any]):
         spec = self.spec
         prefetch = spec.prefetch
         assert prefetch is not None
-        batcher = Batcher(spec.batch_size, drop_remainder=self._drop)
+        batcher = Batcher(spec.batch_size, drop_remainder=self._drop, views=self._views)
         deliver = _Delivery(self.stats, spec.paired, self._created, spec.layout)
         if spec.labels is not None:
             deliver.labels = spec.roles.index(spec.labels)
@@ -277,7 +289,7 @@ class BatchStream(Stream[Any]):
         )
 
         ctx = ReadContext(
-            policy, runner.scope, runner.plan_order, spec.decode_bytes, pool, shares, kept
+            policy, runner.scope, self._plan_order, spec.decode_bytes, pool, shares, kept
         )
 
         def submit(window: Window, offset: int) -> Any:
@@ -296,7 +308,7 @@ class BatchStream(Stream[Any]):
         reads.consumed(window)
         self._runner.release(future)  # a distributed result leaves the worker now
         del future
-        order = None if self._runner.plan_order else window.gather_index()
+        order = None if self._plan_order else window.gather_index()
         # slices copy fast from any address; np.take needs aligned rows
         outputs = tuple(rows if order is None else _aligned(rows) for rows, _ in results)
         reports = [report for _, report in results]

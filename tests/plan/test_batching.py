@@ -112,3 +112,20 @@ def test_batcher_copies_so_mutating_a_batch_leaves_the_window() -> None:
 
 def test_batcher_with_nothing_fed_has_no_last_batch() -> None:
     assert Batcher(3).finish() is None
+
+
+def test_batcher_with_views_hands_out_a_batch_inside_a_window_uncopied() -> None:
+    """``views=True``: a batch wholly in one window is a view of it (the window is the
+    caller's), a batch across two windows a join, and shared or shuffled outputs copied."""
+    x, y = np.arange(10), np.arange(10, 20)
+    batcher = Batcher(4, views=True)
+    first, second = batcher.feed((x, y))
+    assert all(np.shares_memory(a, w) for a, w in zip(first, (x, y), strict=True))
+    assert not np.shares_memory(first[0], second[0])
+    (joined,) = batcher.feed((np.arange(20, 23), np.arange(30, 33)))  # 8, 9 + 20, 21
+    assert joined[0].tolist() == [8, 9, 20, 21] and joined[0].flags.owndata
+    one = np.arange(8)  # one buffer as both outputs: views would tie x to y
+    (a, b), _ = Batcher(4, views=True).feed((one, one[:])), None
+    assert not np.shares_memory(a, b) and not np.shares_memory(a, one)
+    (c,) = next(Batcher(4, views=True).feed((np.arange(4),), np.array([3, 2, 1, 0])))
+    assert c.tolist() == [3, 2, 1, 0] and c.flags.owndata  # a gather: a copy

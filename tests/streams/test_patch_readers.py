@@ -193,6 +193,36 @@ def test_an_epoch_from_the_cache_asks_the_reader_nothing(tmp_path: Path) -> None
         assert second.stats.cache_misses == 0 and second.stats.cache_hits > 0
 
 
+#: windows of several batches (the default window_bytes; a buffer of two batches)
+WHOLE = {
+    "pairs": lambda a, **kw: dzb.patch_stream(a, {0: 1}, 4, target_offset={0: 1}, **kw),
+    "pairs-shuffled": KINDS["pairs-shuffled"],
+    "shuffled": KINDS["shuffled"],
+    "targets": lambda a, **kw: dzb.patch_stream(
+        a, {0: 2, 1: 8}, 2, target_offset={0: 1}, target_dims={0: 1}, **kw
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(WHOLE))
+def test_a_batch_inside_a_window_is_its_rows_uncopied_and_independent(
+    tmp_path: Path, kind: str
+) -> None:
+    """Read locally, a patch window's outputs are fresh (no pool) and in plan order, so a
+    batch lying in one window is a view of its rows, not copied again; no two batches (nor
+    the inputs and targets of one, nor an epoch from the cache) share memory."""
+    array = field(tmp_path / "f.zarr", (14, 8, 6), (1, 4, 6))  # windows 1, 1, 2, 4, 5
+    expected = batches(WHOLE[kind](array))
+    cache = dzb.ChunkCache("16MiB")
+    for epoch in range(2):  # epoch two from the cache
+        got = batches(WHOLE[kind](array, cache=cache))
+        assert_same(got, expected)
+        parts = [p for b in got for p in (b if isinstance(b, tuple) else (b,))]
+        assert any(not p.flags.owndata for p in parts), epoch  # a window's rows, uncopied
+        for a, b in itertools.combinations(parts, 2):
+            assert not np.shares_memory(a, b)
+
+
 @pytest.mark.cluster
 def test_a_counting_reader_on_a_cluster_sees_each_chunk_once(client: Any, tmp_path: Path) -> None:
     """On a cluster each window's task asks its worker's reader (in-process workers here)."""
