@@ -243,16 +243,23 @@ def _read_chunks(
     plan = Planned(
         requests, lambda: _decode_into(fast, requests, limit, scope), view,
         lambda coro: run_on_loop(coro, scope), limit, ledger.cache,
+        served={} if claims and share is not None else None,
     )  # fmt: skip
     with planned(plan):
         reader_of(array, ctx.policy).read(requests)
+    served = plan.served or {}
     handed = []
     for request, owner, region in zip(requests, owners, regions, strict=True):
         data = request.out[request.where]
         job.spread(request.chunk, data, region, owner)
         claim = claims.get(request.chunk)
-        if claim is not None and share is not None:  # a box goes back to the pool: a copy
-            handed.append((request.chunk, claim, data if owner is None else data.copy()))
+        if claim is not None and share is not None:
+            kept = served.get(request.chunk)
+            if kept is not None:  # the cache's chunk (read-only to the share): no copy
+                data = request.part(kept)
+            elif owner is not None:  # a box goes back to the pool or out as a batch: a copy
+                data = data.copy()
+            handed.append((request.chunk, claim, data))
     if handed and share is not None:
 
         async def publish_all() -> None:

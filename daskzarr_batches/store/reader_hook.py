@@ -57,7 +57,9 @@ class Planned:
     whether ``run`` was called (the task's own read), ``result``: what it
     returned; ``library_failed``: whether the library's reader raised (its
     planned read, or its read of other requests), so that a failure above
-    it is a user's reader's own (:func:`users_failure`).
+    it is a user's reader's own (:func:`users_failure`); ``served``: a dict
+    the task passes to learn which requests a ``ChunkCache`` served (chunk ->
+    the cache's decoded chunk, never to be written), ``None``: not recorded.
     """
 
     requests: Sequence[ChunkRequest]
@@ -70,6 +72,7 @@ class Planned:
     ran: bool = False
     result: Any = None
     library_failed: bool = False
+    served: dict[tuple[int, ...], Any] | None = None
 
     def matches(self, requests: Sequence[ChunkRequest]) -> bool:
         """Whether ``requests`` are this plan's, the same objects in the same order."""
@@ -234,6 +237,8 @@ class CachedReader:
                 misses.append(request)
                 continue
             request.fill(data)
+            if plan is not None and plan.served is not None:
+                plan.served[request.chunk] = data
         before = 0 if counts is None else counts.damaged
         if len(misses) == len(requests):
             self.inner.read(requests)

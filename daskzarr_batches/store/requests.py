@@ -87,8 +87,12 @@ class ChunkRequest:
         ``decoded`` may be the chunk as stored (an edge chunk at the full
         chunk shape) or cropped to the array: it is cropped to ``region`` first.
         """
+        self.out[self.where] = self.part(decoded)
+
+    def part(self, decoded: Any) -> Any:
+        """The wanted part of ``decoded`` (the whole chunk, as stored or cropped), a view."""
         crop = tuple(slice(0, where.stop - where.start) for where in self.region)
-        self.out[self.where] = np.asarray(decoded)[crop][self.selection]
+        return np.asarray(decoded)[crop][self.selection]
 
     def wanted(self) -> tuple[Any, ...]:
         """The selection in the array's coordinates (orthogonal: a slice or indices per axis)."""

@@ -223,6 +223,33 @@ def test_a_batch_inside_a_window_is_its_rows_uncopied_and_independent(
             assert not np.shares_memory(a, b)
 
 
+def test_chunks_handed_on_from_the_cache_are_not_copied_and_batches_leave_it_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A buffered window hands a chunk the cache served on as the cache's own (no copy);
+    batches written to afterwards change neither the cache nor the next epoch."""
+    from daskzarr_batches.read.chunk_share import ChunkShare
+
+    array = field(tmp_path / "f.zarr", (12, 8, 6), (1, 4, 6))
+    published: list[np.ndarray] = []
+    publish = ChunkShare.publish
+
+    def recording(self: Any, key: Any, future: Any, data: np.ndarray, last: bool) -> None:
+        published.append(data)
+        publish(self, key, future, data, last)
+
+    monkeypatch.setattr(ChunkShare, "publish", recording)
+    cache = dzb.ChunkCache("16MiB")
+    expected = batches(KINDS["pairs-shuffled"](array, cache=cache))
+    published.clear()
+    second = batches(KINDS["pairs-shuffled"](array, cache=cache))
+    assert_same(second, expected)
+    assert published and not any(data.flags.owndata for data in published)
+    for x, y in second:
+        x[...], y[...] = -1, -2
+    assert_same(batches(KINDS["pairs-shuffled"](array, cache=cache)), expected)
+
+
 @pytest.mark.cluster
 def test_a_counting_reader_on_a_cluster_sees_each_chunk_once(client: Any, tmp_path: Path) -> None:
     """On a cluster each window's task asks its worker's reader (in-process workers here)."""
