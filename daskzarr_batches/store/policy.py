@@ -107,6 +107,12 @@ class RequestLimit:
         self.request_seconds = self.busy_seconds = self.queued_seconds = 0.0
         self._active = 0
         self._busy_since = 0.0
+        self.changes = 0  # begins and ends so far: a reader of the clock skips an unchanged one
+
+    @property
+    def active(self) -> int:
+        """Requests in flight now."""
+        return self._active
 
     def begin(self, asked: float) -> float:
         """Count a request let through after waiting since ``asked``; its start time."""
@@ -115,6 +121,7 @@ class RequestLimit:
         if self._active == 0:
             self._busy_since = now
         self._active += 1
+        self.changes += 1
         return now
 
     def end(self, started: float) -> None:
@@ -123,6 +130,7 @@ class RequestLimit:
         self.requests += 1
         self.request_seconds += now - started
         self._active -= 1
+        self.changes += 1
         if self._active == 0:
             self.busy_seconds += now - self._busy_since
 

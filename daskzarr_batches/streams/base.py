@@ -280,6 +280,7 @@ class Stream(abc.ABC, Generic[T]):
         #: how the stream's reads treat faults; it alone says whether missing chunks warn
         self.policy = policy
         self._missing_seen: set[tuple[str, object]] = set()  # (array, chunk), each counted once
+        self._clocked = -1  # the store clock's changes when next() last copied its figures
         self._warned = False
 
     @abc.abstractmethod
@@ -303,7 +304,9 @@ class Stream(abc.ABC, Generic[T]):
             self._left = time.perf_counter()
             stats.next_seconds += self._left - entered
             limit = self.policy.requests
-            if limit is not None:
+            # unchanged since the last next() and none in flight: the same figures (per batch)
+            if limit is not None and (limit.active or limit.changes != self._clocked):
+                self._clocked = limit.changes
                 stats.io_concurrency = limit.n
                 stats.store_requests = limit.requests
                 stats.store_request_seconds = limit.request_seconds

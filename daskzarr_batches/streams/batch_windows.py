@@ -186,7 +186,8 @@ class _Delivery:
         if stats.time_to_first_batch is None:
             stats.time_to_first_batch = time.perf_counter() - self.created
         stats.items_yielded += 1
-        stats.samples_yielded += row_count(first)
+        dense = type(first) is np.ndarray  # the hot path: no helper calls
+        stats.samples_yielded += first.shape[0] if dense else row_count(first)
         if self.labels is not None and stats.labels is not None:
             stats.labels.add(batch[self.labels])
         if self.layout is not None:
@@ -195,5 +196,5 @@ class _Delivery:
         if self.paired:
             stats.bytes_yielded += sum(rows_nbytes(part) for part in batch[: self.counted])
             return batch
-        stats.bytes_yielded += rows_nbytes(first)
+        stats.bytes_yielded += first.nbytes if dense else rows_nbytes(first)
         return first
