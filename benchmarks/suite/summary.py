@@ -96,22 +96,24 @@ CAUSES: tuple[tuple[str, str], ...] = (
      "epochs, 8,192 x 32). To measure again on a quiet machine; not measured on GPUs or "
      "TPUs (none here)"),
     (r"^\[pairs, S3",
-     "the local pairs' causes on top of 20 ms a request: sequential is latency-bound for "
-     "both (a first run at load 2, half the steps: 1.09x, met); a cached epoch does only "
-     "local work"),
+     "the local pairs' causes on top of 20 ms a request; sequential is latency-bound for "
+     "both (0.97-1.09x over four runs); a cached epoch does only local work (below)"),
     (r"^\[rows, S3 20 ms\] sequential",
-     "within this loaded run's noise (load 12-14): a run of the same cases at load 2 (S3 "
-     "copies of a quarter of the rows, half the steps) measured 1.57x L0 vs 1.18x (met)"),
+     "ahead (1.12x) but short of issue 36's 1.2x: both read zarr-python's pipeline over "
+     "obstore (zarrs reads no obstore store), one request a chunk, and the sequential ramp's "
+     "first windows (1, 1, 2, ... chunks) each wait a 20 ms round trip that insitubatch's "
+     "16-chunk blocks overlap; at load 2 a smaller copy measured 1.33x"),
     (r"^\[pairs\].*ahead of insitubatch",
-     "pairing: at load 2 an epoch of pairs took 0.154 s against 0.064 s for the inputs "
-     "alone (insitubatch 0.149 / 0.087): each chunk is decoded into the window's box, cut "
-     "into x and y arrays (read/patches.py `_cut`), then every batch copied out again "
-     "(plan/batching.py `_slice_rows`, ~50 of ~250 ms CPU an epoch), where insitubatch "
-     "gathers once from its pool; a cached epoch (114 ms CPU) serves hits through zarr's "
-     "selection per inner chunk and hands each window across threads, which a loaded "
-     "machine turns into waiting (0.09 s at load 2, 0.70 s at load 14). Fixed on the way: "
-     "a box per step `[t, t + 2)`, each chunk decoded into a temporary and copied into two "
-     "boxes (one box per window now)"),
+     "measured on a quiet machine (isolated epochs, 64 steps, CPU seq / shuffled / epoch "
+     "two): 0.209 / 0.238 / 0.161 s before issue 36's last changes, 0.176 / 0.200 / 0.084 s "
+     "after (batches inside a window handed out as its rows, no second copy; cached chunks "
+     "handed between windows uncopied; page faults 32k -> 2.5k on epoch two). What is left, "
+     "epoch two at 32 steps: each epoch's stream costs ~5 ms to make (its plan; the cache "
+     "tokens walk the store, ~2.8 ms); a window of 16 pairs ~12 ms (16 hits copied into x, "
+     "16 into y, on fresh pages: patch outputs leave the pool since batches are views of "
+     "them); window two starts after batch one (fast start), and two window reads do not "
+     "overlap on 2 cores. insitubatch's whole epoch two: 17 ms, batches gathered once from "
+     "its pool. Shuffled: the same cut and the buffered windows' short first windows"),
     (r"^torch DataLoader, 0 workers",
      "the DataLoader's own per-batch machinery (fetcher, pin/collate hooks) on 64 KiB batches; "
      "the Loader under it meets its target"),
