@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import MissingChunkError, ReadCancelledError, StoreGoneError
 from ..store.policy import Ledger, ReadReport, is_program_error, policy_view, program_error
-from ..store.reader_hook import Planned, planned, reader_of, users_failure
+from ..store.reader_hook import Planned, planned, raise_users_failure, reader_of
 from ..store.readers import run_on_loop
 from ..store.requests import block_requests
 from ..store.shards import read_shard_blocks, reads_by_shard
@@ -104,9 +104,7 @@ def read_shard(
         if not plan.ran and is_program_error(exc):
             error = program_error(exc, f"a shard of array {name}")
             raise error from error.__cause__
-        failure = users_failure(plan, reader, name, exc)
-        if failure is not None and failure is not exc:  # a reader of the user's failed
-            raise failure from exc
+        raise_users_failure(plan, reader, name, exc)
         raise
     again = {i: _planned_block(array, name, blocks[i], slices[i], ctx) for i in sorted(set(failed))}
     read = [i for i in range(len(blocks)) if i not in again]

@@ -68,7 +68,7 @@ from ..store.policy import (
     program_error,
     read_array,
 )
-from ..store.reader_hook import Planned, planned, reader_of, users_failure
+from ..store.reader_hook import Planned, planned, raise_users_failure, reader_of
 from ..store.readers import Access, reader_for, run_on_loop
 from ..store.requests import block_requests
 from ..store.rows import owned, put_rows
@@ -155,11 +155,7 @@ def read_block(
     except Exception as exc:
         if plan.ran or is_program_error(exc):
             raise
-        failure = users_failure(plan, reader, name, exc)
-        if failure is exc:
-            raise
-        if failure is not None:  # a reader of the user's failed: not read around
-            raise failure from exc
+        raise_users_failure(plan, reader, name, exc)
         return _planned_block(array, name, block, slices, ctx)  # the library's: named
     if plan.ran:
         return plan.result

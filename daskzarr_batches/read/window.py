@@ -31,7 +31,7 @@ from ..store.policy import (
     policy_view,
     program_error,
 )
-from ..store.reader_hook import LibraryReader, Planned, planned, reader_of, users_failure
+from ..store.reader_hook import LibraryReader, Planned, planned, raise_users_failure, reader_of
 from ..store.readers import Access, RowsWindow, poolable, reader_for, run_on_loop
 from ..store.requests import ChunkRequest, read_each, window_requests
 from ..store.rows import (
@@ -178,11 +178,7 @@ def read_window(
         if is_program_error(exc):  # so that the error names the chunk that fails
             error = program_error(exc, f"a window of array {name}")
             raise error from error.__cause__
-        failure = users_failure(plan, reader, name, exc)
-        if failure is exc:
-            raise
-        if failure is not None:  # a reader of the user's failed: not read around
-            raise failure from exc
+        raise_users_failure(plan, reader, name, exc)
     place = Placer(window.output(), plan_order)
     skipped = read_again(view, name, runs, place, ledger, policy, scope)
     out = _without(place.out, skipped, size, plan_order)

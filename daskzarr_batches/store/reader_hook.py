@@ -41,6 +41,7 @@ __all__ = [
     "Planned",
     "ReaderHook",
     "planned",
+    "raise_users_failure",
     "reader_of",
     "users_failure",
 ]
@@ -306,6 +307,18 @@ def users_failure(
         f"reader {inner!r} of array {name} failed reading chunks {shown}: "
         f"{type(exc).__name__}: {exc}"
     )
+
+
+def raise_users_failure(plan: Planned, reader: ChunkReader, name: str, exc: BaseException) -> None:
+    """Raise ``exc`` as :func:`users_failure` names it if a reader of the user's failed.
+
+    Returns when the library's own reader failed: the task reads again, named.
+    """
+    failure = users_failure(plan, reader, name, exc)
+    if failure is exc:
+        raise exc
+    if failure is not None:  # a reader of the user's failed: not read around
+        raise failure from exc
 
 
 def reader_of(array: Any, policy: Any) -> ChunkReader:
